@@ -1,0 +1,97 @@
+"""Command line: `python -m pynode {train,verify,bench,cluster,join} ...`.
+
+The CLI is the only place that reads argv and prints results; the library logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from dataclasses import fields
+
+from pynode.config import ConfigError, RunConfig
+from pynode.core.errors import DaisyError
+
+CONFIG_FLAGS = {f.name: f for f in fields(RunConfig)}
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per RunConfig field (--microbatch-size for microbatch_size, ...)."""
+    defaults = RunConfig()
+    for name, f in CONFIG_FLAGS.items():
+        kind = {"int": int, "float": float, "str": str}[str(f.type)]
+        flag = "--" + name.replace("_", "-")
+        default = getattr(defaults, name)
+        parser.add_argument(flag, type=kind, default=None, help=f"(default {default})")
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    values = {n: getattr(args, n) for n in CONFIG_FLAGS if getattr(args, n, None) is not None}
+    if "task" not in values and os.environ.get("PYNODE_TASK"):
+        values["task"] = os.environ["PYNODE_TASK"]
+    return RunConfig(**values)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m pynode", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser("train", help="train on this machine (one or more local peers)")
+    add_config_flags(train)
+    train.add_argument("--backend", help="force a GEMM backend (default: best that passes its gate)")
+    train.add_argument("--log", help="append one JSON object per step to this file")
+    train.add_argument("--save", help="write a .pt checkpoint here at the end")
+    train.add_argument("--resume", help="continue from this .pt checkpoint")
+    train.add_argument("--peers", type=int, default=1, help="local peer processes (loopback)")
+    train.add_argument("--capacity", help="relative speeds of the local peers, e.g. 1,2,5")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    verify = sub.add_parser("verify", help="check units, LUTs and GEMM backends; exit 1 on failure")
+    verify.add_argument("--json", action="store_true", help="print rows as JSON lines")
+
+    bench = sub.add_parser("bench", help="benchmarks: gemm, train, scaling")
+    bench.add_argument("name", choices=["gemm", "train", "scaling"])
+    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        if args.command == "train":
+            from pynode.cli_train import train_command
+
+            return asyncio.run(train_command(args, config_from_args(args)))
+        if args.command == "verify":
+            from pynode.verify import verify_command
+
+            return verify_command(json_rows=args.json)
+        if args.command == "bench":
+            import importlib
+
+            module = importlib.import_module(f"pynode.bench.{args.name}")
+            return module.main(args.rest)
+    except (DaisyError, ConfigError, FileNotFoundError, IsADirectoryError) as exc:
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+def print_json(obj: dict) -> None:
+    print(json.dumps(obj, sort_keys=True))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

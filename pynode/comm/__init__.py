@@ -1,0 +1,55 @@
+"""Transports behind one collective interface, picked by name.
+
+base.py       Collective, ReduceResult, PeerLost and the checks every transport shares
+wire.py       frame header and result payloads of the star protocol
+star.py       what a hub computes from its members' frames (pure)
+streams.py    asyncio stream links (native only)
+loopback.py   processes on one machine in a star around rank 0
+gloo.py       torch.distributed gloo across machines (torch imported lazily)
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from pynode.comm.base import (
+    Collective,
+    CollectiveUsageError,
+    CommError,
+    PeerLost,
+    ReduceResult,
+    check_headroom,
+)
+
+__all__ = [
+    "Collective",
+    "CollectiveUsageError",
+    "CommError",
+    "PeerLost",
+    "ReduceResult",
+    "check_headroom",
+    "make_collective",
+    "transport_names",
+]
+
+# Each module defines `async def connect(**kw) -> Collective`; imported only when picked,
+# so torch (gloo) and the browser bridge (webrtc) load only where they are used.
+_TRANSPORTS = {
+    "loopback": "pynode.comm.loopback",
+    "gloo": "pynode.comm.gloo",
+}
+
+
+def transport_names() -> tuple[str, ...]:
+    return tuple(sorted(_TRANSPORTS))
+
+
+async def make_collective(name: str, **kw: Any) -> Collective:
+    """Connect the transport called `name`; `kw` are that module's `connect` arguments."""
+    if name not in _TRANSPORTS:
+        raise CollectiveUsageError(
+            f"unknown transport {name!r}; known: {', '.join(transport_names())}"
+        )
+    module = importlib.import_module(_TRANSPORTS[name])
+    return await module.connect(**kw)

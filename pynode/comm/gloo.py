@@ -1,0 +1,320 @@
+"""torch.distributed gloo: native peers on several machines (`python -m pynode cluster`).
+
+Every collective first all-reduces a small int64 "agreement" vector, (3, world) int64:
+each rank writes its length, refusal code and call tag in its own column, so every rank
+learns the same lengths and refusals and can refuse together before the real exchange.
+gloo cannot drop a member in place: any failure breaks the group and every later call
+raises the same PeerLost; the caller re-forms a group from the survivors.
+
+torch is imported inside functions only, so `import pynode` never needs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+
+from pynode.comm.base import (
+    Collective,
+    CollectiveUsageError,
+    CommError,
+    PeerLost,
+    ReduceResult,
+    check_bytes,
+    check_contribution,
+    check_rank,
+    check_timeout,
+    refusal_code,
+    refusal_error,
+)
+from pynode.core.errors import DaisyError, ShapeError
+
+log = logging.getLogger(__name__)
+
+_ALLREDUCE, _BROADCAST, _ALLGATHER, _BARRIER = 1, 2, 3, 4
+_GUARD_S = 5.0  # beyond gloo's own per-op timeouts, in case a thread wedges
+_POLL_S = 0.05
+
+
+class _GlooFailed(Exception):
+    """gloo raised: a connection closed or an operation timed out."""
+
+
+class GlooCollective(Collective):
+    """One rank of a gloo process group. Create it with `connect`."""
+
+    name = "gloo"
+
+    def __init__(self, pg: Any, store: Any, rank: int, world_size: int, keys: str) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.bytes_sent = 0
+        self._pg = pg
+        self._store = store
+        self._keys = keys  # store key prefix of this group
+        self._members = tuple(range(world_size))
+        self._lock = asyncio.Lock()
+        self._broken: CommError | None = None
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        return self._members
+
+    async def allreduce_int64(self, x: np.ndarray, *, timeout: float) -> ReduceResult:
+        try:
+            arr: np.ndarray | DaisyError = check_contribution(x, self.world_size)
+        except DaisyError as exc:
+            arr = exc
+        total = await self._run(self._allreduce, arr, timeout=timeout, ops=2)
+        return ReduceResult(total, self._members)
+
+    async def broadcast_bytes(self, data: bytes | None, *, root: int = 0, timeout: float) -> bytes:
+        root = check_rank(root, self.world_size, "root")
+        payload: bytes | DaisyError = b""
+        if self.rank == root:
+            try:
+                payload = check_bytes(data, "broadcast_bytes at the root")
+            except DaisyError as exc:
+                payload = exc
+        return await self._run(self._broadcast, payload, root, timeout=timeout, ops=2)
+
+    async def allgather_bytes(self, data: bytes, *, timeout: float) -> list[bytes | None]:
+        try:
+            payload: bytes | DaisyError = check_bytes(data, "allgather_bytes")
+        except DaisyError as exc:
+            payload = exc
+        return await self._run(self._allgather, payload, timeout=timeout, ops=2)
+
+    async def barrier(self, *, timeout: float) -> None:
+        await self._run(self._agree, _BARRIER, 0, 0, timeout=timeout, ops=1)
+
+    async def close(self) -> None:
+        if self._broken is None:
+            self._broken = CommError(f"rank {self.rank}: this collective is closed")
+        self._pg = self._store = None
+
+    async def _run(self, fn: Any, *args: Any, timeout: float, ops: int) -> Any:
+        timeout = check_timeout(timeout)
+        async with self._lock:
+            if self._broken is not None:
+                raise self._broken
+            call = asyncio.to_thread(fn, *args, timedelta(seconds=timeout))
+            try:
+                return await asyncio.wait_for(call, ops * timeout + _GUARD_S)
+            except (_GlooFailed, asyncio.TimeoutError) as exc:
+                reason = str(exc) or f"no result within {ops * timeout + _GUARD_S:g} s"
+            except asyncio.CancelledError:
+                self._broken = CommError(f"rank {self.rank}: a collective was cancelled midway")
+                raise
+            lost = await asyncio.to_thread(self._roll_call, timeout)
+            self._members = tuple(r for r in range(self.world_size) if r not in lost)
+            self._broken = PeerLost(
+                lost, f"gloo group broken at rank {self.rank} (lost {list(lost)}): {reason}"
+            )
+            log.warning("%s", self._broken)
+            raise self._broken
+
+    # The methods below run in a worker thread; they block inside gloo.
+
+    def _allreduce(self, arr: np.ndarray | DaisyError, timeout: timedelta) -> np.ndarray:
+        import torch
+
+        local = arr if isinstance(arr, DaisyError) else None
+        n = 0 if local is not None else len(arr)
+        lengths = self._agree(_ALLREDUCE, 0, n, timeout, local)
+        if len(set(lengths.tolist())) > 1:
+            counts = dict(enumerate(lengths.tolist()))
+            raise ShapeError(f"allreduce_int64 lengths differ between ranks: {counts}")
+        total = torch.from_numpy(arr.copy())  # (n,) int64; gloo reduces in place
+        if n:
+            self._reduce(total, timeout)
+        return total.numpy()
+
+    def _broadcast(self, payload: bytes | DaisyError, root: int, timeout: timedelta) -> bytes:
+        import torch
+        import torch.distributed as dist
+
+        local = payload if isinstance(payload, DaisyError) else None
+        size = 0 if local is not None else len(payload)
+        n = int(self._agree(_BROADCAST, root, size, timeout, local)[root])
+        if n == 0:
+            return b""
+        if self.rank == root:
+            buf = torch.from_numpy(np.frombuffer(payload, dtype=np.uint8).copy())  # (n,) uint8
+        else:
+            buf = torch.empty(n, dtype=torch.uint8)
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor, opts.timeout = root, 0, timeout
+        self._wait(self._pg.broadcast([buf], opts))
+        self.bytes_sent += n * (self.world_size - 1) // self.world_size
+        return buf.numpy().tobytes()
+
+    def _allgather(self, payload: bytes | DaisyError, timeout: timedelta) -> list[bytes | None]:
+        import torch
+        import torch._C._distributed_c10d as c10d
+
+        local = payload if isinstance(payload, DaisyError) else None
+        size = 0 if local is not None else len(payload)
+        lengths = self._agree(_ALLGATHER, 0, size, timeout, local).tolist()
+        width = max(lengths)
+        if width == 0:
+            return [b""] * self.world_size
+        mine = torch.zeros(width, dtype=torch.uint8)  # (width,) uint8, padded
+        mine[:size] = torch.from_numpy(np.frombuffer(payload, dtype=np.uint8).copy())
+        out = [torch.empty(width, dtype=torch.uint8) for _ in range(self.world_size)]
+        opts = c10d.AllgatherOptions()
+        opts.timeout = timeout
+        self._wait(self._pg.allgather([out], [mine], opts))
+        self.bytes_sent += width * (self.world_size - 1)  # ring all-gather
+        return [t[:n].numpy().tobytes() for t, n in zip(out, lengths, strict=True)]
+
+    def _agree(
+        self, op: int, arg: int, length: int, timeout: timedelta, local: DaisyError | None = None
+    ) -> np.ndarray:
+        """All-reduce the (3, world) agreement; raise what every rank must raise.
+
+        Returns the (world,) int64 lengths. `local` is this rank's own refusal, if any.
+        """
+        import torch
+
+        ws = self.world_size
+        meta = torch.zeros(3 * ws, dtype=torch.int64)  # (3*world,) int64
+        meta[self.rank] = length
+        meta[ws + self.rank] = 0 if local is None else refusal_code(local)
+        meta[2 * ws + self.rank] = op << 32 | arg
+        self._reduce(meta, timeout)
+        lengths, codes, tags = meta.numpy().reshape(3, ws)
+        if len(set(tags.tolist())) > 1:
+            calls = {r: (int(t) >> 32, int(t) & 0xFFFFFFFF) for r, t in enumerate(tags)}
+            raise CollectiveUsageError(f"ranks called different collectives (op, root): {calls}")
+        if local is not None:
+            raise local
+        for rank, code in enumerate(codes.tolist()):
+            if code:
+                kind = type(refusal_error(code, "")).__name__
+                raise refusal_error(code, f"rank {rank} refused its input ({kind}); see its log")
+        return lengths
+
+    def _reduce(self, tensor: Any, timeout: timedelta) -> None:
+        import torch.distributed as dist
+
+        opts = dist.AllreduceOptions()
+        opts.reduceOp, opts.timeout = dist.ReduceOp.SUM, timeout
+        self._wait(self._pg.allreduce([tensor], opts))
+        nbytes = tensor.numel() * tensor.element_size()
+        self.bytes_sent += 2 * (self.world_size - 1) * nbytes // self.world_size  # ring
+
+    @staticmethod
+    def _wait(work: Any) -> None:
+        try:
+            work.wait()
+        except RuntimeError as exc:  # torch's DistError family derives from RuntimeError
+            raise _GlooFailed(str(exc).splitlines()[0]) from None
+
+    def _roll_call(self, timeout: float) -> tuple[int, ...]:
+        """Ranks that do not check in at the store within `timeout` after this one did.
+
+        One failure per group, so one roll call: survivors that noticed it at different
+        collectives still meet. If the store is gone, so is its host, rank 0.
+        """
+        return roll_call(self._store, self._keys + "rollcall/", self.rank, self.world_size,
+                         timeout)
+
+
+def roll_call(
+    store: Any, prefix: str, rank: int, world_size: int, timeout: float
+) -> tuple[int, ...]:
+    """Ranks r without key `prefix + r` in the store `timeout` s after this rank set its own."""
+    try:
+        store.set(f"{prefix}{rank}", b"1")
+        deadline = time.monotonic() + timeout
+        while True:
+            missing = tuple(
+                r for r in range(world_size) if not store.check([f"{prefix}{r}"])
+            )
+            if not missing or time.monotonic() > deadline:
+                return missing
+            time.sleep(_POLL_S)
+    except RuntimeError:
+        return (0,)
+
+
+async def connect(
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+    timeout: float = 60.0,
+    group: str = "",
+) -> GlooCollective:
+    """Form a gloo group; arguments left None come from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
+
+    Works under torchrun (its agent hosts the store); otherwise rank 0 hosts it on
+    MASTER_PORT. gloo picks its network interface from GLOO_SOCKET_IFNAME when set.
+    Raises PeerLost naming the ranks that did not join within `timeout`.
+    """
+    world_size = world_size if world_size is not None else _env_int("WORLD_SIZE")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise CollectiveUsageError(f"world_size must be a positive int, got {world_size!r}")
+    rank = check_rank(rank if rank is not None else _env_int("RANK"), world_size)
+    master_addr = master_addr or _env("MASTER_ADDR")
+    master_port = master_port if master_port is not None else _env_int("MASTER_PORT")
+    if not 0 < master_port < 65536:
+        raise CollectiveUsageError(f"MASTER_PORT must be in 1..65535, got {master_port}")
+    timeout = check_timeout(timeout)
+    # torchrun restarts workers against the same agent store: keep each attempt's keys apart
+    keys = f"daisychain/{group}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+    return await asyncio.to_thread(
+        _connect_blocking, rank, world_size, master_addr, master_port, timeout, keys
+    )
+
+
+def _connect_blocking(
+    rank: int, world_size: int, addr: str, port: int, timeout: float, keys: str
+) -> GlooCollective:
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        raise CommError("this torch build has no gloo backend")
+    delta = timedelta(seconds=timeout)
+    hosts_store = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    try:
+        store = dist.TCPStore(addr, port, world_size, hosts_store, delta,
+                              wait_for_workers=False, multi_tenant=True)
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[0]
+        message = f"no gloo store at {addr}:{port} within {timeout:g} s: {first}"
+        raise PeerLost([0], message) from None
+    joined = [f"{keys}joined/{r}" for r in range(world_size)]
+    try:
+        store.set(joined[rank], b"1")
+        store.wait(joined, delta)
+        pg = dist.ProcessGroupGloo(dist.PrefixStore(keys + "pg", store), rank, world_size, delta)
+    except RuntimeError as exc:
+        missing = roll_call(store, f"{keys}joined/", rank, world_size, _POLL_S)
+        first = str(exc).splitlines()[0]
+        raise PeerLost(missing, f"gloo group did not form within {timeout:g} s: {first}") from None
+    log.info("gloo: rank %d of %d joined via %s:%d", rank, world_size, addr, port)
+    return GlooCollective(pg, store, rank, world_size, keys)
+
+
+def _env(name: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        raise CollectiveUsageError(f"gloo needs {name} (argument or environment variable)")
+    return value
+
+
+def _env_int(name: str) -> int:
+    value = _env(name)
+    try:
+        return int(value)
+    except ValueError:
+        raise CollectiveUsageError(f"{name} must be an integer, got {value!r}") from None

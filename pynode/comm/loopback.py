@@ -1,0 +1,350 @@
+"""Peers on one machine, each its own process, joined in a star around rank 0 (the hub).
+
+Members send their contribution to the hub over loopback TCP or a Unix socket; the hub
+combines them exactly (star.py) and sends every member the same result. The hub is also
+the failure detector: a member whose connection closes, or who has not contributed by
+the hub's deadline, is dropped from `members` and the collective completes without it.
+If the hub itself goes, every other member raises PeerLost([0]) and the group is over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pynode.comm import star
+from pynode.comm.base import (
+    Collective,
+    CollectiveUsageError,
+    CommError,
+    PeerLost,
+    ReduceResult,
+    check_bytes,
+    check_contribution,
+    check_rank,
+    check_timeout,
+    refusal_error,
+)
+from pynode.comm.streams import (
+    Address,
+    Link,
+    LinkGone,
+    bound_address,
+    open_connection,
+    read_frame,
+    start_server,
+)
+from pynode.comm.wire import VERSION, Frame, Kind, encode_header, pack_result, unpack_result
+from pynode.core.errors import DaisyError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_FRAME = 1 << 32  # a gradient of 500M parameters; anything larger is foreign
+_HELLO_MAX = 1 << 16
+# The hub may enter a collective up to `timeout` after a member and then wait `timeout` for
+# the slowest member, so a member gives it twice that, plus this, before calling it lost.
+HUB_GRACE_S = 1.0
+_RETRY_S = 0.05
+
+
+class LoopbackCollective(Collective):
+    """One member of a star group; rank 0 is the hub. Create it with `connect`."""
+
+    name = "loopback"
+
+    def __init__(self, rank: int, world_size: int, links: dict[int, Link]) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.bytes_sent = 0
+        self._links = links  # hub: every other member's link; member: {0: hub}
+        self._members = tuple(range(world_size))
+        self._seq = 0
+        self._lock = asyncio.Lock()  # collectives run one at a time, in call order
+        self._broken: CommError | None = None
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        return self._members
+
+    async def allreduce_int64(self, x: np.ndarray, *, timeout: float) -> ReduceResult:
+        try:
+            payload: bytes | DaisyError = check_contribution(x, self.world_size).tobytes()
+        except DaisyError as exc:
+            payload = exc
+        return await self._collective(Kind.ALLREDUCE, 0, payload, timeout)
+
+    async def broadcast_bytes(self, data: bytes | None, *, root: int = 0, timeout: float) -> bytes:
+        root = check_rank(root, self.world_size, "root")
+        payload: bytes | DaisyError = b""
+        if self.rank == root:
+            try:
+                payload = check_bytes(data, "broadcast_bytes at the root")
+            except DaisyError as exc:
+                payload = exc
+        return await self._collective(Kind.BROADCAST, root, payload, timeout)
+
+    async def allgather_bytes(self, data: bytes, *, timeout: float) -> list[bytes | None]:
+        try:
+            payload: bytes | DaisyError = check_bytes(data, "allgather_bytes")
+        except DaisyError as exc:
+            payload = exc
+        return await self._collective(Kind.ALLGATHER, 0, payload, timeout)
+
+    async def barrier(self, *, timeout: float) -> None:
+        await self._collective(Kind.BARRIER, 0, b"", timeout)
+
+    async def close(self) -> None:
+        if self._broken is None:
+            self._broken = CommError(f"rank {self.rank}: this collective is closed")
+        links, self._links = self._links, {}
+        for link in links.values():
+            try:
+                await link.send(Frame(Kind.BYE, 0, self._seq, self.rank, 0, b""))
+            except LinkGone:
+                pass
+            await link.close()
+
+    async def _collective(
+        self, kind: Kind, arg: int, payload: bytes | DaisyError, timeout: float
+    ) -> Any:
+        timeout = check_timeout(timeout)
+        async with self._lock:
+            if self._broken is not None:
+                raise self._broken
+            seq = self._seq
+            self._seq += 1
+            if isinstance(payload, DaisyError):
+                own = star.refusal_frame(kind, seq, self.rank, payload, arg)
+            else:
+                own = Frame(kind, 0, seq, self.rank, arg, payload)
+            try:
+                if self.rank == 0:
+                    status, meta, blob = await self._hub_round(own, timeout)
+                else:
+                    status, meta, blob = await self._member_round(own, timeout)
+            except asyncio.CancelledError:
+                self._broken = CommError(f"rank {self.rank}: a collective was cancelled midway")
+                raise
+            self._members = tuple(meta["members"])
+        return star.decode(kind, status, meta, blob)
+
+    async def _hub_round(self, own: Frame, timeout: float) -> tuple[int, dict[str, Any], bytes]:
+        others = [r for r in self._members if r != 0]
+        got = await asyncio.gather(*(self._receive(r, timeout) for r in others))
+        frames = {0: own}
+        for rank, item in zip(others, got, strict=True):
+            if isinstance(item, Frame):
+                frames[rank] = item
+            else:
+                await self._drop(rank, item, own.seq)
+        members = tuple(r for r in self._members if r in frames)
+        status, meta, blob = star.combine(own, frames, members, self.world_size)
+        result = pack_result(meta, blob)
+        # Echo each member's own kind and seq, so a member that called the wrong collective
+        # reads the usage error instead of a protocol violation.
+        sent = await asyncio.gather(*(
+            self._send(r, frames[r]._replace(status=status, rank=0, payload=result))
+            for r in others if r in frames
+        ))
+        self.bytes_sent += sum(sent)
+        return status, meta, blob
+
+    async def _receive(self, rank: int, timeout: float) -> Frame | str:
+        try:
+            return await self._links[rank].recv(timeout)
+        except asyncio.TimeoutError:
+            return f"no contribution within {timeout:g} s"
+        except LinkGone as exc:
+            return str(exc)
+
+    async def _send(self, rank: int, frame: Frame) -> int:
+        try:
+            return await self._links[rank].send(frame)
+        except LinkGone:
+            return 0  # it contributed, so its data counts; its loss shows next round
+
+    async def _drop(self, rank: int, reason: str, seq: int) -> None:
+        log.warning("hub: dropping rank %d at collective #%d: %s", rank, seq, reason)
+        link = self._links.pop(rank)
+        try:
+            await link.send(Frame(Kind.DROP, 0, seq, 0, 0, reason.encode()))
+        except LinkGone:
+            pass
+        await link.close()
+
+    async def _member_round(
+        self, own: Frame, timeout: float
+    ) -> tuple[int, dict[str, Any], bytes]:
+        link = self._links[0]
+        wait_s = 2 * timeout + HUB_GRACE_S
+        try:
+            self.bytes_sent += await link.send(own)
+        except LinkGone:
+            pass  # what the hub sent last (a DROP, or nothing) tells why; read it below
+        try:
+            frame = await link.recv(wait_s)
+        except asyncio.TimeoutError:
+            lost = PeerLost([0], f"the hub sent no result within {wait_s:g} s")
+            raise self._break(lost) from None
+        except LinkGone as exc:
+            raise self._break(PeerLost([0], f"lost the hub: {exc}")) from None
+        if frame.kind == Kind.DROP:
+            reason = frame.payload.decode(errors="replace")
+            raise self._break(PeerLost([self.rank], f"the hub dropped rank {self.rank}: {reason}"))
+        if frame.kind != own.kind or frame.seq != own.seq:
+            raise self._break(CommError(f"hub answered {frame.kind.name} #{frame.seq} "
+                                        f"to {own.kind.name} #{own.seq}"))
+        meta, blob = unpack_result(frame.payload)
+        return frame.status, meta, blob
+
+    def _break(self, exc: CommError) -> CommError:
+        """This member cannot continue: every later call raises `exc`."""
+        self._broken = exc
+        for link in self._links.values():
+            asyncio.ensure_future(link.close())
+        self._links = {}
+        return exc
+
+
+async def connect(
+    rank: int,
+    world_size: int,
+    address: Address,
+    *,
+    timeout: float = 30.0,
+    group: str = "",
+    on_listen: Callable[[Address], None] | None = None,
+    max_frame_bytes: int = DEFAULT_MAX_FRAME,
+) -> LoopbackCollective:
+    """Form (rank 0) or join (other ranks) a star group of `world_size` processes.
+
+    `address` is (host, port) for TCP or a Unix socket path; the hub listens there (port 0
+    picks a free port, reported through `on_listen`). `group` names the run so that a stray
+    peer of another run is refused. Returns once all members joined; raises PeerLost if
+    some did not within `timeout`.
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise CollectiveUsageError(f"world_size must be a positive int, got {world_size!r}")
+    rank = check_rank(rank, world_size)
+    timeout = check_timeout(timeout)
+    if rank == 0:
+        links = await _form_group(world_size, address, timeout, group, on_listen, max_frame_bytes)
+    else:
+        links = {0: await _join_group(rank, world_size, address, timeout, group, max_frame_bytes)}
+    return LoopbackCollective(rank, world_size, links)
+
+
+async def _form_group(
+    world_size: int, address: Address, timeout: float, group: str,
+    on_listen: Callable[[Address], None] | None, max_payload: int,
+) -> dict[int, Link]:
+    joined: dict[int, Link] = {}
+    full = asyncio.Event()
+    if world_size == 1:
+        full.set()
+
+    async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            hello = await asyncio.wait_for(read_frame(reader, _HELLO_MAX), timeout)
+            rank = _check_hello(hello, world_size, group, joined)
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, OSError, CommError) as exc:
+            log.warning("hub: refused a connection: %s", exc)
+            _refuse(writer, exc)
+            return
+        joined[rank] = Link(reader, writer, max_payload)
+        if len(joined) == world_size - 1:
+            full.set()
+
+    server = await start_server(on_client, address)
+    try:
+        if on_listen is not None:
+            on_listen(bound_address(server, address))
+        await asyncio.wait_for(full.wait(), timeout)
+    except asyncio.TimeoutError:
+        missing = sorted(set(range(1, world_size)) - set(joined))
+        lost = PeerLost(missing, f"rank(s) {missing} did not join within {timeout:g} s")
+        await _abort_joined(joined, lost)
+        raise lost from None
+    finally:
+        server.close()
+        if not isinstance(address, tuple):
+            Path(address).unlink(missing_ok=True)
+    welcome = pack_result({"members": list(range(world_size))})
+    for link in joined.values():
+        await link.send(Frame(Kind.WELCOME, 0, 0, 0, 0, welcome))
+    return joined
+
+
+def _check_hello(frame: Frame, world_size: int, group: str, joined: dict[int, Link]) -> int:
+    if frame.kind != Kind.HELLO:
+        raise CommError(f"expected HELLO, got {frame.kind.name}")
+    try:
+        hello = json.loads(frame.payload)
+        rank, size, their_group = int(hello["rank"]), int(hello["world_size"]), hello["group"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CommError(f"malformed HELLO: {exc}") from None
+    if size != world_size or their_group != group:
+        raise CollectiveUsageError(
+            f"rank {rank} wants group {their_group!r} of {size}; this hub runs "
+            f"{group!r} of {world_size}"
+        )
+    if not 1 <= rank < world_size or rank in joined:
+        raise CollectiveUsageError(f"rank {rank} is out of range or already joined")
+    return rank
+
+
+def _refuse(writer: asyncio.StreamWriter, exc: BaseException) -> None:
+    if isinstance(exc, CollectiveUsageError):
+        status, meta, _ = star.error_result(exc, ())
+        payload = pack_result(meta)
+        writer.write(encode_header(Frame(Kind.WELCOME, status, 0, 0, 0, payload)) + payload)
+    writer.close()  # flushes what was written first
+
+
+async def _abort_joined(joined: dict[int, Link], lost: PeerLost) -> None:
+    status, meta, _ = star.error_result(lost, ())
+    for link in joined.values():
+        try:
+            await link.send(Frame(Kind.WELCOME, status, 0, 0, 0, pack_result(meta)))
+        except LinkGone:
+            pass
+        await link.close()
+
+
+async def _join_group(
+    rank: int, world_size: int, address: Address, timeout: float, group: str, max_payload: int
+) -> Link:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        try:
+            reader, writer = await open_connection(address)
+            break
+        except OSError as exc:
+            if loop.time() > deadline:
+                raise PeerLost([0], f"no hub at {address!r} within {timeout:g} s: {exc}") from None
+            await asyncio.sleep(_RETRY_S)
+    hello = json.dumps({"rank": rank, "world_size": world_size, "group": group,
+                        "version": VERSION}).encode()
+    writer.write(encode_header(Frame(Kind.HELLO, 0, 0, rank, 0, hello)) + hello)
+    try:
+        await writer.drain()
+        wait_s = max(deadline - loop.time(), 0.0) + HUB_GRACE_S
+        frame = await asyncio.wait_for(read_frame(reader, _HELLO_MAX), wait_s)
+    except (asyncio.TimeoutError, asyncio.IncompleteReadError, OSError, CommError) as exc:
+        writer.close()
+        raise PeerLost([0], f"the hub did not admit rank {rank}: {exc!r}") from None
+    if frame.kind != Kind.WELCOME:
+        writer.close()
+        raise CommError(f"the hub answered HELLO with {frame.kind.name}")
+    meta, _ = unpack_result(frame.payload)
+    if frame.status:
+        writer.close()
+        raise refusal_error(frame.status, str(meta.get("error")), meta.get("ranks", ()))
+    return Link(reader, writer, max_payload)

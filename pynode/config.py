@@ -1,0 +1,60 @@
+"""Run configuration: what the leader broadcasts so every peer trains the same model."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields, replace
+
+
+class ConfigError(ValueError):
+    """A run configuration that cannot be trained (named field, reason)."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    task: str = "gpt"            # registered task name or module:Class
+    steps: int = 200             # optimizer steps of the run
+    seed: int = 1                # keys init, data sampling and stochastic rounding
+    width: int = 64              # model width (embedding size)
+    layers: int = 2              # transformer blocks
+    heads: int = 4               # attention heads; must divide width
+    seq: int = 64                # context length in bytes
+    microbatch_size: int = 8     # sequences per microbatch
+    microbatches: int = 4        # microbatches per step (the global batch)
+    lr: float = 3e-3             # peak learning rate
+    warmup: int = 10             # linear warm-up steps before the cosine decay
+    weight_decay: float = 0.0    # decoupled (AdamW) weight decay
+    clip: float = 1.0            # global gradient-norm clip; 0 disables
+    frac_bits: int = 32          # F of the int64 fixed-point gradient format
+
+    def __post_init__(self) -> None:
+        positive = ("steps", "width", "layers", "heads", "seq", "microbatch_size", "microbatches")
+        for name in positive:
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.seed < 0:
+            raise ConfigError(f"seed must be >= 0, got {self.seed}")
+        if self.width % self.heads:
+            raise ConfigError(f"heads ({self.heads}) must divide width ({self.width})")
+        if not 0 < self.lr < 1:
+            raise ConfigError(f"lr must be in (0, 1), got {self.lr}")
+        if not 16 <= self.frac_bits <= 40:
+            raise ConfigError(f"frac_bits must be in 16..40, got {self.frac_bits}")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RunConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown config keys: {', '.join(unknown)}")
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunConfig:
+        return cls.from_dict(json.loads(text))
+
+    def with_(self, **changes) -> RunConfig:
+        return replace(self, **changes)

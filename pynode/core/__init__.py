@@ -1,0 +1,9 @@
+"""Pure numerics of a peer (numpy + stdlib, no I/O; see README.md).
+
+errors.py     named errors
+units.py      verified INT8 unit networks, their full-domain check, certified LUTs
+detmath.py    exp/log/tanh/erf/rsqrt from IEEE basic ops; pinned float reductions
+rng.py        counter-based RNG (uint64 ops only)
+quant.py      float32 <-> int8 with block scales (round-to-nearest, stochastic)
+gemm/         exact int8 GEMM backends, their gates and the live audit
+"""

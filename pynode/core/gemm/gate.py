@@ -1,0 +1,186 @@
+"""The exact gate: a backend is trusted only if it matches the LUT reference bit for bit.
+
+The cases aim at where fast kernels break: tail rows/columns past a SIMD or block width,
+K exactly at and just past the float32 chunk limit (1024, 1025, 2049), operands at the
+int8 extremes whose sums reach the int32 bound (K = 131,071 of (-128)(-128) = 2**31 -
+16,384) or land on odd integers just past 2**24, strided, reversed and transposed
+operands, batches, and a second sweep of every shape with fresh data after the heap
+was filled with junk, which catches kernels that reuse or assume zeroed buffers.
+Operands come from pynode.core.rng, so every peer gates on the same bits. Results are
+compared with np.array_equal on int32, never approximately.
+
+Legend: B batch, M rows, K reduction length, N columns.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from pynode.core import rng
+from pynode.core.gemm.base import MAX_K, GemmBackend
+
+GATE_PURPOSE = 0x6A7E
+POISON = 0x7F5A7F5A  # as float32 a large finite number, as int32 a large positive one
+
+
+@dataclass(frozen=True)
+class GateCase:
+    """One product to check: `a @ b`, batched (3-d operands, bmm) or not (matmul)."""
+
+    name: str
+    a: np.ndarray  # (M, K) or (B, M, K) int8
+    b: np.ndarray  # (K, N) or (B, K, N) int8
+
+
+@dataclass(frozen=True)
+class GateReport:
+    """What a gate found: the first failing case stops it."""
+
+    backend: str  # backend name
+    passed: bool  # every case matched the reference bit for bit
+    failing_case: str | None  # name of the first case that did not match
+    seconds: float  # wall time of the gated backend over the cases (reference excluded)
+    cases: int  # cases run (up to and including a failing one)
+    detail: str = ""  # why the failing case failed (cell, expected, got; or the exception)
+
+
+def _random(key: tuple[int, ...], shape: tuple[int, ...]) -> np.ndarray:
+    return (rng.randint(key, shape, 256) - 128).astype(np.int8)
+
+
+def _extremes(shape: tuple[int, ...], line_axis: int) -> np.ndarray:
+    """int8 extremes, one of three patterns per line (rows of A, columns of B) by index % 3:
+    all -128, all 127, and -128 except 127 at the last k. Products of these lines reach the
+    int32 bound (+2**14 K), its negative side (-128 * 127 K), and odd sums just past
+    2**24 (2**14 (K - 1) + 127**2) that float32 cannot hold unless K is chunked."""
+    k_axis = -1 if line_axis == -2 else -2
+    out = np.full(shape, -128, np.int8)
+    pattern = np.arange(shape[line_axis]) % 3  # (lines,) int
+    lines = [slice(None)] * len(shape)
+    lines[line_axis] = pattern == 1
+    out[tuple(lines)] = 127
+    lines[line_axis] = pattern == 2
+    lines[k_axis] = -1
+    out[tuple(lines)] = 127
+    return out
+
+
+def _case_specs() -> list[tuple[str, str, tuple[int, ...], tuple[int, ...]]]:
+    """(name, fill, a shape, b shape); fill 'random' or 'extremes'."""
+    return [
+        ("tiny_1x1x1", "random", (1, 1), (1, 1)),
+        ("odd_tails", "random", (37, 129), (129, 67)),
+        ("single_row", "random", (1, 300), (300, 50)),
+        ("single_col", "random", (50, 300), (300, 1)),
+        ("block_random", "random", (96, 256), (256, 112)),
+        ("k1024_extremes", "extremes", (9, 1024), (1024, 11)),
+        ("k1025_extremes", "extremes", (9, 1025), (1025, 13)),
+        ("k1025_random", "random", (7, 1025), (1025, 13)),
+        ("k2049_extremes", "extremes", (6, 2049), (2049, 5)),
+        ("k2049_random", "random", (5, 2049), (2049, 6)),
+        ("kmax_extremes", "extremes", (3, MAX_K), (MAX_K, 3)),
+        ("batched_random", "random", (3, 19, 65), (3, 65, 23)),
+        ("batched_k1025_extremes", "extremes", (2, 5, 1025), (2, 1025, 7)),
+    ]
+
+
+def _layout_cases(seed: int, tag: str) -> list[GateCase]:
+    """Operands that are views: strided, reversed, transposed (matmul and bmm)."""
+    k = (GATE_PURPOSE, seed, 100)
+    strided_a = _random(k + (0,), (62, 600))[::2, ::3]  # (31, 200) int8, strides (1200, 3)
+    fortran_b = _random(k + (1,), (45, 200)).T  # (200, 45) int8, F-order
+    reversed_a = _random(k + (2,), (50, 77))[::-1]  # (50, 77) int8, negative row stride
+    reversed_b = _random(k + (3,), (77, 40))[:, ::-1]  # (77, 40) int8, negative col stride
+    bt_a = _random(k + (4,), (3, 33, 17)).transpose(0, 2, 1)  # (3, 17, 33) int8
+    bt_b = _random(k + (5,), (3, 9, 33)).transpose(0, 2, 1)  # (3, 33, 9) int8
+    return [
+        GateCase("strided" + tag, strided_a, fortran_b),
+        GateCase("reversed" + tag, reversed_a, reversed_b),
+        GateCase("batched_transposed" + tag, bt_a, bt_b),
+    ]
+
+
+def gate_cases(seed: int = 0, tag: str = "") -> list[GateCase]:
+    """The gate's cases for one sweep; a different seed gives the same shapes, new data."""
+    cases = []
+    for i, (name, fill, a_shape, b_shape) in enumerate(_case_specs()):
+        if fill == "extremes":
+            a, b = _extremes(a_shape, -2), _extremes(b_shape, -1)
+        else:
+            a = _random((GATE_PURPOSE, seed, i, 0), a_shape)
+            b = _random((GATE_PURPOSE, seed, i, 1), b_shape)
+        cases.append(GateCase(name + tag, a, b))
+    return cases + _layout_cases(seed, tag)
+
+
+def _product(backend: GemmBackend, case: GateCase) -> np.ndarray:
+    if case.a.ndim == 3:
+        return backend.bmm(case.a, case.b)
+    return backend.matmul(case.a, case.b)
+
+
+def mismatch(got: object, want: np.ndarray) -> str:
+    """'' when got equals want bit for bit, else a readable description of the difference."""
+    if not isinstance(got, np.ndarray):
+        return f"returned {type(got).__name__}, not an ndarray"
+    if got.dtype != np.int32 or got.shape != want.shape:
+        return f"returned {got.dtype} {got.shape}, expected int32 {want.shape}"
+    if np.array_equal(got, want):
+        return ""
+    bad = np.argwhere(got != want)
+    cell = tuple(int(i) for i in bad[0])
+    return f"{len(bad)} cells differ; first {cell}: expected {want[cell]}, got {got[cell]}"
+
+
+def poison_heap(sizes_bytes: list[int]) -> None:
+    """Fill freshly allocated blocks of these sizes with junk and free them again, so the
+    allocator hands dirty memory to whatever allocates next."""
+    junk = [np.full(max(1, n // 4), POISON, np.int32) for n in sizes_bytes]
+    del junk
+
+
+class ExactGate:
+    """Runs the gate cases against any backend; the reference results are computed once,
+    up front, so a report's seconds are the gated backend's alone."""
+
+    def __init__(self, reference: GemmBackend, seed: int = 0) -> None:
+        t0 = time.perf_counter()
+        self._sweeps = [gate_cases(seed), gate_cases(seed + 1, tag="/dirty")]
+        self._expected = {c.name: _product(reference, c) for s in self._sweeps for c in s}
+        self.reference_seconds = time.perf_counter() - t0  # building cases + reference results
+
+    def _poison_sizes(self, sweep: list[GateCase]) -> list[int]:
+        sizes = []
+        for c in sweep:
+            out = self._expected[c.name].size
+            sizes += [4 * c.a.size, 4 * c.b.size, 4 * out, 8 * out]
+        return sizes
+
+    def _check(self, backend: GemmBackend, case: GateCase) -> str:
+        want = self._expected[case.name]
+        a0, b0 = case.a.copy(), case.b.copy()
+        try:
+            got = _product(backend, case)
+        except Exception as exc:  # any exception on valid operands fails the gate
+            return f"raised {type(exc).__name__}: {exc}"
+        if not (np.array_equal(case.a, a0) and np.array_equal(case.b, b0)):
+            return "modified its input operands"
+        return mismatch(got, want)
+
+    def run(self, backend: GemmBackend) -> GateReport:
+        """Gate `backend`: every case of both sweeps must match the reference exactly."""
+        t0 = time.perf_counter()
+        run = 0
+        for sweep_index, sweep in enumerate(self._sweeps):
+            if sweep_index:
+                poison_heap(self._poison_sizes(sweep))
+            for case in sweep:
+                run += 1
+                detail = self._check(backend, case)
+                if detail:
+                    seconds = time.perf_counter() - t0
+                    return GateReport(backend.name, False, case.name, seconds, run, detail)
+        return GateReport(backend.name, True, None, time.perf_counter() - t0, run)

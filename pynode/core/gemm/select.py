@@ -1,0 +1,175 @@
+"""Pick the best backend that passes its exact gate, and wrap it for the model.
+
+`select_gemm(units)` tries the backends best first, gates each against the LUT
+reference built from the verified units, demotes (with a warning naming the failing
+case) any that mismatch, and returns a `Gemm`: the same matmul/bmm, plus unit counting
+(`units.counts.add("mul", M*N*K)`) and the continuous audit on every call.
+
+Legend: B batch, M rows, K reduction length, N columns.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from pynode.core.errors import GateError
+from pynode.core.gemm.audit import AUDIT_EVERY, GemmAudit
+from pynode.core.gemm.base import BackendUnavailableError, GemmBackend, UnknownBackendError
+from pynode.core.gemm.blas_exact import BlasFloatBackend
+from pynode.core.gemm.gate import ExactGate, GateReport
+from pynode.core.gemm.numpy_int import NumpyIntBackend
+from pynode.core.gemm.reference import ReferenceBackend
+from pynode.core.gemm.torch_backend import TorchBackend
+
+log = logging.getLogger(__name__)
+
+# Best first. blas_float is the fast native path; torch costs a heavy import; numpy_int
+# needs no BLAS (the fast one under Pyodide); the reference is the oracle itself.
+BACKEND_ORDER = ("blas_float", "torch", "numpy_int", "reference")
+# Without BLAS (Pyodide's numpy) float32 matmul is a plain loop: int32 einsum measured
+# ~2x faster there (256^3: 15 ms vs 27-36 ms), so the browser passes this as `order`.
+NO_BLAS_ORDER = ("numpy_int", "blas_float", "reference")
+
+Candidate = str | GemmBackend
+
+
+def make_backend(name: str, mul_lut: np.ndarray) -> GemmBackend:
+    """Build the backend called `name`; BackendUnavailableError if it cannot run here."""
+    if name == "blas_float":
+        return BlasFloatBackend()
+    if name == "torch":
+        return TorchBackend()
+    if name == "numpy_int":
+        return NumpyIntBackend()
+    if name == "reference":
+        return ReferenceBackend(mul_lut)
+    raise UnknownBackendError(f"unknown GEMM backend {name!r}; valid: {', '.join(BACKEND_ORDER)}")
+
+
+def _name(c: Candidate) -> str:
+    return c if isinstance(c, str) else c.name
+
+
+class _Chooser:
+    """Walks the candidates in order, gating each, until one passes."""
+
+    def __init__(self, gate: ExactGate, mul_lut: np.ndarray, candidates: Sequence[Candidate]):
+        self.gate, self.mul_lut, self.pending = gate, mul_lut, list(candidates)
+        self.reports: list[GateReport] = []
+
+    def gate_one(self, c: Candidate) -> tuple[GemmBackend, GateReport]:
+        backend = make_backend(c, self.mul_lut) if isinstance(c, str) else c
+        report = self.gate.run(backend)
+        self.reports.append(report)
+        log.info("GEMM gate %s: %s in %.3fs", report.backend, report.passed, report.seconds)
+        return backend, report
+
+    def next_passing(self) -> tuple[GemmBackend, GateReport]:
+        while self.pending:
+            c = self.pending.pop(0)
+            try:
+                backend, report = self.gate_one(c)
+            except BackendUnavailableError as exc:
+                log.info("GEMM backend %s skipped: %s", _name(c), exc)
+                continue
+            if report.passed:
+                return backend, report
+            log.warning(
+                "GEMM backend %s failed its exact gate at case %s (%s); demoted",
+                report.backend,
+                report.failing_case,
+                report.detail,
+            )
+        failed = "; ".join(f"{r.backend} at {r.failing_case}: {r.detail}" for r in self.reports)
+        raise GateError(f"no GEMM backend passed its exact gate ({failed or 'none available'})")
+
+
+class Gemm:
+    """The gated GEMM the model calls: exact int8 matmul/bmm with counting and audit."""
+
+    def __init__(
+        self,
+        units: Any,
+        backend: GemmBackend,
+        gate_report: GateReport,
+        chooser: _Chooser,
+        audit: GemmAudit,
+    ) -> None:
+        self._units, self._chooser, self.audit = units, chooser, audit
+        self.backend, self.gate_report = backend, gate_report
+
+    @property
+    def backend_name(self) -> str:
+        return self.backend.name
+
+    @property
+    def gate_reports(self) -> list[GateReport]:
+        """Every gate run so far, failed ones included, in order."""
+        return list(self._chooser.reports)
+
+    def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """a (M, K) int8 @ b (K, N) int8 -> (M, N) int32, exact."""
+        out = self.backend.matmul(a, b)
+        (m, k), n = a.shape, b.shape[1]
+        return self._finish(a, b, out, (m, n), m * n * k)
+
+    def bmm(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """a (B, M, K) int8 @ b (B, K, N) int8 -> (B, M, N) int32, exact."""
+        out = self.backend.bmm(a, b)
+        (bs, m, k), n = a.shape, b.shape[2]
+        return self._finish(a, b, out, (bs, m, n), bs * m * n * k)
+
+    def _finish(self, a, b, out, shape: tuple[int, ...], muls: int) -> np.ndarray:
+        if not isinstance(out, np.ndarray) or out.dtype != np.int32 or out.shape != shape:
+            got = f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
+            raise GateError(f"GEMM backend {self.backend_name!r} returned {got}, not int32 {shape}")
+        self._units.counts.add("mul", muls)
+        self.audit.check(a, b, out, self.backend_name)
+        return out
+
+    def demote(self) -> GateReport:
+        """Drop the current backend for the next one in order that passes its gate.
+
+        Returns that backend's gate report; GateError if none is left.
+        """
+        old = self.backend_name
+        self.backend, self.gate_report = self._chooser.next_passing()
+        log.warning("GEMM backend %s demoted; now using %s", old, self.backend_name)
+        return self.gate_report
+
+
+def select_gemm(
+    units: Any,
+    prefer: str | None = None,
+    *,
+    order: Sequence[Candidate] = BACKEND_ORDER,
+    audit_every: int = AUDIT_EVERY,
+) -> Gemm:
+    """Gate backends best first against the LUT reference of `units` and wrap the winner.
+
+    units: verified Units (uses .mul_lut (256, 256) and .counts.add).
+    prefer: force this backend (a name in `order`); GateError if it fails its gate.
+    order: backends to try, best first, as names or backend instances.
+    audit_every: audit one call in this many (see audit.py).
+    """
+    names = [_name(c) for c in order]
+    if prefer is not None and prefer not in names:
+        raise UnknownBackendError(f"unknown GEMM backend {prefer!r}; valid: {', '.join(names)}")
+    gate = ExactGate(ReferenceBackend(units.mul_lut))
+    audit = GemmAudit(units.mul_lut, every=audit_every)
+    if prefer is None:
+        chooser = _Chooser(gate, units.mul_lut, order)
+        return Gemm(units, *chooser.next_passing(), chooser, audit)
+    at = names.index(prefer)
+    chooser = _Chooser(gate, units.mul_lut, order[at + 1 :])
+    backend, report = chooser.gate_one(order[at])
+    if not report.passed:
+        raise GateError(
+            f"forced GEMM backend {prefer!r} failed its exact gate at case "
+            f"{report.failing_case}: {report.detail}"
+        )
+    return Gemm(units, backend, report, chooser, audit)

@@ -1,0 +1,45 @@
+"""Tasks: what a run trains. `load_task(name)` resolves a registered name or `module:Class`.
+
+base.py      the Task interface (build_model / sample / loss)
+gpt.py       byte-level GPT on the built-in corpus (the default), int8 through the verified units
+mlp.py       a small classifier for fast tests
+float.py     the same GPT in plain float torch (native only): the plain-float alternative
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from pynode.core.errors import DaisyError
+from pynode.tasks.base import Task
+
+REGISTERED = {
+    "gpt": "pynode.tasks.gpt:GPTTask",
+    "mlp": "pynode.tasks.mlp:MLPTask",
+    "float": "pynode.tasks.float:FloatGPTTask",
+}
+
+
+class UnknownTaskError(DaisyError, LookupError):
+    """A task name that is neither registered nor an importable module:Class."""
+
+
+def load_task(name: str) -> Task:
+    """Instantiate the task called `name` (a registered name or `package.module:Class`)."""
+    target = REGISTERED.get(name, name)
+    if ":" not in target:
+        raise UnknownTaskError(
+            f"unknown task {name!r}: use one of {', '.join(sorted(REGISTERED))} or module:Class"
+        )
+    module_name, _, class_name = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UnknownTaskError(f"task {name!r}: cannot import {module_name!r} ({exc})") from exc
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise UnknownTaskError(f"task {name!r}: module {module_name!r} has no {class_name!r}")
+    task = cls()
+    if not isinstance(task, Task):
+        raise UnknownTaskError(f"task {name!r}: {target} does not implement the Task interface")
+    return task

@@ -1,0 +1,36 @@
+"""The Task interface: everything the trainer needs to know about a model and its data."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from pynode.config import RunConfig
+
+
+@runtime_checkable
+class Model(Protocol):
+    def param_shapes(self) -> dict[str, tuple[int, ...]]: ...
+
+    def init_params(self, seed: int) -> dict[str, np.ndarray]: ...
+
+
+@runtime_checkable
+class Task(Protocol):
+    """A trainable task. Every method must be a pure function of its arguments.
+
+    build_model(cfg, gemm) -> Model     the model; `gemm` is the gated int8 GEMM (None for float)
+    sample(cfg, step, index) -> batch   microbatch `index` of `step`: same bits on every peer
+    loss(model, params, batch, key)     -> (loss float32, grads {name: float32 array})
+    """
+
+    name: str
+
+    def build_model(self, cfg: RunConfig, gemm: Any) -> Model: ...
+
+    def sample(self, cfg: RunConfig, step: int, index: int) -> Any: ...
+
+    def loss(
+        self, model: Model, params: dict[str, np.ndarray], batch: Any, key: tuple[int, ...]
+    ) -> tuple[np.float32, dict[str, np.ndarray]]: ...

@@ -1,0 +1,29 @@
+"""The default task: a byte-level GPT trained through the verified int8 units."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pynode.config import RunConfig
+from pynode.corpus import builtin_corpus, byte_windows
+from pynode.core.gpt import GPT, GPTConfig
+
+
+class GPTTask:
+    name = "gpt"
+
+    def build_model(self, cfg: RunConfig, gemm: Any) -> GPT:
+        return GPT(gpt_config(cfg), gemm)
+
+    def sample(self, cfg: RunConfig, step: int, index: int) -> np.ndarray:
+        # (B, T+1) int32: inputs are [:, :-1], targets [:, 1:]
+        return byte_windows(builtin_corpus(), cfg.seed, step, index, cfg.microbatch_size, cfg.seq + 1)
+
+    def loss(self, model: GPT, params, batch, key):
+        return model.loss_and_grads(params, batch, key)
+
+
+def gpt_config(cfg: RunConfig) -> GPTConfig:
+    return GPTConfig(vocab=256, width=cfg.width, layers=cfg.layers, heads=cfg.heads, seq=cfg.seq)

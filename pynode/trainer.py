@@ -1,0 +1,203 @@
+"""The one training loop, for one peer or many (async; the transport decides who the others are).
+
+A step is a fixed list of microbatches. Each peer computes the ones the plan gives it,
+turns each gradient into int64 fixed point and adds it to its partial sum. The partials
+are summed exactly by the collective, so the step's result does not depend on how many
+peers there are, how the work was split, or in what order anything was added.
+
+Legend: P = number of parameters (flattened in the model's declared order), n = microbatches.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pynode.config import RunConfig
+from pynode.core import fixedpoint, optim
+from pynode.core.errors import DaisyError, NonFiniteError
+from pynode.core.plan import microbatch_plan
+from pynode.core.probe import probe_hash
+from pynode.core.statehash import state_hash
+from pynode.tasks.base import Task
+
+log = logging.getLogger("pynode.trainer")
+
+# Each microbatch's mean loss travels as fixed point too, so the logged loss is exact.
+LOSS_FRAC_BITS = 32
+
+
+class ForkError(DaisyError):
+    """This peer's state hash or kernel probe differs from the group's at a step."""
+
+
+class ContributionError(DaisyError):
+    """A reduced step covers some microbatch twice or never: it must not be applied."""
+
+
+@dataclass
+class TrainState:
+    step: int                          # optimizer steps done
+    params: dict[str, np.ndarray]      # name -> float32, model's declared order
+    opt: optim.AdamState               # moments and Adam's own step counter
+
+    def hash(self) -> str:
+        return state_hash(self.params, self.opt, self.step)
+
+
+@dataclass
+class StepResult:
+    step: int                          # the step number just completed (1-based)
+    loss: float                        # exact mean of the microbatch losses
+    hash: str                          # state hash after the update
+    probe: str                         # kernel-probe hash of this peer's live backend
+    plan: dict[int, list[int]] = field(default_factory=dict)  # rank -> microbatch indices
+    seconds: float = 0.0               # wall time of the step on this peer
+
+
+class Trainer:
+    """Trains `task` under `cfg`. Alone when `collective` is None, else as one member."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        task: Task,
+        gemm: Any,
+        collective: Any = None,
+        state: TrainState | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.task = task
+        self.gemm = gemm
+        self.collective = collective
+        self.model = task.build_model(cfg, gemm)
+        self.shapes = self.model.param_shapes()
+        self.state = state if state is not None else self.initial_state()
+        self.capacities: dict[int, float] = {}
+        self.microbatch_seconds = 0.0
+        self.fault_hook: Callable[[Trainer], None] | None = None
+
+    def initial_state(self) -> TrainState:
+        params = self.model.init_params(self.cfg.seed)
+        return TrainState(step=0, params=params, opt=optim.AdamState.zeros(params))
+
+    # --- one microbatch -------------------------------------------------------------
+    def microbatch_partial(self, indices: list[int]) -> np.ndarray:
+        """Sum of the fixed-point gradients, losses and coverage counts of `indices`.
+
+        Returns (P + 1 + n,) int64: gradient sum, loss sum, then one count per microbatch.
+        """
+        cfg, step = self.cfg, self.state.step
+        size = sum(int(np.prod(s)) for s in self.shapes.values())
+        partial = np.zeros(size + 1 + cfg.microbatches, dtype=np.int64)
+        for index in indices:
+            started = time.perf_counter()
+            batch = self.task.sample(cfg, step, index)
+            loss, grads = self.task.loss(self.model, self.state.params, batch, (cfg.seed, step, index))
+            flat = self.flatten(grads)  # (P,) float32
+            partial[:size] += fixedpoint.to_fixed(flat, cfg.frac_bits)
+            partial[size] += fixedpoint.to_fixed(np.asarray([loss], np.float32), LOSS_FRAC_BITS)[0]
+            partial[size + 1 + index] += 1
+            self.microbatch_seconds = time.perf_counter() - started
+        return partial
+
+    def flatten(self, grads: dict[str, np.ndarray]) -> np.ndarray:
+        missing = [name for name in self.shapes if name not in grads]
+        if missing:
+            raise ContributionError(f"task returned no gradient for {', '.join(missing)}")
+        parts = []
+        for name, shape in self.shapes.items():
+            g = np.asarray(grads[name])
+            if g.shape != tuple(shape) or g.dtype != np.float32:
+                raise ContributionError(
+                    f"gradient {name}: expected {tuple(shape)} float32, got {g.shape} {g.dtype}"
+                )
+            parts.append(g.reshape(-1))
+        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+    def unflatten(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        out, start = {}, 0
+        for name, shape in self.shapes.items():
+            size = int(np.prod(shape))
+            out[name] = flat[start : start + size].reshape(shape)
+            start += size
+        return out
+
+    # --- one step ---------------------------------------------------------------------
+    def plan(self) -> dict[int, list[int]]:
+        members = self.members()
+        caps = {r: self.capacities.get(r, 1.0) for r in members}
+        return microbatch_plan(self.cfg.microbatches, caps)
+
+    def members(self) -> tuple[int, ...]:
+        return (0,) if self.collective is None else tuple(self.collective.members)
+
+    def rank(self) -> int:
+        return 0 if self.collective is None else self.collective.rank
+
+    async def reduce(self, partial: np.ndarray, plan: dict[int, list[int]]) -> np.ndarray:
+        """Exact sum of every member's partial, re-planning microbatches nobody delivered."""
+        if self.collective is None:
+            return partial
+        total = await self.collective.allreduce(partial)
+        n = self.cfg.microbatches
+        for _ in range(n + 1):
+            counts = total[-n:]
+            if np.any(counts > 1):
+                raise ContributionError(f"microbatches counted twice: {np.flatnonzero(counts > 1)}")
+            missing = [int(i) for i in np.flatnonzero(counts == 0)]
+            if not missing:
+                return total
+            log.warning("step %d: re-planning lost microbatches %s", self.state.step + 1, missing)
+            members = self.members()
+            repair = microbatch_plan(len(missing), {r: self.capacities.get(r, 1.0) for r in members})
+            mine = [missing[i] for i in repair.get(self.rank(), [])]
+            total = total + await self.collective.allreduce(self.microbatch_partial(mine))
+        raise ContributionError("could not complete the step's microbatches")
+
+    async def step(self) -> StepResult:
+        """Compute, reduce and apply one step; returns what every peer must agree on."""
+        started = time.perf_counter()
+        cfg = self.cfg
+        plan = self.plan()
+        partial = self.microbatch_partial(plan.get(self.rank(), []))
+        total = await self.reduce(partial, plan)
+        size = total.shape[0] - 1 - cfg.microbatches
+        grads = self.unflatten(fixedpoint.from_fixed(total[:size], cfg.frac_bits, cfg.microbatches))
+        loss = float(fixedpoint.from_fixed(total[size : size + 1], LOSS_FRAC_BITS, cfg.microbatches)[0])
+        if not np.isfinite(loss):
+            raise NonFiniteError(f"step {self.state.step + 1}: the reduced loss is {loss}")
+        lr = optim.lr_schedule(self.state.step, cfg.lr, cfg.warmup, cfg.steps)
+        params, opt = optim.adam_update(
+            self.state.params, grads, self.state.opt, lr,
+            weight_decay=cfg.weight_decay, clip=cfg.clip,
+        )
+        self.state = TrainState(step=self.state.step + 1, params=params, opt=opt)
+        if self.fault_hook is not None:
+            self.fault_hook(self)
+        result = StepResult(
+            step=self.state.step, loss=loss, hash=self.state.hash(),
+            probe=probe_hash(self.gemm), plan=plan, seconds=time.perf_counter() - started,
+        )
+        await self.check_agreement(result)
+        return result
+
+    async def check_agreement(self, result: StepResult) -> None:
+        """Every member publishes (state hash, probe); any disagreement stops this peer."""
+        if self.collective is None:
+            return
+        mine = f"{result.hash}:{result.probe}".encode()
+        seen = await self.collective.allgather_bytes(mine)
+        votes = [v for v in seen if v is not None]
+        if any(v != mine for v in votes):
+            majority = max(set(votes), key=votes.count)
+            who = "this peer" if majority != mine else "another peer"
+            raise ForkError(
+                f"step {result.step}: replicas disagree ({who} diverged); "
+                f"{len(set(votes))} distinct (state, probe) hashes among {len(votes)} peers"
+            )

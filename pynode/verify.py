@@ -1,0 +1,80 @@
+"""`python -m pynode verify`: the chain of trust, checked and printed as a table.
+
+unit network == lookup table == native integer op == each fast GEMM backend
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CheckRow:
+    check: str        # what was checked ("unit mul8", "gate blas_float", ...)
+    domain: str       # how much of the input space it covered
+    result: str       # "pass" or the reason it failed
+    backend: str      # GEMM backend concerned, "-" for units
+    seconds: float    # wall time of the check
+
+    @property
+    def passed(self) -> bool:
+        return self.result == "pass"
+
+
+def run_checks() -> list[CheckRow]:
+    """Every start-up check a peer runs, as rows; never raises for a failed check."""
+    from pynode.core.errors import DaisyError
+    from pynode.core.gemm import gate_all_backends
+    from pynode.core.units import certify_luts
+    from pynode.unitfiles import load_default_units
+
+    rows: list[CheckRow] = []
+    started = time.perf_counter()
+    try:
+        units = load_default_units()
+    except DaisyError as exc:
+        rows.append(CheckRow("units", "full", f"FAIL: {exc}", "-", time.perf_counter() - started))
+        return rows
+    for unit, domain, result, seconds in units.verify_report():
+        rows.append(CheckRow(f"unit {unit}", f"{domain:,} inputs", result, "-", seconds))
+    started = time.perf_counter()
+    try:
+        certify_luts(units)
+        lut_result = "pass"
+    except DaisyError as exc:
+        lut_result = f"FAIL: {exc}"
+    rows.append(CheckRow("LUT == integer op", "65,536 + 65,536 + 256 cells", lut_result, "-",
+                         time.perf_counter() - started))
+    for report in gate_all_backends(units):
+        result = "pass" if report.passed else f"FAIL: {report.failure}"
+        if report.skipped:
+            result = f"skipped: {report.failure}"
+        rows.append(CheckRow("exact gate", f"{report.cases} shapes", result, report.backend,
+                             report.seconds))
+    return rows
+
+
+def verify_command(json_rows: bool = False) -> int:
+    rows = run_checks()
+    if json_rows:
+        for row in rows:
+            print(json.dumps({**row.__dict__, "passed": row.passed}))
+    else:
+        print_table(rows)
+    failed = [r for r in rows if not (r.passed or r.result.startswith("skipped"))]
+    usable = [r for r in rows if r.check == "exact gate" and r.passed]
+    if failed or not usable:
+        print(f"\nverify FAILED: {len(failed)} check(s) failed; this peer must not train")
+        return 1
+    print(f"\nverify passed: {len(rows)} checks; best backend {usable[0].backend}")
+    return 0
+
+
+def print_table(rows: list[CheckRow]) -> None:
+    header = ("check", "domain", "result", "backend", "time")
+    cells = [(r.check, r.domain, r.result, r.backend, f"{r.seconds * 1000:.1f} ms") for r in rows]
+    widths = [max(len(str(c[i])) for c in [header, *cells]) for i in range(len(header))]
+    for line in [header, tuple("-" * w for w in widths), *cells]:
+        print("  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())

@@ -1,0 +1,19 @@
+"""DaisyChain server: serves the page, the Pyodide runtime and /data, and relays signaling.
+
+It never sees weights or gradients.
+
+app.py             create_app(config) and the threaded server; __main__.py is the CLI
+config.py          ServerConfig (one frozen dataclass)
+pages.py           /, /static/, /app/, /healthz      files.py  MIME types and caching
+runtime_routes.py  /runtime/ (Pyodide) and /bundle/ (pynode zip)
+runtime.py         fetching the Pyodide runtime      bundle.py building the pynode zip
+signaling.py       /ws connections                   protocol.py  the frame schemas
+rooms.py           rooms, approval, relay rules      tokens.py    resume tokens
+ratelimit.py       token buckets                     addresses.py client address, auto rooms
+data.py            /data                             shards.py / rangefile.py / slicing.py
+"""
+
+from server.app import create_app
+from server.config import ServerConfig
+
+__all__ = ["ServerConfig", "create_app"]

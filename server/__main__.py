@@ -1,0 +1,66 @@
+"""``python -m server`` / ``daisychain-server``: run the server on a threaded Werkzeug server."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from pynode.core.errors import DaisyError
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="daisychain-server", description=__doc__)
+    parser.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="TCP port (default 8000; 0: any)")
+    parser.add_argument("--config", type=Path, help="JSON file of ServerConfig fields")
+    parser.add_argument("--trust-proxy-header", metavar="HEADER",
+                        help="take the client address from HEADER (e.g. X-Forwarded-For); "
+                             "only behind a reverse proxy that sets it")
+    parser.add_argument("--proxy-hops", type=int, help="trusted proxies in front (default 1)")
+    parser.add_argument("--data-url", action="append", metavar="URL",
+                        help="parquet shard URL or path (repeat; default FineWeb-Edu 10BT)")
+    parser.add_argument("--data-dir", type=Path, help="server state folder (signaling key)")
+    parser.add_argument("--log-level", default="INFO")
+    return parser.parse_args(argv)
+
+
+def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    values: dict[str, Any] = json.loads(args.config.read_text()) if args.config else {}
+    overrides = {
+        "host": args.host, "port": args.port, "trust_proxy_header": args.trust_proxy_header,
+        "proxy_hops": args.proxy_hops, "data_urls": args.data_url, "data_dir": args.data_dir,
+    }
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return values
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    from server.app import create_app, make_threaded_server
+    from server.config import ServerConfig
+
+    try:
+        cfg = ServerConfig.from_dict(config_from_args(args))
+        app = create_app(cfg)
+        httpd = make_threaded_server(app, cfg.host, cfg.port)
+    except (DaisyError, OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"DaisyChain server on http://{cfg.host}:{httpd.server_port}/ (Ctrl-C stops it)",
+          flush=True)
+    try:
+        httpd.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        httpd.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

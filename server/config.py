@@ -1,0 +1,141 @@
+"""Server configuration: one frozen dataclass, built from defaults, a dict, or the CLI."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from pynode.core.errors import DaisyError
+
+# FineWeb-Edu's sample-10BT: 14 parquet shards of ~2 GB (resolve URLs redirect to the HF CDN).
+FINEWEB_EDU_10BT = tuple(
+    "https://huggingface.co/datasets/HuggingFaceFW/fineweb-edu/resolve/main/"
+    f"sample/10BT/{i:03d}_00000.parquet"
+    for i in range(14)
+)
+
+# Everything the page loads comes from this server; the browser enforces it too.
+DEFAULT_CSP = (
+    "default-src 'self'; "
+    "script-src 'self' 'unsafe-inline' 'unsafe-eval' 'wasm-unsafe-eval' blob:; "
+    "worker-src 'self' blob:; connect-src 'self'; img-src 'self' data: blob:; "
+    "style-src 'self' 'unsafe-inline'; object-src 'none'; base-uri 'none'; "
+    "frame-ancestors 'none'"
+)
+
+
+class ServerConfigError(DaisyError, ValueError):
+    """A server setting that cannot work (named field, reason)."""
+
+
+def default_data_dir() -> Path:
+    """``$DAISYCHAIN_SERVER_DATA`` or ``<cache>/server`` (cache: ``$DAISYCHAIN_CACHE``)."""
+    env = os.environ.get("DAISYCHAIN_SERVER_DATA")
+    if env:
+        return Path(env).expanduser()
+    cache = os.environ.get("DAISYCHAIN_CACHE")
+    root = Path(cache).expanduser() if cache else Path.home() / ".cache" / "daisychain"
+    return root / "server"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    # --- network
+    host: str = "127.0.0.1"  # bind address; 0.0.0.0 to serve a LAN
+    port: int = 8000  # TCP port; 0 picks a free one
+    # Header a trusted reverse proxy sets to the client's address (e.g. "X-Forwarded-For").
+    # Off (None) by default: any client could forge it, and it decides auto-rooms.
+    trust_proxy_header: str | None = None
+    proxy_hops: int = 1  # how many trusted proxies append to that header (rightmost wins)
+    # --- files
+    static_dir: Path | None = None  # the page (static/); None: the repo's static/ folder
+    app_dir: Path | None = None  # page scripts (pyodide_app/); None: the repo's folder
+    runtime_dir: Path | None = None  # Pyodide runtime; None: server.runtime.runtime_dir()
+    bundle_file: Path | None = None  # a prebuilt pynode bundle; None: build from the package
+    data_dir: Path | None = None  # persistent server state (token secret); None: default
+    runtime_max_age: int = 86400  # Cache-Control max-age (s) of runtime files
+    content_security_policy: str = DEFAULT_CSP  # sent with every response
+    # --- signaling
+    secret: str | None = None  # HMAC key of resume tokens; None: persisted in data_dir
+    token_ttl_s: int = 7 * 86400  # lifetime of a resume token
+    max_frame_bytes: int = 65536  # largest accepted frame (an SDP offer fits)
+    hard_frame_bytes: int = 262144  # frames above this close the socket unread
+    rate_per_s: float = 50.0  # sustained frames per second per connection
+    rate_burst: int = 200  # frames a connection may send at once
+    bytes_per_s: float = 262144.0  # sustained inbound bytes per second per connection
+    max_strikes: int = 20  # rejected frames tolerated (refilling 1 per 5 s) before closing
+    ws_ping_s: float = 25.0  # websocket ping interval; a peer silent for two is dropped
+    send_queue: int = 512  # outbound frames buffered per peer; a peer that lags more is cut
+    max_rooms: int = 10000  # rooms held at once
+    max_room_peers: int = 64  # connected peers per room, pending included
+    room_idle_s: float = 120.0  # a room with nobody connected is forgotten after this
+    # --- /data
+    data_urls: tuple[str, ...] = FINEWEB_EDU_10BT  # parquet shards: http(s) URLs or local paths
+    data_timeout_s: float = 15.0  # per HTTP request to a shard
+    data_cache_bytes: int = 256 << 20  # text of recently read row groups kept in memory
+    data_retry_s: float = 30.0  # after a shard fails, serve the fallback this long untried
+    data_max_bytes: int = 1 << 20  # largest slice a client may ask for
+    corpus_path: Path | None = None  # built-in fallback text; None: pynode/data/corpus.txt
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)  # Flask config overrides
+
+    def __post_init__(self) -> None:
+        _check_positive(self, ("rate_per_s", "rate_burst", "bytes_per_s", "max_strikes",
+                               "send_queue", "max_rooms", "max_room_peers", "token_ttl_s",
+                               "data_timeout_s", "data_max_bytes", "proxy_hops", "ws_ping_s",
+                               "data_retry_s"))
+        if not 0 <= self.port <= 65535:
+            raise ServerConfigError(f"port must be in 0..65535, got {self.port}")
+        if not 1024 <= self.max_frame_bytes <= self.hard_frame_bytes:
+            raise ServerConfigError(
+                f"need 1024 <= max_frame_bytes ({self.max_frame_bytes}) <= hard_frame_bytes "
+                f"({self.hard_frame_bytes})"
+            )
+        if self.data_cache_bytes < 0 or self.room_idle_s < 0:
+            raise ServerConfigError("data_cache_bytes and room_idle_s must be >= 0")
+        if not self.data_urls:
+            raise ServerConfigError("data_urls must name at least one parquet shard")
+        if self.trust_proxy_header is not None and not self.trust_proxy_header.strip():
+            raise ServerConfigError("trust_proxy_header must be a header name or None")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ServerConfig:
+        """Build from a mapping (JSON-style values: paths as str, lists for tuples)."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ServerConfigError(f"unknown server config keys: {', '.join(unknown)}")
+        values = dict(data)
+        for name in ("static_dir", "app_dir", "runtime_dir", "bundle_file", "data_dir",
+                     "corpus_path"):
+            if values.get(name) is not None:
+                values[name] = Path(values[name])
+        if "data_urls" in values:
+            urls = values["data_urls"]
+            values["data_urls"] = (urls,) if isinstance(urls, str) else tuple(urls)
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe view, for logs and /healthz (the secret is never included)."""
+        out = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
+        out["secret"] = None if self.secret is None else "<set>"
+        out["data_urls"] = list(self.data_urls)
+        return out
+
+
+def _check_positive(cfg: ServerConfig, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ServerConfigError(f"{name} must be a positive number, got {value!r}")
+
+
+def as_config(config: ServerConfig | dict[str, Any] | None) -> ServerConfig:
+    if config is None:
+        return ServerConfig()
+    if isinstance(config, ServerConfig):
+        return config
+    if isinstance(config, dict):
+        return ServerConfig.from_dict(config)
+    raise ServerConfigError(f"config must be a ServerConfig, dict or None, not {type(config)}")

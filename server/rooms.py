@@ -1,0 +1,287 @@
+"""Rooms and who may see what: the signaling state machine, free of sockets.
+
+A room is either *auto* (everyone behind one public address; all members approved, the
+longest-connected member is its host) or *private* (a server-made code; its creator is the
+host and approves every join). Only approved members receive or send relayed frames,
+rosters and status; a pending peer hears about nothing but its own state. Peers are reached
+through a ``PeerLink`` whose ``deliver`` never blocks, so one registry lock guards it all.
+
+Enumeration: joining an unknown code answers exactly as joining a real room whose host has
+not decided yet (``joined`` with ``state: pending``); the unknown code becomes a room without
+a host, which only a host resume token for that code can claim (after a server restart).
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from server.protocol import HOST_TYPES, RELAY_TYPES, ProtocolError, encode
+from server.tokens import ResumeClaim, TokenSigner
+
+
+class PeerLink(Protocol):
+    def deliver(self, frame: str) -> None: ...  # queue a frame; never blocks
+
+    def close(self, code: int, reason: str) -> None: ...  # flush, then close the socket
+
+
+@dataclass
+class Member:
+    id: str
+    link: PeerLink
+    approved: bool
+    resumed: bool = False  # came back with a token its room could not vouch for
+    status: dict[str, Any] | None = None  # the last status frame's fields
+
+
+@dataclass
+class Room:
+    key: str  # code of a private room, "auto:<digest>" of an auto room
+    private: bool
+    host_id: str | None = None  # a private room keeps its host id while the host is away
+    members: dict[str, Member] = field(default_factory=dict)  # connected, in join order
+    approved_ids: set[str] = field(default_factory=set)  # may resume without re-approval
+    banned_ids: set[str] = field(default_factory=set)  # removed by the host
+    empty_since: float | None = None
+
+    @property
+    def code(self) -> str | None:
+        return self.key if self.private else None
+
+
+@dataclass(frozen=True)
+class RoomLimits:
+    max_rooms: int = 10000  # rooms held at once
+    max_room_peers: int = 64  # connected peers per room
+    room_idle_s: float = 120.0  # an empty room is forgotten after this
+
+
+class Rooms:
+    """The registry of rooms; every public method is atomic under one lock."""
+
+    def __init__(
+        self,
+        signer: TokenSigner,
+        limits: RoomLimits = RoomLimits(),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._signer = signer
+        self._limits = limits
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._rooms: dict[str, Room] = {}
+        self._room_of: dict[str, str] = {}  # connected peer id -> room key
+
+    # ----------------------------------------------------------------- entering
+    def join(
+        self, link: PeerLink, address_group: str, code: str | None, token: str | None
+    ) -> str:
+        """Enter the auto room of ``address_group``, or the private room ``code``."""
+        key = code if code is not None else self._signer.room_key_for_address(address_group)
+        claim = self._signer.verify(token) if token else None
+        if claim is not None and claim.room != key:
+            claim = None
+        with self._lock:
+            room = self._room(key, private=code is not None)
+            if code is None:
+                return self._enter_auto(room, link, claim)
+            return self._enter_private(room, link, claim)
+
+    def create(self, link: PeerLink) -> str:
+        """Make a private room with a fresh code; the caller is its approved host."""
+        with self._lock:
+            code = secrets.token_urlsafe(16)
+            while code in self._rooms:
+                code = secrets.token_urlsafe(16)
+            room = self._room(code, private=True)
+            peer_id = self._new_id()
+            room.host_id = peer_id
+            self._admit(room, Member(peer_id, link, approved=True))
+            return peer_id
+
+    def _enter_auto(self, room: Room, link: PeerLink, claim: ResumeClaim | None) -> str:
+        peer_id = claim.peer if claim is not None else self._new_id()
+        self._check_capacity(room, peer_id)
+        if room.host_id not in room.members or room.host_id == peer_id:
+            room.host_id = peer_id
+        self._admit(room, Member(peer_id, link, approved=True, resumed=claim is not None))
+        return peer_id
+
+    def _enter_private(self, room: Room, link: PeerLink, claim: ResumeClaim | None) -> str:
+        if claim is not None and claim.peer in room.banned_ids:
+            link.deliver(encode("removed", reason="removed by the host"))
+            link.close(4403, "removed")
+            return claim.peer
+        peer_id = claim.peer if claim is not None else self._new_id()
+        self._check_capacity(room, peer_id)
+        if claim is not None and claim.host and room.host_id in (None, claim.peer):
+            room.host_id = peer_id
+        approved = peer_id == room.host_id or peer_id in room.approved_ids
+        resumed = claim is not None and not approved
+        self._admit(room, Member(peer_id, link, approved=approved, resumed=resumed))
+        return peer_id
+
+    def _check_capacity(self, room: Room, peer_id: str) -> None:
+        if peer_id not in room.members and len(room.members) >= self._limits.max_room_peers:
+            raise ProtocolError("room_full", "the room has no free place")
+
+    def _admit(self, room: Room, member: Member) -> None:
+        old = room.members.pop(member.id, None)
+        if old is not None:  # the same peer reconnected: its old socket goes
+            old.link.deliver(encode("error", code="replaced", message="signed in elsewhere"))
+            old.link.close(4409, "replaced")
+        room.members[member.id] = member
+        room.empty_since = None
+        if member.approved:
+            room.approved_ids.add(member.id)
+        self._room_of[member.id] = room.key
+        role = "host" if member.id == room.host_id else "member"
+        member.link.deliver(encode(
+            "joined", peer=member.id, room=room.code, private=room.private, role=role,
+            state="approved" if member.approved else "pending",
+            token=self._signer.issue(room.key, member.id, role == "host"),
+        ))
+        self._send_rosters(room)
+
+    # ----------------------------------------------------------------- in the room
+    def handle(self, peer_id: str, link: PeerLink, msg: dict[str, Any]) -> None:
+        """Act on a validated frame of a joined peer (not join/create/ping/leave)."""
+        with self._lock:
+            room, member = self._lookup(peer_id, link)
+            kind = msg["type"]
+            if not member.approved:
+                raise ProtocolError("pending", "wait for the host's approval")
+            if kind in HOST_TYPES:
+                self._host_action(room, member, kind, msg["peer"])
+            elif kind in RELAY_TYPES:
+                self._relay(room, member, msg)
+            elif kind == "status":
+                self._status(room, member, msg)
+            else:
+                raise ProtocolError("unknown_type", f"{kind} is not a room action")
+
+    def leave(self, peer_id: str, link: PeerLink) -> None:
+        """The peer's socket is gone or it said leave; a no-op if it was replaced meanwhile."""
+        with self._lock:
+            key = self._room_of.get(peer_id)
+            room = self._rooms.get(key) if key is not None else None
+            if room is None or peer_id not in room.members:
+                return
+            if room.members[peer_id].link is not link:
+                return
+            self._drop(room, peer_id)
+            self._send_rosters(room)
+
+    def _lookup(self, peer_id: str, link: PeerLink) -> tuple[Room, Member]:
+        key = self._room_of.get(peer_id)
+        room = self._rooms.get(key) if key is not None else None
+        member = room.members.get(peer_id) if room is not None else None
+        if room is None or member is None or member.link is not link:
+            raise ProtocolError("not_joined", "join a room first")
+        return room, member
+
+    def _host_action(self, room: Room, host: Member, kind: str, target_id: str) -> None:
+        if not room.private:
+            raise ProtocolError("not_private", "an auto room has no approvals")
+        if host.id != room.host_id:
+            raise ProtocolError("forbidden", f"only the host may {kind}")
+        target = room.members.get(target_id)
+        if target is None or target.id == host.id or (kind != "remove") == target.approved:
+            raise ProtocolError("no_peer", f"no peer {target_id} to {kind}")
+        if kind == "approve":
+            target.approved = True
+            room.approved_ids.add(target.id)
+            target.link.deliver(encode("approved", peer=target.id))
+        elif kind == "deny":
+            target.link.deliver(encode("denied", reason="the host declined"))
+            target.link.close(4403, "denied")
+            self._drop(room, target.id)
+        else:
+            room.banned_ids.add(target.id)
+            room.approved_ids.discard(target.id)
+            target.link.deliver(encode("removed", reason="removed by the host"))
+            target.link.close(4403, "removed")
+            self._drop(room, target.id)
+        self._send_rosters(room)
+
+    def _relay(self, room: Room, sender: Member, msg: dict[str, Any]) -> None:
+        target = room.members.get(msg["to"])
+        if target is None or not target.approved or target.id == sender.id:
+            raise ProtocolError("no_peer", "no approved peer with that id in this room")
+        fields = {k: v for k, v in msg.items() if k not in ("v", "type", "to")}
+        target.link.deliver(encode(msg["type"], **{"from": sender.id}, **fields))
+
+    def _status(self, room: Room, sender: Member, msg: dict[str, Any]) -> None:
+        sender.status = {k: v for k, v in msg.items() if k not in ("v", "type")}
+        frame = encode("status", **{"from": sender.id}, **sender.status)
+        for other in room.members.values():
+            if other.approved and other.id != sender.id:
+                other.link.deliver(frame)
+
+    # ----------------------------------------------------------------- bookkeeping
+    def _drop(self, room: Room, peer_id: str) -> None:
+        del room.members[peer_id]
+        self._room_of.pop(peer_id, None)
+        if not room.private and room.host_id == peer_id:
+            approved = [m.id for m in room.members.values() if m.approved]
+            room.host_id = approved[0] if approved else None
+        if not room.members:
+            room.empty_since = self._clock()
+            if not room.approved_ids:  # nobody could resume into it: no reason to keep it
+                del self._rooms[room.key]
+
+    def _send_rosters(self, room: Room) -> None:
+        approved = [self._entry(room, m) for m in room.members.values() if m.approved]
+        everyone = [self._entry(room, m) for m in room.members.values()]
+        for member in room.members.values():
+            if member.approved:
+                peers = everyone if member.id == room.host_id else approved
+                member.link.deliver(encode("roster", room=room.code, host=room.host_id,
+                                           peers=peers))
+
+    @staticmethod
+    def _entry(room: Room, member: Member) -> dict[str, Any]:
+        entry: dict[str, Any] = {
+            "id": member.id,
+            "role": "host" if member.id == room.host_id else "member",
+            "state": "approved" if member.approved else "pending",
+        }
+        if member.resumed:
+            entry["resumed"] = True
+        if member.status is not None:
+            entry["status"] = member.status
+        return entry
+
+    def _room(self, key: str, private: bool) -> Room:
+        room = self._rooms.get(key)
+        if room is not None:
+            return room
+        self._forget_idle()
+        if len(self._rooms) >= self._limits.max_rooms:
+            raise ProtocolError("server_full", "the server holds too many rooms; try later")
+        room = self._rooms[key] = Room(key=key, private=private, empty_since=self._clock())
+        return room
+
+    def _forget_idle(self) -> None:
+        limit = self._clock() - self._limits.room_idle_s
+        idle = [k for k, r in self._rooms.items()
+                if r.empty_since is not None and r.empty_since <= limit]
+        for key in idle:
+            del self._rooms[key]
+
+    def _new_id(self) -> str:
+        peer_id = secrets.token_urlsafe(9)
+        while peer_id in self._room_of:
+            peer_id = secrets.token_urlsafe(9)
+        return peer_id
+
+    # ----------------------------------------------------------------- introspection
+    def counts(self) -> dict[str, int]:
+        """Rooms and connected peers, for /healthz and the benchmark (no identities)."""
+        with self._lock:
+            return {"rooms": len(self._rooms), "peers": len(self._room_of)}

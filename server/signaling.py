@@ -1,0 +1,176 @@
+"""The /ws endpoint: one Connection per websocket, feeding validated frames to the rooms.
+
+Each connection has a reader (the request thread: receive, budget, validate, act) and a
+writer thread draining a bounded outbound queue, so relaying to a slow peer never blocks
+the sender or anyone else; a peer whose queue overflows is cut off.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from flask import Blueprint, current_app, request
+from flask_sock import Sock
+from simple_websocket import ConnectionClosed
+
+from server.addresses import address_group, client_address
+from server.config import ServerConfig
+from server.protocol import (
+    CLIENT_SCHEMAS,
+    PENDING_TYPES,
+    UNJOINED_TYPES,
+    ProtocolError,
+    encode,
+    error_frame,
+    parse_frame,
+)
+from server.ratelimit import TokenBucket
+from server.rooms import Rooms
+
+log = logging.getLogger(__name__)
+
+bp = Blueprint("signaling", __name__)
+sock = Sock()
+EXTENSION = "daisychain.signaling"
+STRIKE_REFILL_S = 5.0  # one rejected frame is forgiven every this many seconds
+POLICY_VIOLATION = 1008
+_CLOSE = object()
+
+
+@dataclass
+class SignalingState:
+    config: ServerConfig
+    rooms: Rooms
+
+
+@sock.route("/ws", bp=bp)
+def signaling_socket(ws: Any) -> None:
+    state: SignalingState = current_app.extensions[EXTENSION]
+    cfg = state.config
+    address = client_address(request.environ, cfg.trust_proxy_header, cfg.proxy_hops)
+    Connection(ws, state, address_group(address)).run()
+
+
+class Connection:
+    """One peer's websocket: a ``PeerLink`` for the rooms plus its own read loop."""
+
+    def __init__(self, ws: Any, state: SignalingState, group: str) -> None:
+        cfg = state.config
+        self._ws = ws
+        self._rooms = state.rooms
+        self._cfg = cfg
+        self._group = group
+        self._outbox: queue.Queue[Any] = queue.Queue(maxsize=cfg.send_queue)
+        self._closing = threading.Event()
+        self._frames = TokenBucket(cfg.rate_per_s, cfg.rate_burst)
+        self._bytes = TokenBucket(cfg.bytes_per_s, max(4 * cfg.bytes_per_s, cfg.hard_frame_bytes))
+        self._strikes = TokenBucket(1 / STRIKE_REFILL_S, cfg.max_strikes)
+        self.peer_id: str | None = None
+
+    # --------------------------------------------------------------- PeerLink
+    def deliver(self, frame: str) -> None:
+        if self._closing.is_set():
+            return
+        try:
+            self._outbox.put_nowait(frame)
+        except queue.Full:
+            log.info("peer %s cut off: %d frames behind", self.peer_id, self._cfg.send_queue)
+            self._closing.set()
+            self._force_close()
+
+    def close(self, code: int, reason: str) -> None:
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        try:
+            self._outbox.put_nowait((_CLOSE, code, reason))
+        except queue.Full:
+            self._force_close()
+
+    # --------------------------------------------------------------- loops
+    def run(self) -> None:
+        writer = threading.Thread(target=self._write_loop, name="ws-writer", daemon=True)
+        writer.start()
+        try:
+            while not self._closing.is_set():
+                raw = self._ws.receive(timeout=5.0)
+                if raw is not None and not self._closing.is_set():
+                    self._on_frame(raw)
+        except ConnectionClosed:
+            pass
+        finally:
+            if self.peer_id is not None:
+                self._rooms.leave(self.peer_id, self)
+            self._closing.set()
+            try:
+                self._outbox.put_nowait((_CLOSE, 1000, "bye"))
+            except queue.Full:  # the writer is stuck sending: unstick it
+                self._force_close()
+            writer.join(timeout=5.0)
+
+    def _write_loop(self) -> None:
+        try:
+            while True:
+                item = self._outbox.get()
+                if isinstance(item, tuple) and item[0] is _CLOSE:
+                    self._ws.close(reason=item[1], message=item[2])
+                    return
+                self._ws.send(item)
+        except (ConnectionClosed, OSError):
+            self._closing.set()
+
+    def _force_close(self) -> None:
+        try:
+            self._ws.sock.shutdown(2)  # wakes both loops; the socket is done either way
+        except OSError:
+            pass
+
+    # --------------------------------------------------------------- frames
+    def _on_frame(self, raw: str | bytes) -> None:
+        size = len(raw)
+        if not self._frames.take() or not self._bytes.take(min(size, self._bytes.burst)):
+            self._reject(ProtocolError("rate_limited", "slow down"), None)
+            return
+        msg: dict[str, Any] | None = None
+        try:
+            msg = parse_frame(raw, self._cfg.max_frame_bytes)
+            self._dispatch(msg)
+        except ProtocolError as exc:
+            self._reject(exc, msg["type"] if msg is not None else None)
+        except Exception:  # a bug must cost this frame, never the server or the room
+            log.exception("signaling frame from %s failed", self.peer_id)
+            self._reject(ProtocolError("internal", "the server could not handle that"), None)
+
+    def _dispatch(self, msg: dict[str, Any]) -> None:
+        kind = msg["type"]
+        if kind == "ping":
+            self.deliver(encode("pong", **({"t": msg["t"]} if "t" in msg else {})))
+        elif self.peer_id is None:
+            if kind not in UNJOINED_TYPES:
+                raise ProtocolError("not_joined", "join a room first")
+            if kind == "create":
+                self.peer_id = self._rooms.create(self)
+            else:
+                self.peer_id = self._rooms.join(
+                    self, self._group, msg.get("room"), msg.get("token")
+                )
+        elif kind in UNJOINED_TYPES:
+            raise ProtocolError("already_joined", "this connection is already in a room")
+        elif kind == "leave":
+            self._rooms.leave(self.peer_id, self)
+            self.deliver(encode("left", peer=self.peer_id))
+            self.close(1000, "left")
+        elif kind not in PENDING_TYPES:
+            self._rooms.handle(self.peer_id, self, msg)
+
+    def _reject(self, exc: ProtocolError, ref: str | None) -> None:
+        if not self._strikes.take():
+            self.deliver(error_frame("abuse", "too many refused frames; closing"))
+            self.close(POLICY_VIOLATION, "too many refused frames")
+            return
+        known = ref if ref in CLIENT_SCHEMAS else None
+        self.deliver(error_frame(exc.code, exc.message, known))

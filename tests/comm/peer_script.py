@@ -1,0 +1,156 @@
+"""One peer of a multi-process comm test: run a scenario, write what happened as JSON.
+
+Usage: python peer_script.py TRANSPORT RANK WORLD ADDRESS SCENARIO OUT_DIR
+ADDRESS is `tcp:HOST:PORT` or `unix:PATH` (loopback; rank 0 may use port 0 and publishes the
+port it got in OUT_DIR/hub_port) or `HOST:PORT` of the gloo store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from pynode.comm import make_collective  # noqa: E402
+from pynode.core.errors import DaisyError  # noqa: E402
+
+N = 1000  # elements per contribution
+VICTIM = 2  # the rank the kill scenarios lose
+KILL_AT = 2  # iteration at which the victim stops answering
+
+
+def contribution(rank: int, world: int, iteration: int) -> np.ndarray:
+    """Big values with both signs, as large as the headroom allows."""
+    limit = (2**63 - 1) // world
+    rng = np.random.default_rng([rank, world, iteration])
+    x = rng.integers(-limit, limit, size=N, dtype=np.int64, endpoint=True)  # (N,) int64
+    x[:2] = (limit, -limit)  # the extremes, in every contribution
+    return x
+
+
+async def open_group(transport: str, rank: int, world: int, address: str, out: Path):
+    if transport == "gloo":
+        host, port = address.rsplit(":", 1)
+        return await make_collective("gloo", rank=rank, world_size=world, master_addr=host,
+                                     master_port=int(port), timeout=20.0, group="test")
+    if address.startswith("unix:"):
+        addr: object = address[5:]
+    else:
+        _, host, port = address.split(":")
+        addr = (host, int(port))
+        if rank > 0 and int(port) == 0:
+            addr = (host, await _published_port(out))
+
+    def publish(bound: object) -> None:
+        (out / "hub_port.tmp").write_text(str(bound[1]))
+        os.replace(out / "hub_port.tmp", out / "hub_port")
+
+    listen = publish if rank == 0 and isinstance(addr, tuple) else None
+    return await make_collective("loopback", rank=rank, world_size=world, address=addr,
+                                 timeout=20.0, on_listen=listen)
+
+
+async def _published_port(out: Path) -> int:
+    while not (out / "hub_port").exists():
+        await asyncio.sleep(0.02)
+    return int((out / "hub_port").read_text())
+
+
+def error_record(exc: BaseException, started: float) -> dict:
+    return {"error": type(exc).__name__, "message": str(exc),
+            "ranks": list(getattr(exc, "ranks", [])), "after_s": time.monotonic() - started}
+
+
+async def exact(coll, rank: int, world: int, out: Path) -> dict:
+    rounds = []
+    for _ in range(2):  # the same input twice: same bits despite a different arrival order
+        x = contribution(rank, world, 0)
+        await asyncio.sleep(random.random() * 0.05)  # vary the arrival order
+        result = await coll.allreduce_int64(x, timeout=10.0)
+        rounds.append({"total": result.total.tolist(), "contributors": list(result.contributors),
+                       "dtype": str(result.total.dtype)})
+    gathered = await coll.allgather_bytes(f"rank{rank}".encode() * rank, timeout=10.0)
+    root = world - 1
+    told = await coll.broadcast_bytes(b"from the last rank" if rank == root else None,
+                                      root=root, timeout=10.0)
+    await coll.barrier(timeout=10.0)
+    record = {"rounds": rounds, "gathered": [g.decode() for g in gathered],
+              "broadcast": told.decode(), "bytes_sent": coll.bytes_sent}
+    return {**record, **await overflow(coll, rank, world)}
+
+
+async def overflow(coll, rank: int, world: int) -> dict:
+    """Every rank passes 2**62: any two of them would wrap int64."""
+    record: dict = {}
+    started = time.monotonic()
+    try:
+        await coll.allreduce_int64(np.array([2**62, 1], dtype=np.int64), timeout=10.0)
+        record["first"] = {"error": None}
+    except DaisyError as exc:
+        record["first"] = error_record(exc, started)
+    after = await coll.allreduce_int64(np.array([rank, 1], dtype=np.int64), timeout=10.0)
+    record["after"] = after.total.tolist()
+    return record
+
+
+async def kill(coll, rank: int, world: int, out: Path) -> dict:
+    """The victim stops at KILL_AT and the test SIGKILLs it; the others keep reducing."""
+    record: dict = {"rounds": []}
+    for iteration in range(KILL_AT + 3):
+        if rank == VICTIM and iteration == KILL_AT:
+            (out / "victim_ready").write_text("1")
+            await asyncio.sleep(3600)
+        started = time.monotonic()
+        try:
+            result = await coll.allreduce_int64(contribution(rank, world, iteration),
+                                                timeout=float(os.environ.get("PEER_TIMEOUT", 10)))
+        except DaisyError as exc:
+            record["rounds"].append(error_record(exc, started))
+            if iteration >= KILL_AT:
+                break
+            raise
+        record["rounds"].append({"total": result.total.tolist(),
+                                 "contributors": list(result.contributors),
+                                 "members": list(coll.members),
+                                 "after_s": time.monotonic() - started})
+        if iteration == KILL_AT - 1:  # everyone is in step before the victim stops
+            await coll.barrier(timeout=10.0)
+    return record
+
+
+async def hub_dies(coll, rank: int, world: int, out: Path) -> dict:
+    """Rank 0 stops after one reduce and the test SIGKILLs it; the others must not hang."""
+    await coll.allreduce_int64(contribution(rank, world, 0), timeout=10.0)
+    if rank == 0:
+        (out / "victim_ready").write_text("1")
+        await asyncio.sleep(3600)
+    started = time.monotonic()
+    try:
+        await coll.allreduce_int64(contribution(rank, world, 1), timeout=2.0)
+        return {"error": None}
+    except DaisyError as exc:
+        return error_record(exc, started)
+
+
+SCENARIOS = {"exact": exact, "kill": kill, "hub_dies": hub_dies}
+
+
+async def main(transport: str, rank: int, world: int, address: str, scenario: str,
+               out: Path) -> None:
+    coll = await open_group(transport, rank, world, address, out)
+    record = await SCENARIOS[scenario](coll, rank, world, out)
+    await coll.close()
+    (out / f"rank{rank}.json").write_text(json.dumps(record))
+
+
+if __name__ == "__main__":
+    transport, rank, world, address, scenario, out = sys.argv[1:7]
+    asyncio.run(main(transport, int(rank), int(world), address, scenario, Path(out)))

@@ -1,0 +1,92 @@
+"""gloo transport: ranks as OS processes over real sockets (127.0.0.1, and two namespaces)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from comm_helpers import free_port, oracle_sum, peer_script, run_peers
+from netns import private_network
+
+from pynode.comm import CollectiveUsageError, PeerLost, make_collective
+
+pytest.importorskip("torch.distributed")
+
+ROLL_CALL_SLACK_S = 6.0  # process start-up on a loaded machine, the roll call's own polling
+
+
+def check_exact(records: dict[int, dict], world: int) -> None:
+    expected = oracle_sum([peer_script.contribution(r, world, 0) for r in range(world)])
+    assert set(records) == set(range(world))
+    for record in records.values():
+        for rnd in record["rounds"]:
+            assert rnd["total"] == expected and rnd["dtype"] == "int64"
+            assert rnd["contributors"] == list(range(world))
+        assert record["gathered"] == [f"rank{r}" * r for r in range(world)]
+        assert record["broadcast"] == "from the last rank"
+        assert record["bytes_sent"] > 0
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict]:
+    """One 2-rank gloo group on 127.0.0.1 running peer_script's `exact` scenario."""
+    out = tmp_path_factory.mktemp("gloo2")
+    return run_peers("gloo", 2, f"127.0.0.1:{free_port()}", "exact", out)
+
+
+def test_two_ranks_on_loopback_sum_exactly(two_ranks: dict[int, dict]) -> None:
+    check_exact(two_ranks, 2)
+
+
+def test_headroom_refused_on_every_rank_before_gloo_wraps(two_ranks: dict[int, dict]) -> None:
+    for record in two_ranks.values():
+        assert record["first"]["error"] == "FixedPointOverflowError"
+        assert record["after"] == [0 + 1, 1 + 1]  # the group is still usable, and exact
+
+
+def test_rank_death_raises_peer_lost_in_bounded_time(tmp_path: Path, monkeypatch) -> None:
+    timeout = 2.0
+    monkeypatch.setenv("PEER_TIMEOUT", str(timeout))
+    records = run_peers("gloo", 3, f"127.0.0.1:{free_port()}", "kill", tmp_path,
+                        kill_rank=peer_script.VICTIM)
+    assert set(records) == {0, 1}
+    for record in records.values():
+        *before, failed = record["rounds"]
+        assert len(before) == peer_script.KILL_AT
+        for it, rnd in enumerate(before):
+            xs = [peer_script.contribution(r, 3, it) for r in range(3)]
+            assert rnd["total"] == oracle_sum(xs)
+        assert failed["error"] == "PeerLost"
+        assert failed["ranks"] == [peer_script.VICTIM]
+        assert failed["after_s"] < timeout + ROLL_CALL_SLACK_S
+
+
+def test_ranks_in_two_network_namespaces(tmp_path: Path) -> None:
+    with private_network() as net:
+        side = {0: "a", 1: "b"}
+        records = run_peers(
+            "gloo", 2, f"{net.address['a']}:29500", "exact", tmp_path,
+            wrap=lambda rank: net.command(side[rank], []),
+            env=lambda rank: {"GLOO_SOCKET_IFNAME": net.ifname[side[rank]]},
+        )
+        check_exact(records, 2)
+    assert not net.exists()
+
+
+def test_missing_settings_are_named(monkeypatch) -> None:
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(CollectiveUsageError, match="WORLD_SIZE"):
+        asyncio.run(make_collective("gloo"))
+    with pytest.raises(CollectiveUsageError, match="MASTER_PORT"):
+        asyncio.run(make_collective("gloo", rank=0, world_size=2, master_addr="127.0.0.1",
+                                    master_port=0))
+
+
+def test_nobody_else_joins_peer_lost_names_them() -> None:
+    with pytest.raises(PeerLost) as lost:
+        asyncio.run(make_collective("gloo", rank=0, world_size=3, master_addr="127.0.0.1",
+                                    master_port=free_port(), timeout=1.0))
+    assert lost.value.ranks == (1, 2)
+

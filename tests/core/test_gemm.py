@@ -1,0 +1,416 @@
+"""Exact int8 GEMM backends, their gate and the live audit.
+
+The oracle is the LUT reference built from a multiply table made here by integer
+arithmetic (the certified Units are checked in the units tests). Every comparison is
+bit equality of int32 results. Each deliberately wrong backend below models a real
+kernel bug and must be caught by the gate (or, at a live shape, by the audit).
+Legend: B batch, M rows, K reduction length, N columns.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from pynode.core.errors import AccumulatorBoundError, GateError, ShapeError
+from pynode.core.gemm import (
+    MAX_K,
+    NO_BLAS_ORDER,
+    BackendUnavailableError,
+    ExactGate,
+    GemmAudit,
+    GemmBackend,
+    UnknownBackendError,
+    make_backend,
+    select_gemm,
+)
+from pynode.core.gemm.blas_exact import CHUNK_K, BlasFloatBackend
+from pynode.core.gemm.gate import gate_cases
+from pynode.core.gemm.reference import ReferenceBackend
+
+VALUES = np.arange(-128, 128, dtype=np.int64)
+LUT = (VALUES[:, None] * VALUES[None, :]).astype(np.int32)  # (256, 256) int32
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.mul = self.requant = self.relu = 0
+
+    def add(self, name: str, n: int) -> None:
+        setattr(self, name, getattr(self, name) + n)
+
+
+@pytest.fixture
+def units():
+    return SimpleNamespace(mul_lut=LUT, counts=Counter())
+
+
+@pytest.fixture(scope="module")
+def gate():
+    return ExactGate(ReferenceBackend(LUT))
+
+
+def int8(shape, seed):
+    return np.random.default_rng(seed).integers(-128, 128, shape).astype(np.int8)
+
+
+def exact(a, b):
+    return np.matmul(a.astype(np.int64), b.astype(np.int64))
+
+
+def available(name):
+    try:
+        return make_backend(name, LUT)
+    except BackendUnavailableError as exc:
+        pytest.skip(str(exc))
+
+
+REAL = ["blas_float", "torch", "numpy_int", "reference"]
+
+
+# ---------------------------------------------------------------- real backends
+
+
+@pytest.mark.parametrize("name", REAL)
+def test_real_backend_passes_gate(gate, name):
+    report = gate.run(available(name))
+    assert report.passed, report
+    assert report.cases == 2 * len(gate_cases())
+
+
+@pytest.mark.parametrize("name", REAL)
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (64, 96, 192), (33, 3000, 17), (5, 4096, 3)])
+def test_real_backend_matches_int64(name, m, k, n):
+    backend = available(name)
+    a, b = int8((m, k), m + k), int8((k, n), n + k)
+    got = backend.matmul(a, b)
+    assert got.dtype == np.int32
+    assert np.array_equal(got, exact(a, b))
+    ab, bb = int8((4, m, k), 1), int8((4, k, n), 2)
+    assert np.array_equal(backend.bmm(ab, bb), exact(ab, bb))
+
+
+def test_blas_result_survives_later_calls():
+    backend = BlasFloatBackend()
+    a, b = int8((40, 50), 1), int8((50, 60), 2)
+    first = backend.matmul(a, b)
+    kept = first.copy()
+    backend.matmul(int8((40, 50), 3), int8((50, 60), 4))
+    backend.matmul(int8((7, 3000), 5), int8((3000, 9), 6))
+    assert np.array_equal(first, kept)
+
+
+def test_blas_scratch_is_per_thread():
+    backend = BlasFloatBackend()
+    jobs = [(int8((9 + i, 1100), i), int8((1100, 12 - i), 100 + i)) for i in range(6)]
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        results = list(pool.map(lambda ab: backend.matmul(*ab), jobs * 3))
+    for (a, b), got in zip(jobs * 3, results, strict=True):
+        assert np.array_equal(got, exact(a, b))
+
+
+def test_chunk_limit_is_exact_for_float32():
+    # The bound the blas backend relies on: a full chunk of (-128)^2 is exactly 2**24.
+    assert CHUNK_K * 128 * 128 == 2**24
+    assert MAX_K * 128 * 128 < 2**31 <= (MAX_K + 1) * 128 * 128
+
+
+# ---------------------------------------------------------------- operand checks
+
+
+@pytest.mark.parametrize("name", REAL)
+def test_bad_operands_are_refused(name):
+    backend = available(name)
+    a = int8((4, 5), 1)
+    with pytest.raises(ShapeError, match="int8"):
+        backend.matmul(a.astype(np.int16), int8((5, 3), 2))
+    with pytest.raises(ShapeError, match="inner dims"):
+        backend.matmul(a, int8((4, 3), 2))
+    with pytest.raises(ShapeError, match="3-d"):
+        backend.bmm(a, int8((5, 3), 2))
+    with pytest.raises(ShapeError, match="batch or inner"):
+        backend.bmm(int8((2, 4, 5), 1), int8((3, 5, 3), 2))
+    with pytest.raises(ShapeError):
+        backend.matmul([[1]], [[1]])
+    with pytest.raises(AccumulatorBoundError, match="131071"):
+        backend.matmul(np.zeros((1, MAX_K + 1), np.int8), np.zeros((MAX_K + 1, 1), np.int8))
+
+
+@pytest.mark.parametrize("name", REAL)
+def test_empty_shapes_give_zeros(name):
+    backend = available(name)
+    assert np.array_equal(backend.matmul(int8((3, 0), 1), int8((0, 2), 2)), np.zeros((3, 2)))
+    assert backend.matmul(int8((0, 4), 1), int8((4, 2), 2)).shape == (0, 2)
+    assert backend.bmm(int8((0, 3, 4), 1), int8((0, 4, 2), 2)).shape == (0, 3, 2)
+
+
+# ---------------------------------------------------------------- wrong backends
+
+
+class LastCellTailBug(BlasFloatBackend):
+    """A tail-handling bug: the last cell is off by one when M is not a multiple of 32."""
+
+    name = "last_cell_tail_bug"
+
+    def _matmul(self, a, b):
+        out = super()._matmul(a, b)
+        if a.shape[0] % 32:
+            out[-1, -1] += 1
+        return out
+
+
+class Int16Accumulator(GemmBackend):
+    """Accumulates in int16, which wraps once a sum passes 32,767."""
+
+    name = "int16_accumulator"
+
+    def _matmul(self, a, b):
+        return np.matmul(a.astype(np.int16), b.astype(np.int16)).astype(np.int32)
+
+
+class Float32Unchunked(GemmBackend):
+    """A 24-bit accumulator: float32 sgemm without splitting K."""
+
+    name = "float32_unchunked"
+
+    def _matmul(self, a, b):
+        return np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(np.int32)
+
+
+class PooledBuffer(GemmBackend):
+    """Accumulates into a buffer pooled by shape and never zeroes it between calls."""
+
+    name = "pooled_buffer"
+
+    def __init__(self) -> None:
+        self.pool: dict[tuple[int, ...], np.ndarray] = {}
+
+    def _matmul(self, a, b):
+        return self._accumulate(a, b)
+
+    def _bmm(self, a, b):
+        return self._accumulate(a, b)
+
+    def _accumulate(self, a, b):
+        shape = a.shape[:-1] + b.shape[-1:]
+        buf = self.pool.setdefault(shape, np.zeros(shape, np.int32))
+        buf += exact(a, b).astype(np.int32)
+        return buf.copy()
+
+
+class Uninitialised(GemmBackend):
+    """Accumulates into np.empty memory, trusting the allocator to hand out zeros."""
+
+    name = "uninitialised"
+
+    def _matmul(self, a, b):
+        out = np.empty((a.shape[0], b.shape[1]), np.int32)
+        for k in range(a.shape[1]):
+            out += np.multiply.outer(a[:, k].astype(np.int32), b[k].astype(np.int32))
+        return out
+
+
+class DropsTailChunk(BlasFloatBackend):
+    """Chunks K at 1024 but its loop bound forgets the last partial chunk."""
+
+    name = "drops_tail_chunk"
+
+    def _matmul(self, a, b):
+        k = a.shape[1]
+        out = np.zeros((a.shape[0], b.shape[1]), np.int32)
+        for k0 in range(0, k - CHUNK_K + 1 if k > CHUNK_K else 1, CHUNK_K):
+            out += super()._matmul(a[:, k0 : k0 + CHUNK_K], b[k0 : k0 + CHUNK_K])
+        return out
+
+
+@pytest.mark.parametrize(
+    "backend, failing",
+    [
+        (LastCellTailBug(), {"tiny_1x1x1"}),
+        (Int16Accumulator(), {"odd_tails"}),
+        (Float32Unchunked(), {"k1025_extremes"}),
+        (PooledBuffer(), {"tiny_1x1x1/dirty"}),
+        (DropsTailChunk(), {"k1025_extremes"}),
+    ],
+    ids=lambda x: getattr(x, "name", ""),
+)
+def test_gate_catches_wrong_backend(gate, backend, failing):
+    report = gate.run(backend)
+    assert not report.passed
+    assert report.failing_case in failing, report
+    assert "expected" in report.detail
+
+
+def test_gate_catches_uninitialised_output(gate):
+    report = gate.run(Uninitialised())
+    assert not report.passed and "expected" in report.detail, report
+
+
+def test_gate_reports_the_failing_cell(gate):
+    class OnlyWideTails(BlasFloatBackend):
+        name = "only_wide_tails"
+
+        def _matmul(self, a, b):
+            out = super()._matmul(a, b)
+            if a.shape[0] > 32 and a.shape[0] % 32:
+                out[-1, -1] += 1
+            return out
+
+    report = gate.run(OnlyWideTails())
+    assert report.failing_case == "odd_tails"
+    assert "(36, 66)" in report.detail
+
+
+def test_gate_catches_a_backend_that_writes_its_inputs(gate):
+    class Scribbler(BlasFloatBackend):
+        name = "scribbler"
+
+        def _matmul(self, a, b):
+            out = super()._matmul(a, b)
+            if a.flags.writeable:
+                a[...] = 0
+            return out
+
+    report = gate.run(Scribbler())
+    assert not report.passed and "modified" in report.detail
+
+
+def test_gate_treats_an_exception_as_failure(gate):
+    class Crashes(GemmBackend):
+        name = "crashes"
+
+        def _matmul(self, a, b):
+            raise RuntimeError("kernel fault")
+
+    report = gate.run(Crashes())
+    assert report.failing_case == "tiny_1x1x1" and "kernel fault" in report.detail
+
+
+def test_gate_cases_are_deterministic_and_sweeps_differ():
+    first, again, dirty = gate_cases(0), gate_cases(0), gate_cases(1, tag="/dirty")
+    assert [c.name for c in first] == [c.name for c in again]
+    for x, y, z in zip(first, again, dirty, strict=True):
+        assert np.array_equal(x.a, y.a) and np.array_equal(x.b, y.b)
+        assert x.a.shape == z.a.shape and z.name == x.name + "/dirty"
+    assert not np.array_equal(first[1].a, dirty[1].a)
+
+
+# ---------------------------------------------------------------- select_gemm / Gemm
+
+
+def test_select_gemm_counts_units_and_matches(units):
+    gemm = select_gemm(units)
+    assert gemm.backend_name == "blas_float" and gemm.gate_report.passed
+    a, b = int8((6, 7), 1), int8((7, 5), 2)
+    assert np.array_equal(gemm.matmul(a, b), exact(a, b))
+    assert units.counts.mul == 6 * 7 * 5
+    ab, bb = int8((3, 6, 7), 1), int8((3, 7, 5), 2)
+    assert np.array_equal(gemm.bmm(ab, bb), exact(ab, bb))
+    assert units.counts.mul == 6 * 7 * 5 * 4
+
+
+def test_refused_operands_change_no_count(units):
+    gemm = select_gemm(units, prefer="numpy_int")
+    with pytest.raises(ShapeError):
+        gemm.matmul(int8((3, 4), 1), int8((5, 2), 2))
+    assert units.counts.mul == 0 and gemm.audit.calls == 0
+
+
+def test_select_gemm_demotes_failing_backend_with_warning(units, caplog):
+    with caplog.at_level(logging.WARNING, logger="pynode.core.gemm.select"):
+        gemm = select_gemm(units, order=[Float32Unchunked(), "numpy_int"])
+    assert gemm.backend_name == "numpy_int"
+    assert "float32_unchunked" in caplog.text and "k1025_extremes" in caplog.text
+    assert [r.passed for r in gemm.gate_reports] == [False, True]
+
+
+def test_select_gemm_prefer(units):
+    assert select_gemm(units, prefer="reference").backend_name == "reference"
+    with pytest.raises(UnknownBackendError, match="blas_float, torch, numpy_int, reference"):
+        select_gemm(units, prefer="cuda")
+    with pytest.raises(GateError, match="forced GEMM backend 'int16_accumulator'"):
+        select_gemm(units, prefer="int16_accumulator", order=[Int16Accumulator(), "reference"])
+
+
+def test_missing_torch_is_skipped_or_refused(units, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # makes `import torch` fail
+    assert select_gemm(units, order=["torch", "numpy_int"]).backend_name == "numpy_int"
+    with pytest.raises(BackendUnavailableError, match="torch backend unavailable"):
+        select_gemm(units, prefer="torch")
+
+
+def test_no_blas_order_prefers_einsum(units):
+    assert select_gemm(units, order=NO_BLAS_ORDER).backend_name == "numpy_int"
+
+
+def test_no_passing_backend_is_a_gate_error(units):
+    with pytest.raises(GateError, match="no GEMM backend passed"):
+        select_gemm(units, order=[Int16Accumulator(), DropsTailChunk()])
+
+
+# ---------------------------------------------------------------- live audit
+
+
+class WrongAtLiveShape(BlasFloatBackend):
+    """Right on every gate shape, wrong in one cell at a shape only training uses."""
+
+    name = "wrong_at_live_shape"
+
+    def __init__(self, cell) -> None:
+        super().__init__()
+        self.cell = cell
+
+    def _matmul(self, a, b):
+        out = super()._matmul(a, b)
+        if out.shape == (48, 80):
+            out[self.cell] -= 7
+        return out
+
+
+def test_audit_catches_a_structural_cell_at_a_live_shape(units):
+    gemm = select_gemm(units, order=[WrongAtLiveShape((47, 40)), "numpy_int"], audit_every=1)
+    assert gemm.backend_name == "wrong_at_live_shape"
+    a, b = int8((48, 64), 1), int8((64, 80), 2)
+    with pytest.raises(GateError, match=r"\(0, 47, 40\).*expected"):
+        gemm.matmul(a, b)
+    gemm.demote()
+    assert gemm.backend_name == "numpy_int"
+    assert np.array_equal(gemm.matmul(a, b), exact(a, b))
+
+
+def test_audit_random_cells_find_an_interior_cell(units):
+    gemm = select_gemm(units, order=[WrongAtLiveShape((20, 33))], audit_every=1)
+    gemm.audit.random_cells = 64
+    a, b = int8((48, 64), 1), int8((64, 80), 2)
+    with pytest.raises(GateError, match=r"\(0, 20, 33\)"):
+        for _ in range(400):
+            gemm.matmul(a, b)
+
+
+def test_audit_checks_batched_results():
+    audit = GemmAudit(LUT, every=1)
+    a, b = int8((3, 10, 20), 1), int8((3, 20, 12), 2)
+    out = exact(a, b).astype(np.int32)
+    assert audit.check(a, b, out, "x")
+    out[2, 9, 0] += 1
+    with pytest.raises(GateError, match=r"\(2, 9, 0\)"):
+        audit.check(a, b, out, "x")
+
+
+def test_audit_schedule_is_deterministic():
+    a, b = int8((8, 9), 1), int8((9, 7), 2)
+    out = exact(a, b).astype(np.int32)
+    audit = GemmAudit(LUT, every=4)
+    assert [audit.check(a, b, out, "x") for _ in range(9)] == [True, False, False, False] * 2 + [
+        True
+    ]
+    assert audit.audits == 3 and audit.cells_checked > 3 * 9
+    one, two = GemmAudit(LUT), GemmAudit(LUT)
+    assert [c.tolist() for c in one._cells(5, 2, 30, 40)] == [
+        c.tolist() for c in two._cells(5, 2, 30, 40)
+    ]

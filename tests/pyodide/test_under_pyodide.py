@@ -1,0 +1,85 @@
+"""Core tests inside Pyodide 0.27.7 (numpy 2.0.2 on wasm32) under Node.js.
+
+Needs node and the fetched runtime (`python -m server.runtime fetch`). Without them these
+tests skip with the reason, except under CI=true, where a missing runtime is a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from server.bundle import build_bundle
+from server.runtime import RuntimeMissingError, runtime_dir
+
+REPO = Path(__file__).resolve().parents[2]
+RUNNER = REPO / "tests" / "pyodide" / "run_tests.mjs"
+# Modules whose tests are plain functions (see harness.py) and must pass on wasm too.
+PYODIDE_MODULES = ["tests/core/test_golden.py"]
+PYODIDE_DATA = ["tests/golden/golden_v1.npz"]
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{reason} (CI=true: the Pyodide tier must run)")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def runtime() -> Path:
+    if shutil.which("node") is None:
+        _unavailable("node is not installed")
+    try:
+        return runtime_dir()
+    except RuntimeMissingError as exc:
+        _unavailable(str(exc))
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("bundle") / "pynode.zip"
+    path.write_bytes(build_bundle())
+    return path
+
+
+def run_in_pyodide(runtime: Path, bundle: Path, modules: list[str], data: list[str]) -> tuple:
+    cmd = ["node", str(RUNNER), "--runtime", str(runtime), "--bundle", str(bundle),
+           "--root", str(REPO)]
+    cmd += [arg for m in modules for arg in ("--module", m)]
+    cmd += [arg for d in data for arg in ("--data", d)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS ")]
+    report = json.loads(lines[-1][len("RESULTS "):]) if lines else None
+    return proc, report
+
+
+def test_core_modules_pass_under_pyodide(runtime, bundle, record_property):
+    proc, report = run_in_pyodide(runtime, bundle, PYODIDE_MODULES, PYODIDE_DATA)
+    assert report is not None, f"runner gave no results (rc {proc.returncode}):\n{proc.stderr}"
+    record_property("pyodide_boot_ms", round(report["timing"]["boot_ms"]))
+    record_property("pyodide_numpy_ms", round(report["timing"]["numpy_ms"]))
+    failed = [r for r in report["results"] if r["status"] == "failed"]
+    details = "\n".join(f"{r['test']}:\n{r['detail']}" for r in failed)
+    assert not failed, f"{len(failed)} tests failed under Pyodide:\n{details}"
+    assert report["passed"] > 0 and proc.returncode == 0, proc.stdout[-2000:]
+    print(proc.stdout.splitlines()[-1], "| boot", round(report["timing"]["boot_ms"]), "ms")
+
+
+def test_runner_reports_failures_and_skips(runtime, bundle):
+    proc, report = run_in_pyodide(runtime, bundle, ["tests/pyodide/selfcheck_cases.py"], [])
+    assert report is not None, f"runner gave no results (rc {proc.returncode}):\n{proc.stderr}"
+    outcome = {r["test"]: r["status"] for r in report["results"]}
+    assert outcome == {
+        "test_runs_on_wasm_numpy": "passed",
+        "test_fails_on_purpose": "failed",
+        "test_skips_on_purpose": "skipped",
+        "test_needs_a_fixture": "failed",
+    }
+    assert proc.returncode == 1
+    assert proc.stdout.splitlines()[-1] == "1 passed, 2 failed, 1 skipped"
+    assert "deliberate failure" in proc.stdout

@@ -1,0 +1,204 @@
+"""The room rules without sockets: fake links record exactly what each peer was sent."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from server.protocol import ProtocolError
+from server.rooms import RoomLimits, Rooms
+from server.tokens import TokenSigner
+
+KEY = b"k" * 32
+
+
+class FakeLink:
+    def __init__(self) -> None:
+        self.frames: list[dict[str, Any]] = []
+        self.closed: tuple[int, str] | None = None
+
+    def deliver(self, frame: str) -> None:
+        self.frames.append(json.loads(frame))
+
+    def close(self, code: int, reason: str) -> None:
+        self.closed = (code, reason)
+
+    def take(self) -> list[dict[str, Any]]:
+        frames, self.frames = self.frames, []
+        return frames
+
+    def types(self) -> list[str]:
+        return [f["type"] for f in self.take()]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_rooms(**limits: Any) -> tuple[Rooms, Clock]:
+    clock = Clock()
+    return Rooms(TokenSigner(KEY, 3600), RoomLimits(**limits), clock=clock), clock
+
+
+def offer(to: str) -> dict[str, Any]:
+    return {"v": 1, "type": "offer", "to": to, "sdp": "v=0"}
+
+
+def private_room() -> tuple[Rooms, str, str, FakeLink, str, FakeLink]:
+    rooms, _ = make_rooms()
+    host = FakeLink()
+    host_id = rooms.create(host)
+    code = host.frames[0]["room"]
+    guest = FakeLink()
+    guest_id = rooms.join(guest, "10.0.0.9", code, None)
+    return rooms, code, host_id, host, guest_id, guest
+
+
+def test_auto_room_groups_by_address_and_approves_everyone() -> None:
+    rooms, _ = make_rooms()
+    a, b, c = FakeLink(), FakeLink(), FakeLink()
+    a_id = rooms.join(a, "198.51.100.7", None, None)
+    b_id = rooms.join(b, "198.51.100.7", None, None)
+    rooms.join(c, "203.0.113.1", None, None)
+    joined = b.frames[0]
+    assert joined["state"] == "approved" and joined["role"] == "member" and joined["room"] is None
+    roster = a.frames[-1]
+    assert [p["id"] for p in roster["peers"]] == [a_id, b_id]
+    assert roster["host"] == a_id
+    assert all(b_id not in json.dumps(f) for f in c.frames)
+    rooms.handle(a_id, a, offer(b_id))
+    assert b.frames[-1] == {"v": 1, "type": "offer", "from": a_id, "sdp": "v=0"}
+    rooms.leave(a_id, a)
+    assert b.frames[-1]["host"] == b_id  # the longest-connected member takes over
+
+
+def test_pending_guest_sees_only_its_own_state_and_can_send_nothing() -> None:
+    rooms, code, host_id, host, guest_id, guest = private_room()
+    assert guest.types() == ["joined"]
+    assert host.frames[-1]["peers"][1] == {"id": guest_id, "role": "member", "state": "pending"}
+    for msg in (offer(host_id), {"v": 1, "type": "status", "step": 1},
+                {"v": 1, "type": "approve", "peer": guest_id}):
+        with pytest.raises(ProtocolError) as info:
+            rooms.handle(guest_id, guest, msg)
+        assert info.value.code == "pending"
+    with pytest.raises(ProtocolError) as info:
+        rooms.handle(host_id, host, offer(guest_id))
+    assert info.value.code == "no_peer"
+    rooms.handle(host_id, host, {"v": 1, "type": "status", "step": 3})
+    assert guest.frames == []
+
+
+def test_approval_then_removal_cuts_the_guest_off() -> None:
+    rooms, code, host_id, host, guest_id, guest = private_room()
+    guest.take()
+    rooms.handle(host_id, host, {"v": 1, "type": "approve", "peer": guest_id})
+    assert guest.types() == ["approved", "roster"]
+    rooms.handle(guest_id, guest, offer(host_id))
+    assert host.frames[-1]["from"] == guest_id
+    rooms.handle(host_id, host, {"v": 1, "type": "remove", "peer": guest_id})
+    assert guest.types() == ["removed"] and guest.closed == (4403, "removed")
+    with pytest.raises(ProtocolError):
+        rooms.handle(guest_id, guest, offer(host_id))
+    assert guest_id not in json.dumps(host.frames[-1])
+    # Its token no longer brings it back.
+    token = rooms._signer.issue(code, guest_id, False)
+    again = FakeLink()
+    rooms.join(again, "10.0.0.9", code, token)
+    assert again.types() == ["removed"] and again.closed is not None
+
+
+def test_only_the_host_approves_and_denies() -> None:
+    rooms, code, host_id, host, guest_id, guest = private_room()
+    rooms.handle(host_id, host, {"v": 1, "type": "approve", "peer": guest_id})
+    other = FakeLink()
+    other_id = rooms.join(other, "10.0.0.10", code, None)
+    with pytest.raises(ProtocolError) as info:
+        rooms.handle(guest_id, guest, {"v": 1, "type": "approve", "peer": other_id})
+    assert info.value.code == "forbidden"
+    rooms.handle(host_id, host, {"v": 1, "type": "deny", "peer": other_id})
+    assert [f["type"] for f in other.frames] == ["joined", "denied"]
+    assert other.closed is not None
+    with pytest.raises(ProtocolError) as info:
+        rooms.handle(host_id, host, {"v": 1, "type": "remove", "peer": host_id})
+    assert info.value.code == "no_peer"
+
+
+def test_unknown_code_answers_like_a_real_room() -> None:
+    rooms, code, host_id, host, guest_id, guest = private_room()
+    stranger = FakeLink()
+    rooms.join(stranger, "10.0.0.11", "B" * 22, None)
+    real, fake = guest.frames[0], stranger.frames[0]
+    assert real.keys() == fake.keys()
+    for key in ("type", "private", "role", "state"):
+        assert real[key] == fake[key]
+    assert len(stranger.frames) == len(guest.frames) == 1
+    rooms.leave(fake["peer"], stranger)
+    assert rooms.counts()["rooms"] == 1  # the unclaimed room is gone with its last peer
+
+
+def test_host_token_reclaims_a_room_after_restart() -> None:
+    rooms, code, host_id, host, guest_id, guest = private_room()
+    rooms.handle(host_id, host, {"v": 1, "type": "approve", "peer": guest_id})
+    host_token, guest_token = host.take()[0]["token"], guest.take()[0]["token"]
+    fresh, _ = make_rooms()  # a restarted server: same key, no state
+    new_guest, new_host = FakeLink(), FakeLink()
+    assert fresh.join(new_guest, "10.0.0.9", code, guest_token) == guest_id
+    assert new_guest.frames[0]["state"] == "pending"
+    assert fresh.join(new_host, "10.0.0.8", code, host_token) == host_id
+    assert new_host.frames[0]["role"] == "host" and new_host.frames[0]["state"] == "approved"
+    entry = new_host.frames[-1]["peers"][0]
+    assert entry == {"id": guest_id, "role": "member", "state": "pending", "resumed": True}
+
+
+def test_member_reconnect_keeps_approval_and_replaces_the_old_socket() -> None:
+    rooms, code, host_id, host, guest_id, guest = private_room()
+    rooms.handle(host_id, host, {"v": 1, "type": "approve", "peer": guest_id})
+    token = guest.frames[0]["token"]
+    second = FakeLink()
+    assert rooms.join(second, "10.0.0.9", code, token) == guest_id
+    assert second.frames[0]["state"] == "approved"
+    assert guest.closed is not None and guest.frames[-1]["code"] == "replaced"
+    rooms.leave(guest_id, guest)  # the old socket's late goodbye changes nothing
+    rooms.handle(host_id, host, offer(guest_id))
+    assert second.frames[-1]["type"] == "offer"
+
+
+def test_a_token_of_another_room_or_a_forged_one_is_ignored() -> None:
+    rooms, code, host_id, host, guest_id, guest = private_room()
+    other_signer = TokenSigner(b"x" * 32, 3600)
+    forged = other_signer.issue(code, host_id, True)
+    link = FakeLink()
+    assert rooms.join(link, "10.0.0.12", code, forged) != host_id
+    assert link.frames[0]["state"] == "pending"
+    auto_token = TokenSigner(KEY, 3600).issue("auto:whatever", "peerX", True)
+    link2 = FakeLink()
+    assert rooms.join(link2, "10.0.0.12", code, auto_token) != "peerX"
+
+
+def test_limits_and_idle_rooms() -> None:
+    rooms, clock = make_rooms(max_rooms=2, max_room_peers=2, room_idle_s=60)
+    host = FakeLink()
+    host_id = rooms.create(host)
+    code = host.take()[0]["room"]
+    guest = FakeLink()
+    guest_id = rooms.join(guest, "10.0.0.1", code, None)
+    with pytest.raises(ProtocolError) as info:
+        rooms.join(FakeLink(), "10.0.0.2", code, None)
+    assert info.value.code == "room_full"
+    rooms.create(FakeLink())
+    with pytest.raises(ProtocolError) as info:
+        rooms.create(FakeLink())
+    assert info.value.code == "server_full"
+    rooms.leave(guest_id, guest)
+    rooms.leave(host_id, host)
+    clock.now += 30
+    with pytest.raises(ProtocolError):
+        rooms.create(FakeLink())  # the host's room waits for its host a while
+    clock.now += 31
+    rooms.create(FakeLink())  # ...but not forever
