@@ -43,13 +43,34 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser("train", help="train on this machine (one or more local peers)")
     add_config_flags(train)
-    train.add_argument("--backend", help="force a GEMM backend (default: best that passes its gate)")
+    train.add_argument("--backend", help="force a GEMM backend (default: best that passes)")
     train.add_argument("--log", help="append one JSON object per step to this file")
     train.add_argument("--save", help="write a .pt checkpoint here at the end")
     train.add_argument("--resume", help="continue from this .pt checkpoint")
     train.add_argument("--peers", type=int, default=1, help="local peer processes (loopback)")
     train.add_argument("--capacity", help="relative speeds of the local peers, e.g. 1,2,5")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    cluster = sub.add_parser(
+        "cluster", help="gloo cluster from MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK"
+    )
+    add_config_flags(cluster)
+    cluster.add_argument("--backend", help="force a GEMM backend")
+    cluster.add_argument("--log", help="(rank 0) append one JSON object per step to this file")
+    cluster.add_argument("--save", help="(rank 0) write a .pt checkpoint here at the end, or "
+                         "of the last agreed step if the cluster breaks")
+    cluster.add_argument("--resume", help="(rank 0) continue from this .pt checkpoint")
+    cluster.add_argument("--capacity", help="relative speeds of the ranks, e.g. 1,2")
+    cluster.add_argument("--timeout", type=float, default=60.0,
+                         help="seconds a rank waits for the others before giving up")
+    cluster.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    peer = sub.add_parser("_peer")  # internal: a loopback follower spawned by train --peers
+    peer.add_argument("--rank", type=int, required=True)
+    peer.add_argument("--world", type=int, required=True)
+    peer.add_argument("--address", required=True)
+    peer.add_argument("--backend")
+    peer.add_argument("--capacity")
 
     verify = sub.add_parser("verify", help="check units, LUTs and GEMM backends; exit 1 on failure")
     verify.add_argument("--json", action="store_true", help="print rows as JSON lines")
@@ -71,6 +92,14 @@ def main(argv: list[str] | None = None) -> int:
             from pynode.cli_train import train_command
 
             return asyncio.run(train_command(args, config_from_args(args)))
+        if args.command == "cluster":
+            from pynode.cli_group import cluster_command
+
+            return asyncio.run(cluster_command(args, config_from_args(args)))
+        if args.command == "_peer":
+            from pynode.cli_group import peer_command
+
+            return asyncio.run(peer_command(args))
         if args.command == "verify":
             from pynode.verify import verify_command
 

@@ -6,10 +6,11 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import fields
 from pathlib import Path
 
 from pynode.config import ConfigError, RunConfig
-from pynode.session import build_trainer, checkpoint_bytes, read_checkpoint, write_atomically
+from pynode.session import build_trainer, checkpoint_bytes, load_resume, write_atomically
 from pynode.trainer import StepResult, Trainer
 
 
@@ -56,10 +57,12 @@ class StepReporter:
 
 async def train_command(args: argparse.Namespace, cfg: RunConfig) -> int:
     if args.peers != 1:
-        from pynode.cli_peers import train_local_peers
+        from pynode.cli_group import train_local_peers
 
         return await train_local_peers(args, cfg, parse_capacity(args.capacity, args.peers))
-    resume = read_checkpoint(args.resume, cfg) if args.resume else None
+    resume = None
+    if args.resume:
+        cfg, resume = load_resume(args.resume, explicit_config(args))
     if args.save:
         check_writable(args.save)
     trainer = build_trainer(cfg, backend=args.backend, resume=resume)
@@ -81,6 +84,12 @@ async def train_command(args: argparse.Namespace, cfg: RunConfig) -> int:
     print_summary(trainer, last, elapsed)
     print(trainer.state.hash())
     return 0
+
+
+def explicit_config(args: argparse.Namespace) -> dict:
+    """Config flags the user actually gave (the rest come from a resumed checkpoint)."""
+    names = [f.name for f in fields(RunConfig)]
+    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
 
 
 def check_writable(path: str) -> None:

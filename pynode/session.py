@@ -6,6 +6,7 @@ starts a peer the same way and refuses the same things.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -14,20 +15,23 @@ from typing import Any
 
 from pynode.config import RunConfig
 from pynode.core import checkpoint
-from pynode.core.errors import DaisyError
 from pynode.tasks import load_task
 from pynode.trainer import StepResult, Trainer, TrainState
 
 log = logging.getLogger("pynode.session")
+
+# Tasks whose checkpoints record a vocabulary (byte-level models: 256).
+VOCAB_TASKS = {"gpt": 256, "float": 256}
 
 
 def load_units_and_gemm(backend: str | None = None) -> tuple[Any, Any]:
     """Verified units (full-domain check) and the best gated GEMM backend (or `backend`)."""
     from pynode.core.gemm import select_gemm
     from pynode.unitfiles import load_default_units
+    from pynode.verify import backend_order
 
     units = load_default_units()
-    return units, select_gemm(units, prefer=backend)
+    return units, select_gemm(units, prefer=backend, order=backend_order())
 
 
 def build_trainer(
@@ -52,23 +56,39 @@ def state_from_checkpoint(ckpt: checkpoint.CheckpointState) -> TrainState:
     return TrainState(step=ckpt.step, params=dict(ckpt.params), opt=opt)
 
 
-def read_checkpoint(path: str | os.PathLike, cfg: RunConfig | None = None):
-    """Load and validate a checkpoint file; `cfg` (if given) must match its config."""
+def load_resume(
+    path: str | os.PathLike, overrides: dict
+) -> tuple[RunConfig, checkpoint.CheckpointState]:
+    """The checkpoint at `path` and the config to continue it with: the checkpoint's own
+    config, then the explicit `overrides`. Raises CheckpointError (nothing loaded) for a bad
+    file or one that does not fit the model the config describes."""
     data = Path(path).read_bytes()
-    expect = None if cfg is None else {"config": _model_keys(cfg), "task": cfg.task}
-    return checkpoint.load_checkpoint(data, expect=expect)
+    stored = checkpoint.load_checkpoint(data)
+    config = {k: v for k, v in stored.config.items() if k != "vocab"}
+    try:
+        cfg = RunConfig.from_dict({**config, **overrides})
+    except ValueError as exc:
+        raise checkpoint.CheckpointError(f"checkpoint config cannot be resumed: {exc}") from exc
+    return cfg, checkpoint.load_checkpoint(data, expect=checkpoint_expectations(cfg))
 
 
-def _model_keys(cfg: RunConfig) -> dict:
-    return {k: getattr(cfg, k) for k in ("width", "layers", "heads", "seq")}
+def checkpoint_expectations(cfg: RunConfig) -> dict:
+    model = load_task(cfg.task).build_model(cfg, None)
+    expect = {"task": cfg.task, "param_shapes": model.param_shapes()}
+    if cfg.task in VOCAB_TASKS:
+        expect["vocab"] = VOCAB_TASKS[cfg.task]
+    return expect
 
 
 def checkpoint_bytes(trainer: Trainer) -> bytes:
     state = trainer.state
+    config = json.loads(trainer.cfg.to_json())
+    if trainer.cfg.task in VOCAB_TASKS:
+        config["vocab"] = VOCAB_TASKS[trainer.cfg.task]
     return checkpoint.save_checkpoint(
         checkpoint.CheckpointState(
             task=trainer.cfg.task,
-            config=json_config(trainer.cfg),
+            config=config,
             step=state.step,
             params=state.params,
             adam_m=state.opt.m,
@@ -78,12 +98,6 @@ def checkpoint_bytes(trainer: Trainer) -> bytes:
             state_hash=state.hash(),
         )
     )
-
-
-def json_config(cfg: RunConfig) -> dict:
-    import json
-
-    return json.loads(cfg.to_json())
 
 
 def write_atomically(path: str | os.PathLike, data: bytes) -> None:
@@ -105,4 +119,3 @@ async def run_steps(
             await maybe
 
 
-__all__ = ["DaisyError", "build_trainer", "checkpoint_bytes", "read_checkpoint", "run_steps"]

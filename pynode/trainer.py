@@ -79,7 +79,9 @@ class Trainer:
         self.shapes = self.model.param_shapes()
         self.state = state if state is not None else self.initial_state()
         self.capacities: dict[int, float] = {}
+        self.plan_by_speed = True  # False when the user fixed --capacity
         self.microbatch_seconds = 0.0
+        self.min_deadline = 30.0
         self.fault_hook: Callable[[Trainer], None] | None = None
 
     def initial_state(self) -> TrainState:
@@ -98,7 +100,8 @@ class Trainer:
         for index in indices:
             started = time.perf_counter()
             batch = self.task.sample(cfg, step, index)
-            loss, grads = self.task.loss(self.model, self.state.params, batch, (cfg.seed, step, index))
+            key = (cfg.seed, step, index)
+            loss, grads = self.task.loss(self.model, self.state.params, batch, key)
             flat = self.flatten(grads)  # (P,) float32
             partial[:size] += fixedpoint.to_fixed(flat, cfg.frac_bits)
             partial[size] += fixedpoint.to_fixed(np.asarray([loss], np.float32), LOSS_FRAC_BITS)[0]
@@ -140,11 +143,16 @@ class Trainer:
     def rank(self) -> int:
         return 0 if self.collective is None else self.collective.rank
 
+    def deadline(self) -> float:
+        """Seconds to wait for the others: generous against the measured step time."""
+        expected = self.microbatch_seconds * self.cfg.microbatches
+        return max(self.min_deadline, 4.0 * expected)
+
     async def reduce(self, partial: np.ndarray, plan: dict[int, list[int]]) -> np.ndarray:
         """Exact sum of every member's partial, re-planning microbatches nobody delivered."""
         if self.collective is None:
             return partial
-        total = await self.collective.allreduce(partial)
+        total = (await self.collective.allreduce_int64(partial, timeout=self.deadline())).total
         n = self.cfg.microbatches
         for _ in range(n + 1):
             counts = total[-n:]
@@ -154,10 +162,13 @@ class Trainer:
             if not missing:
                 return total
             log.warning("step %d: re-planning lost microbatches %s", self.state.step + 1, missing)
-            members = self.members()
-            repair = microbatch_plan(len(missing), {r: self.capacities.get(r, 1.0) for r in members})
+            caps = {r: self.capacities.get(r, 1.0) for r in self.members()}
+            repair = microbatch_plan(len(missing), caps)
             mine = [missing[i] for i in repair.get(self.rank(), [])]
-            total = total + await self.collective.allreduce(self.microbatch_partial(mine))
+            extra = await self.collective.allreduce_int64(
+                self.microbatch_partial(mine), timeout=self.deadline()
+            )
+            total = total + extra.total
         raise ContributionError("could not complete the step's microbatches")
 
     async def step(self) -> StepResult:
@@ -169,7 +180,8 @@ class Trainer:
         total = await self.reduce(partial, plan)
         size = total.shape[0] - 1 - cfg.microbatches
         grads = self.unflatten(fixedpoint.from_fixed(total[:size], cfg.frac_bits, cfg.microbatches))
-        loss = float(fixedpoint.from_fixed(total[size : size + 1], LOSS_FRAC_BITS, cfg.microbatches)[0])
+        loss_sum = total[size : size + 1]
+        loss = float(fixedpoint.from_fixed(loss_sum, LOSS_FRAC_BITS, cfg.microbatches)[0])
         if not np.isfinite(loss):
             raise NonFiniteError(f"step {self.state.step + 1}: the reduced loss is {loss}")
         lr = optim.lr_schedule(self.state.step, cfg.lr, cfg.warmup, cfg.steps)
@@ -192,8 +204,19 @@ class Trainer:
         if self.collective is None:
             return
         mine = f"{result.hash}:{result.probe}".encode()
-        seen = await self.collective.allgather_bytes(mine)
-        votes = [v for v in seen if v is not None]
+        speed = 1.0 / max(self.microbatch_seconds, 1e-6)
+        seen = await self.collective.allgather_bytes(
+            mine + b"|" + repr(speed).encode(), timeout=self.deadline()
+        )
+        votes, speeds = [], {}
+        for rank, entry in enumerate(seen):
+            if entry is None:
+                continue
+            vote, _, peer_speed = entry.partition(b"|")
+            votes.append(vote)
+            speeds[rank] = float(peer_speed)
+        if self.plan_by_speed:
+            self.capacities = speeds
         if any(v != mine for v in votes):
             majority = max(set(votes), key=votes.count)
             who = "this peer" if majority != mine else "another peer"

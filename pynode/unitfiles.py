@@ -91,7 +91,9 @@ def read_unit_weights(dir: str | os.PathLike | None = None) -> dict[str, dict[st
             with np.load(io.BytesIO(data), allow_pickle=False) as npz:
                 weights[unit] = {key: npz[key] for key in npz.files}
         except (OSError, ValueError, zipfile.BadZipFile) as exc:
-            raise UnitVerificationError(f"unit weights: {name} is not a valid .npz: {exc}") from None
+            raise UnitVerificationError(
+                f"unit weights: {name} is not a valid .npz: {exc}"
+            ) from None
     return weights
 
 

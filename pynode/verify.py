@@ -26,7 +26,6 @@ class CheckRow:
 def run_checks() -> list[CheckRow]:
     """Every start-up check a peer runs, as rows; never raises for a failed check."""
     from pynode.core.errors import DaisyError
-    from pynode.core.gemm import gate_all_backends
     from pynode.core.units import certify_luts
     from pynode.unitfiles import load_default_units
 
@@ -47,13 +46,35 @@ def run_checks() -> list[CheckRow]:
         lut_result = f"FAIL: {exc}"
     rows.append(CheckRow("LUT == integer op", "65,536 + 65,536 + 256 cells", lut_result, "-",
                          time.perf_counter() - started))
-    for report in gate_all_backends(units):
-        result = "pass" if report.passed else f"FAIL: {report.failure}"
-        if report.skipped:
-            result = f"skipped: {report.failure}"
-        rows.append(CheckRow("exact gate", f"{report.cases} shapes", result, report.backend,
+    rows.extend(gate_rows(units))
+    return rows
+
+
+def gate_rows(units) -> list[CheckRow]:
+    """Gate every backend this platform has against the LUT reference, best first."""
+    from pynode.core.gemm import BackendUnavailableError, ExactGate, make_backend
+    from pynode.core.gemm.reference import ReferenceBackend
+
+    gate = ExactGate(ReferenceBackend(units.mul_lut))
+    rows = []
+    for name in backend_order():
+        try:
+            backend = make_backend(name, units.mul_lut)
+        except BackendUnavailableError as exc:
+            rows.append(CheckRow("exact gate", "-", f"skipped: {exc}", name, 0.0))
+            continue
+        report = gate.run(backend)
+        result = "pass" if report.passed else f"FAIL at {report.failing_case}: {report.detail}"
+        rows.append(CheckRow("exact gate", f"{report.cases} cases x2", result, name,
                              report.seconds))
     return rows
+
+
+def backend_order() -> tuple[str, ...]:
+    from pynode.core.gemm import BACKEND_ORDER, NO_BLAS_ORDER
+    from pynode.platform import IN_PYODIDE
+
+    return NO_BLAS_ORDER if IN_PYODIDE else BACKEND_ORDER
 
 
 def verify_command(json_rows: bool = False) -> int:

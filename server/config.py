@@ -26,6 +26,9 @@ DEFAULT_CSP = (
 )
 
 
+PATH_FIELDS = ("static_dir", "app_dir", "runtime_dir", "bundle_file", "data_dir", "corpus_path")
+
+
 class ServerConfigError(DaisyError, ValueError):
     """A server setting that cannot work (named field, reason)."""
 
@@ -81,6 +84,13 @@ class ServerConfig:
     extra: dict[str, Any] = field(default_factory=dict, compare=False)  # Flask config overrides
 
     def __post_init__(self) -> None:
+        # Accept JSON-style values (str paths, a list or one str of URLs) from any caller.
+        for name in PATH_FIELDS:
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Path):
+                object.__setattr__(self, name, Path(value))
+        urls = self.data_urls
+        object.__setattr__(self, "data_urls", (urls,) if isinstance(urls, str) else tuple(urls))
         _check_positive(self, ("rate_per_s", "rate_burst", "bytes_per_s", "max_strikes",
                                "send_queue", "max_rooms", "max_room_peers", "token_ttl_s",
                                "data_timeout_s", "data_max_bytes", "proxy_hops", "ws_ping_s",
@@ -106,15 +116,7 @@ class ServerConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ServerConfigError(f"unknown server config keys: {', '.join(unknown)}")
-        values = dict(data)
-        for name in ("static_dir", "app_dir", "runtime_dir", "bundle_file", "data_dir",
-                     "corpus_path"):
-            if values.get(name) is not None:
-                values[name] = Path(values[name])
-        if "data_urls" in values:
-            urls = values["data_urls"]
-            values["data_urls"] = (urls,) if isinstance(urls, str) else tuple(urls)
-        return cls(**values)
+        return cls(**data)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view, for logs and /healthz (the secret is never included)."""

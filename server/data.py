@@ -107,10 +107,10 @@ class DataService:
                 "source": "builtin", "corpus": name, "offset": window.start}
 
     def _mark_down(self, url: str, exc: Exception) -> str:
+        if isinstance(exc, DataUnavailableError):  # still backing off: already logged
+            return str(exc)
         reason = f"{type(exc).__name__}: {exc}"[:300]
         with self._lock:
-            if isinstance(exc, DataUnavailableError):
-                return reason
             self._down[url] = (time.monotonic() + self._retry_s, reason)
         log.warning("data shard %s failed, serving the built-in corpus: %s", url, reason)
         return reason

@@ -32,6 +32,7 @@ class RangeFile(io.RawIOBase):
         url: str,
         timeout: float = 15.0,
         opener: Callable[..., Any] = urllib.request.urlopen,
+        size: int | None = None,
     ) -> None:
         super().__init__()
         self.url = url
@@ -40,7 +41,7 @@ class RangeFile(io.RawIOBase):
         self.bytes_fetched = 0
         self._open = opener
         self._pos = 0
-        self._size: int | None = None
+        self._size = size  # known from a cached footer: no tail request needed
         self._tail = b""
 
     # io.RawIOBase protocol

@@ -86,7 +86,7 @@ class Shards:
             if not 0 <= group < len(meta.rows_per_group):
                 raise ShardError(f"{url} has no row group {group}")
             started = time.perf_counter()
-            with self._open(url) as f:
+            with self._open(url, meta.size) as f:
                 reader = pq.ParquetFile(f, metadata=meta.metadata, pre_buffer=False)
                 text = reader.read_row_group(group, columns=[TEXT_COLUMN]).column(0)
             log.debug("read %s row group %d in %.2fs", url, group, time.perf_counter() - started)
@@ -107,9 +107,9 @@ class Shards:
         with self._lock:
             return self._key_locks.setdefault(key, threading.Lock())
 
-    def _open(self, url: str) -> _Counted:
+    def _open(self, url: str, size: int | None = None) -> _Counted:
         if url.startswith(("http://", "https://")):
-            return _Counted(self, RangeFile(url, self._timeout, self._opener))
+            return _Counted(self, RangeFile(url, self._timeout, self._opener, size))
         path = Path(url.removeprefix("file://"))
         return _Counted(self, open(path, "rb"))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import socket
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from flask import Blueprint, current_app, request
 from flask_sock import Sock
 from simple_websocket import ConnectionClosed
+from wsproto.utilities import LocalProtocolError
 
 from server.addresses import address_group, client_address
 from server.config import ServerConfig
@@ -70,6 +72,10 @@ class Connection:
         self._bytes = TokenBucket(cfg.bytes_per_s, max(4 * cfg.bytes_per_s, cfg.hard_frame_bytes))
         self._strikes = TokenBucket(1 / STRIKE_REFILL_S, cfg.max_strikes)
         self.peer_id: str | None = None
+        try:  # signaling frames are small and latency-bound: no Nagle delay
+            ws.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except (OSError, AttributeError):
+            pass
 
     # --------------------------------------------------------------- PeerLink
     def deliver(self, frame: str) -> None:
@@ -111,6 +117,7 @@ class Connection:
             except queue.Full:  # the writer is stuck sending: unstick it
                 self._force_close()
             writer.join(timeout=5.0)
+            self._end_stream()
 
     def _write_loop(self) -> None:
         try:
@@ -120,12 +127,21 @@ class Connection:
                     self._ws.close(reason=item[1], message=item[2])
                     return
                 self._ws.send(item)
-        except (ConnectionClosed, OSError):
+        except (ConnectionClosed, OSError, LocalProtocolError):  # closed under us
             self._closing.set()
+
+    def _end_stream(self) -> None:
+        # Werkzeug writes an HTTP response once the handler returns; on an upgraded socket
+        # that would reach the client as garbage after our close frame. Ending our sending
+        # side first makes that write fail quietly instead.
+        try:
+            self._ws.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
 
     def _force_close(self) -> None:
         try:
-            self._ws.sock.shutdown(2)  # wakes both loops; the socket is done either way
+            self._ws.sock.shutdown(socket.SHUT_RDWR)  # wakes both loops; the socket is done
         except OSError:
             pass
 

@@ -26,7 +26,7 @@ from pynode.core.units import ENCODINGS, FORMAT_VERSION, MAGIC, UNIT_NAMES, load
 from pynode.unitfiles import weights_dir, write_unit_weights
 
 TOLERANCE = 0.1  # stop training once every float output is this close to its target
-MIN_MARGIN = 0.125  # exported integer form: every output at least this far from a rounding edge
+MIN_MARGIN = 0.25  # exported integer form: every output at least this far from a rounding edge
 FRAC_BITS_TRIED = (8, 10, 12, 14, 16, 20)  # fewest fractional bits that keep the margin win
 ATTEMPTS = 3  # seeds tried per unit before giving up
 
@@ -39,11 +39,13 @@ class Recipe:
     out_scale: float  # network output is multiplied by this (keeps weights O(1))
     structured: bool  # start from the known exact construction plus noise
     out_init: float = 1.0  # std of the random output weights
+    hinge: float = 1.0  # weight of the hinge term that pushes the worst outputs
 
 
 RECIPES = {
     "mul8": Recipe(hidden=64, steps=4000, lr=3e-2, out_scale=1.0, structured=False),
-    "requant16": Recipe(hidden=4, steps=3000, lr=1e-2, out_scale=1.0, structured=True),
+    "requant16": Recipe(hidden=2, steps=2000, lr=3e-2, out_scale=1.0, structured=True,
+                        hinge=100.0),
     "relu8": Recipe(hidden=8, steps=4000, lr=1e-2, out_scale=128.0, structured=False,
                     out_init=0.35),
 }
@@ -69,15 +71,16 @@ def training_set(unit: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _structured_requant(hidden: int) -> list[torch.Tensor]:
-    # h0 = relu(L + 128) passes L = (x >> 8) + bit7 through; h1 = relu(L - 127) is the
-    # saturation corner; out = h0 - h1 - 128 = min(L, 127) = sat8((x + 128) >> 8).
+    # h0 = relu(L + 128) passes L = (x >> 8) + bit7 through; h1 = relu(2L - 255) is the
+    # saturation corner (kink midway between L = 127 and 128, so bias noise cannot kill it);
+    # out = h0 - h1 - 128 = min(L, 127) = sat8((x + 128) >> 8).
     line = torch.zeros(16, dtype=torch.float64)
     line[7], line[15] = 1.0, -128.0
     line[8:15] = 2.0 ** torch.arange(7, dtype=torch.float64)
     w0 = torch.zeros(16, hidden, dtype=torch.float64)
-    w0[:, 0] = w0[:, 1] = line
+    w0[:, 0], w0[:, 1] = line, 2.0 * line
     b0 = torch.zeros(hidden, dtype=torch.float64)
-    b0[0], b0[1] = 128.0, -127.0
+    b0[0], b0[1] = 128.0, -255.0
     w1 = torch.zeros(hidden, 1, dtype=torch.float64)
     w1[0, 0], w1[1, 0] = 1.0, -1.0
     return [w0, b0, w1, torch.tensor([-128.0], dtype=torch.float64)]
@@ -87,12 +90,12 @@ def initial_params(unit: str, width: int, recipe: Recipe, seed: int) -> list[tor
     gen = torch.Generator().manual_seed(seed)
     if recipe.structured:
         params = _structured_requant(recipe.hidden)
-        # Noise on every weight: 0.05 relative plus 0.05 absolute, 1.0 on the biases.
-        params[0] += (params[0].abs() * 0.05 + 0.05) * torch.randn(params[0].shape, generator=gen,
-                                                                  dtype=torch.float64)
-        params[1] += torch.randn(recipe.hidden, generator=gen, dtype=torch.float64)
-        params[2] += 0.05 * torch.randn(params[2].shape, generator=gen, dtype=torch.float64)
-        params[3] += torch.randn(1, generator=gen, dtype=torch.float64)
+        # Noise on every weight (2% relative plus 0.02) and bias (0.25): initial errors of
+        # several units that Adam has to remove.
+        for w in (params[0], params[2]):
+            w += (w.abs() * 0.02 + 0.02) * torch.randn(w.shape, generator=gen, dtype=torch.float64)
+        for b in (params[1], params[3]):
+            b += 0.25 * torch.randn(b.shape, generator=gen, dtype=torch.float64)
     else:
         params = [
             torch.randn(width, recipe.hidden, generator=gen, dtype=torch.float64),
@@ -118,7 +121,8 @@ def train(unit: str, recipe: Recipe, seed: int) -> tuple[list[np.ndarray], int, 
     for step in range(1, recipe.steps + 1):
         err = forward(params, inputs, scale) - target
         # MSE for the bulk, plus a hinge that pushes whichever outputs are still far off.
-        loss = (err / scale).square().mean() + (err.abs() - TOLERANCE / 2).relu().square().mean()
+        hinge = (err.abs() - TOLERANCE / 2).relu().square().mean()
+        loss = (err / scale).square().mean() + recipe.hinge * hinge
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -128,7 +132,8 @@ def train(unit: str, recipe: Recipe, seed: int) -> tuple[list[np.ndarray], int, 
                 worst = (forward(params, inputs, scale) - target).abs().max().item()
             if worst < TOLERANCE:
                 w0, b0, w1, b1 = (p.detach() for p in params)
-                return [w0.numpy(), b0.numpy(), (w1 * scale).numpy(), (b1 * scale).numpy()], step, worst
+                layers = [w0.numpy(), b0.numpy(), (w1 * scale).numpy(), (b1 * scale).numpy()]
+                return layers, step, worst
     return None
 
 

@@ -4,7 +4,7 @@
 
 For each shape M = K = N in (256, 512, 1024) it times each backend's `matmul` and numpy
 float32 `@` on the same machine in the same run, in alternating rounds so that load
-from other processes hits both alike, and reports the best of 2 x `repeats` runs:
+from other processes hits both alike, and reports the best of `repeats` rounds:
 GOP/s (2 M N K / seconds) and the ratio to float32. Each backend is first gated
 against the LUT reference of the verified units; a backend that fails is still timed
 but marked exact=false. A last row measures the live audit's cost at 512^3.
@@ -33,22 +33,22 @@ from pynode.core.gemm.reference import ReferenceBackend
 BENCH_PURPOSE = 0xBE4C
 SHAPES = (256, 512, 1024)
 REFERENCE_MAX = 256  # the LUT reference takes seconds per call above this
+AUDIT_SHAPE = 512  # M = K = N of the product whose audit is timed
 
 
 def _best_pair(f: Callable[[], object], g: Callable[[], object], repeats: int):
-    """Best wall time of f and of g over `repeats` runs each, in two alternating rounds.
+    """Best wall time of f and of g over `repeats` alternating rounds.
 
-    Each round times one function in a block after a warm-up call: interleaving single
-    calls would let one library's idle-spinning threads (torch's OpenMP, OpenBLAS) steal
-    the cores of the other's next call, which measures the handover, not the kernel."""
+    Alternating spreads other processes' load over both. Each timed call follows an
+    untimed call of the same function, so the idle-spinning threads one library leaves
+    behind (torch's OpenMP, OpenBLAS) cost the warm-up, not the other's measurement."""
     tf, tg = [], []
-    for _ in range(2):
+    for _ in range(repeats):
         for fn, times in ((f, tf), (g, tg)):
             fn()
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
     return min(tf), min(tg)
 
 
@@ -77,7 +77,7 @@ def _time_backend(backend: GemmBackend, n: int, repeats: int, exact: bool) -> di
 
 
 def _audit_row(mul_lut: np.ndarray, repeats: int) -> dict:
-    n = 512
+    n = AUDIT_SHAPE
     a, b, af, bf = _operands(n)
     out = make_backend("numpy_int", mul_lut).matmul(a, b)
     audit = GemmAudit(mul_lut, every=1)
@@ -96,7 +96,7 @@ def _audit_row(mul_lut: np.ndarray, repeats: int) -> dict:
     }
 
 
-def run(json_out: bool, repeats: int = 5) -> list[dict]:
+def run(json_out: bool, repeats: int = 7) -> list[dict]:
     """Time every backend at 256^3, 512^3, 1024^3; print rows (JSON lines or a table)."""
     from pynode.unitfiles import load_default_units
 
@@ -138,7 +138,7 @@ def _table_line(row: dict) -> None:
         print(f"{row['backend']:<12} skipped: {row['skipped']}")
     elif row["bench"] == "gemm_audit":
         print(
-            f"audit at 512^3: {row['cells']} cells in {row['audit_seconds'] * 1e6:.0f} us "
+            f"audit at {row['m']}^3: {row['cells']} cells in {row['audit_seconds'] * 1e6:.0f} us "
             f"= {row['overhead_every_call']:.2%} of a float32 GEMM per audited call, "
             f"{row['overhead_default']:.3%} at the default 1 in {row['audit_every']}"
         )
@@ -155,7 +155,7 @@ def main(argv: list[str]) -> int:
     """CLI entry: `python -m pynode bench gemm [--json] [--repeats N]`."""
     parser = argparse.ArgumentParser(prog="pynode bench gemm", description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
-    parser.add_argument("--repeats", type=int, default=5, help="runs per timing; best is kept")
+    parser.add_argument("--repeats", type=int, default=7, help="timed rounds; the best is kept")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")

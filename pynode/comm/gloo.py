@@ -223,8 +223,7 @@ class GlooCollective(Collective):
         One failure per group, so one roll call: survivors that noticed it at different
         collectives still meet. If the store is gone, so is its host, rank 0.
         """
-        return roll_call(self._store, self._keys + "rollcall/", self.rank, self.world_size,
-                         timeout)
+        return roll_call(self._store, self._keys + "rollcall/", self.rank, self.world_size, timeout)
 
 
 def roll_call(
@@ -235,9 +234,7 @@ def roll_call(
         store.set(f"{prefix}{rank}", b"1")
         deadline = time.monotonic() + timeout
         while True:
-            missing = tuple(
-                r for r in range(world_size) if not store.check([f"{prefix}{r}"])
-            )
+            missing = tuple(r for r in range(world_size) if not store.check([f"{prefix}{r}"]))
             if not missing or time.monotonic() > deadline:
                 return missing
             time.sleep(_POLL_S)
@@ -286,8 +283,9 @@ def _connect_blocking(
     delta = timedelta(seconds=timeout)
     hosts_store = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
     try:
-        store = dist.TCPStore(addr, port, world_size, hosts_store, delta,
-                              wait_for_workers=False, multi_tenant=True)
+        store = dist.TCPStore(
+            addr, port, world_size, hosts_store, delta, wait_for_workers=False, multi_tenant=True
+        )
     except RuntimeError as exc:
         first = str(exc).splitlines()[0]
         message = f"no gloo store at {addr}:{port} within {timeout:g} s: {first}"

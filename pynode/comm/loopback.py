@@ -74,7 +74,8 @@ class LoopbackCollective(Collective):
 
     async def allreduce_int64(self, x: np.ndarray, *, timeout: float) -> ReduceResult:
         try:
-            payload: bytes | DaisyError = check_contribution(x, self.world_size).tobytes()
+            wire = check_contribution(x, self.world_size).astype("<i8", copy=False)  # (n,)
+            payload: bytes | DaisyError = wire.tobytes()
         except DaisyError as exc:
             payload = exc
         return await self._collective(Kind.ALLREDUCE, 0, payload, timeout)
@@ -148,10 +149,13 @@ class LoopbackCollective(Collective):
         result = pack_result(meta, blob)
         # Echo each member's own kind and seq, so a member that called the wrong collective
         # reads the usage error instead of a protocol violation.
-        sent = await asyncio.gather(*(
-            self._send(r, frames[r]._replace(status=status, rank=0, payload=result))
-            for r in others if r in frames
-        ))
+        sent = await asyncio.gather(
+            *(
+                self._send(r, frames[r]._replace(status=status, rank=0, payload=result))
+                for r in others
+                if r in frames
+            )
+        )
         self.bytes_sent += sum(sent)
         return status, meta, blob
 
@@ -178,11 +182,10 @@ class LoopbackCollective(Collective):
             pass
         await link.close()
 
-    async def _member_round(
-        self, own: Frame, timeout: float
-    ) -> tuple[int, dict[str, Any], bytes]:
+    async def _member_round(self, own: Frame, timeout: float) -> tuple[int, dict[str, Any], bytes]:
         link = self._links[0]
         wait_s = 2 * timeout + HUB_GRACE_S
+        lost: CommError
         try:
             self.bytes_sent += await link.send(own)
         except LinkGone:
@@ -191,24 +194,27 @@ class LoopbackCollective(Collective):
             frame = await link.recv(wait_s)
         except asyncio.TimeoutError:
             lost = PeerLost([0], f"the hub sent no result within {wait_s:g} s")
-            raise self._break(lost) from None
         except LinkGone as exc:
-            raise self._break(PeerLost([0], f"lost the hub: {exc}")) from None
-        if frame.kind == Kind.DROP:
-            reason = frame.payload.decode(errors="replace")
-            raise self._break(PeerLost([self.rank], f"the hub dropped rank {self.rank}: {reason}"))
-        if frame.kind != own.kind or frame.seq != own.seq:
-            raise self._break(CommError(f"hub answered {frame.kind.name} #{frame.seq} "
-                                        f"to {own.kind.name} #{own.seq}"))
-        meta, blob = unpack_result(frame.payload)
-        return frame.status, meta, blob
+            lost = PeerLost([0], f"lost the hub: {exc}")
+        else:
+            if frame.kind == Kind.DROP:
+                reason = frame.payload.decode(errors="replace")
+                lost = PeerLost([self.rank], f"the hub dropped rank {self.rank}: {reason}")
+            elif frame.kind != own.kind or frame.seq != own.seq:
+                lost = CommError(
+                    f"the hub answered {frame.kind.name} #{frame.seq} to {own.kind.name} #{own.seq}"
+                )
+            else:
+                meta, blob = unpack_result(frame.payload)
+                return frame.status, meta, blob
+        raise await self._break(lost)
 
-    def _break(self, exc: CommError) -> CommError:
+    async def _break(self, exc: CommError) -> CommError:
         """This member cannot continue: every later call raises `exc`."""
         self._broken = exc
-        for link in self._links.values():
-            asyncio.ensure_future(link.close())
-        self._links = {}
+        links, self._links = self._links, {}
+        for link in links.values():
+            await link.close()
         return exc
 
 
@@ -241,8 +247,12 @@ async def connect(
 
 
 async def _form_group(
-    world_size: int, address: Address, timeout: float, group: str,
-    on_listen: Callable[[Address], None] | None, max_payload: int,
+    world_size: int,
+    address: Address,
+    timeout: float,
+    group: str,
+    on_listen: Callable[[Address], None] | None,
+    max_payload: int,
 ) -> dict[int, Link]:
     joined: dict[int, Link] = {}
     full = asyncio.Event()
@@ -330,8 +340,9 @@ async def _join_group(
             if loop.time() > deadline:
                 raise PeerLost([0], f"no hub at {address!r} within {timeout:g} s: {exc}") from None
             await asyncio.sleep(_RETRY_S)
-    hello = json.dumps({"rank": rank, "world_size": world_size, "group": group,
-                        "version": VERSION}).encode()
+    hello = json.dumps(
+        {"rank": rank, "world_size": world_size, "group": group, "version": VERSION}
+    ).encode()
     writer.write(encode_header(Frame(Kind.HELLO, 0, 0, rank, 0, hello)) + hello)
     try:
         await writer.drain()

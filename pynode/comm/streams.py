@@ -14,6 +14,9 @@ from pynode.comm.base import CommError
 from pynode.comm.wire import HEADER, Frame, Kind, decode_header, encode_header
 
 Address = tuple[str, int] | str | os.PathLike  # (host, port) for TCP, else a Unix socket path
+# asyncio pauses reading whenever its buffer passes twice this; the 64 KiB default makes a
+# large gradient cost thousands of pause/resume cycles.
+_STREAM_LIMIT = 1 << 24
 
 
 async def read_frame(reader: asyncio.StreamReader, max_payload: int) -> Frame:
@@ -76,16 +79,16 @@ class Link:
 async def start_server(on_client: Callable[..., Any], address: Address) -> asyncio.AbstractServer:
     if isinstance(address, tuple):
         host, port = address
-        return await asyncio.start_server(on_client, host, port)
-    return await asyncio.start_unix_server(on_client, os.fspath(address))
+        return await asyncio.start_server(on_client, host, port, limit=_STREAM_LIMIT)
+    return await asyncio.start_unix_server(on_client, os.fspath(address), limit=_STREAM_LIMIT)
 
 
 async def open_connection(
     address: Address,
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     if isinstance(address, tuple):
-        return await asyncio.open_connection(*address)
-    return await asyncio.open_unix_connection(os.fspath(address))
+        return await asyncio.open_connection(*address, limit=_STREAM_LIMIT)
+    return await asyncio.open_unix_connection(os.fspath(address), limit=_STREAM_LIMIT)
 
 
 def bound_address(server: asyncio.AbstractServer, address: Address) -> Address:

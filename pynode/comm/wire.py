@@ -46,8 +46,14 @@ class Frame(NamedTuple):
 
 def encode_header(frame: Frame) -> bytes:
     return HEADER.pack(
-        MAGIC, VERSION, frame.kind, frame.status, frame.seq & 0xFFFFFFFF,
-        frame.rank, frame.arg, len(frame.payload),
+        MAGIC,
+        VERSION,
+        frame.kind,
+        frame.status,
+        frame.seq & 0xFFFFFFFF,
+        frame.rank,
+        frame.arg,
+        len(frame.payload),
     )
 
 

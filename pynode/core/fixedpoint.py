@@ -56,7 +56,7 @@ def to_fixed(g: np.ndarray, frac_bits: int = DEFAULT_FRAC_BITS) -> np.ndarray:
             f"|g| up to {worst:.6g} but F={frac_bits} allows |g| <= 2**{53 - frac_bits}; "
             f"lower frac_bits or clip the gradient"
         )
-    return scaled.astype(np.int64)
+    return np.asarray(scaled.astype(np.int64))  # 0-d stays an array, not a numpy scalar
 
 
 def from_fixed(total: np.ndarray, frac_bits: int, divisor: int) -> np.ndarray:
@@ -76,7 +76,7 @@ def from_fixed(total: np.ndarray, frac_bits: int, divisor: int) -> np.ndarray:
     lo = np.bitwise_and(total, 0xFFFFFFFF)  # (...) int64 in [0, 2**32)
     whole = np.ldexp(hi.astype(np.float64), 32) + lo.astype(np.float64)  # (...) float64
     mean = np.ldexp(whole, -frac_bits) / np.float64(int(divisor))  # (...) float64
-    return mean.astype(np.float32)
+    return np.asarray(mean.astype(np.float32))
 
 
 def max_abs(q: np.ndarray) -> int:

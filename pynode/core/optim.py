@@ -90,8 +90,9 @@ def adam_update(
     """One AdamW step: (new params, new state). Pure: the inputs are never modified.
 
     cfg: hyper-parameters (AdamConfig() if None); keyword arguments override single fields.
-    Refuses, before computing anything, mismatched names/shapes/dtypes (ShapeError),
-    a non-finite gradient (NonFiniteError) and bad settings (OptimConfigError).
+    Refuses mismatched names/shapes/dtypes (ShapeError), a non-finite gradient or a step
+    whose result would be non-finite (NonFiniteError) and bad settings (OptimConfigError);
+    a refused step returns nothing and, the function being pure, changes nothing.
     """
     cfg = _merged_config(cfg, beta1=beta1, beta2=beta2, eps=eps,
                          weight_decay=weight_decay, clip=clip)

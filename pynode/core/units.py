@@ -121,7 +121,8 @@ class Units:
         try:
             rows, cols = np.broadcast_arrays(a.astype(np.intp) + 128, b.astype(np.intp) + 128)
         except ValueError:
-            raise ShapeError(f"mul_array: shapes {a.shape} and {b.shape} do not broadcast") from None
+            shapes = f"{a.shape} and {b.shape}"
+            raise ShapeError(f"mul_array: shapes {shapes} do not broadcast") from None
         out = self.mul_lut[rows, cols]  # (...) int32
         self.counts.add("mul", out.size)
         return out
@@ -273,7 +274,7 @@ def _refuse_mismatch(unit: str, got: np.ndarray, want: np.ndarray, names: str, *
     bad = np.flatnonzero(got != want)
     if bad.size:
         i = bad[0]
-        where = ", ".join(f"{n}={int(v[i])}" for n, v in zip(names.split(","), inputs))
+        where = ", ".join(f"{n}={int(v[i])}" for n, v in zip(names.split(","), inputs, strict=True))
         raise UnitVerificationError(
             f"{unit}: network output differs from integer arithmetic at {where}: "
             f"network gives {int(got[i])}, integer op gives {int(want[i])} "

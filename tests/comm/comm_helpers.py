@@ -58,14 +58,8 @@ def run_peers(
     Returns each surviving rank's JSON record. Every process started here is killed if the
     run overruns `limit_s`.
     """
-    procs = {}
-    for rank in range(world):
-        argv = [*wrap(rank), sys.executable, str(PEER_SCRIPT), transport, str(rank), str(world),
-                address, scenario, str(out)]
-        procs[rank] = subprocess.Popen(
-            argv, env={**os.environ, **env(rank)}, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True,
-        )
+    script_args = [transport, str(world), address, scenario, str(out)]
+    procs = {rank: _launch(rank, script_args, wrap(rank), env(rank)) for rank in range(world)}
     deadline = time.monotonic() + limit_s
     try:
         if kill_rank is not None:
@@ -84,6 +78,16 @@ def run_peers(
     return {r: json.loads((out / f"rank{r}.json").read_text()) for r in procs if r != kill_rank}
 
 
+def _launch(
+    rank: int, script_args: list[str], prefix: list[str], env: dict[str, str]
+) -> subprocess.Popen:
+    transport, world, *rest = script_args
+    argv = [*prefix, sys.executable, str(PEER_SCRIPT), transport, str(rank), world, *rest]
+    return subprocess.Popen(
+        argv, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
 def _kill_when_ready(proc: subprocess.Popen, marker: Path, deadline: float) -> None:
     while not marker.exists():
         assert proc.poll() is None, f"victim exited early: {proc.communicate()[1][-3000:]}"
@@ -98,9 +102,14 @@ async def loopback_group(world: int, tmp_path: Path, timeout: float = 10.0, **kw
     import asyncio
 
     address = str(tmp_path / "hub.sock")
-    return list(await asyncio.gather(*(
-        loopback.connect(rank, world, address, timeout=timeout, **kw) for rank in range(world)
-    )))
+    return list(
+        await asyncio.gather(
+            *(
+                loopback.connect(rank, world, address, timeout=timeout, **kw)
+                for rank in range(world)
+            )
+        )
+    )
 
 
 __all__ = ["free_port", "loopback_group", "oracle_sum", "peer_script", "run_peers"]

@@ -39,8 +39,15 @@ def contribution(rank: int, world: int, iteration: int) -> np.ndarray:
 async def open_group(transport: str, rank: int, world: int, address: str, out: Path):
     if transport == "gloo":
         host, port = address.rsplit(":", 1)
-        return await make_collective("gloo", rank=rank, world_size=world, master_addr=host,
-                                     master_port=int(port), timeout=20.0, group="test")
+        return await make_collective(
+            "gloo",
+            rank=rank,
+            world_size=world,
+            master_addr=host,
+            master_port=int(port),
+            timeout=20.0,
+            group="test",
+        )
     if address.startswith("unix:"):
         addr: object = address[5:]
     else:
@@ -54,8 +61,9 @@ async def open_group(transport: str, rank: int, world: int, address: str, out: P
         os.replace(out / "hub_port.tmp", out / "hub_port")
 
     listen = publish if rank == 0 and isinstance(addr, tuple) else None
-    return await make_collective("loopback", rank=rank, world_size=world, address=addr,
-                                 timeout=20.0, on_listen=listen)
+    return await make_collective(
+        "loopback", rank=rank, world_size=world, address=addr, timeout=20.0, on_listen=listen
+    )
 
 
 async def _published_port(out: Path) -> int:
@@ -65,8 +73,12 @@ async def _published_port(out: Path) -> int:
 
 
 def error_record(exc: BaseException, started: float) -> dict:
-    return {"error": type(exc).__name__, "message": str(exc),
-            "ranks": list(getattr(exc, "ranks", [])), "after_s": time.monotonic() - started}
+    return {
+        "error": type(exc).__name__,
+        "message": str(exc),
+        "ranks": list(getattr(exc, "ranks", [])),
+        "after_s": time.monotonic() - started,
+    }
 
 
 async def exact(coll, rank: int, world: int, out: Path) -> dict:
@@ -75,15 +87,25 @@ async def exact(coll, rank: int, world: int, out: Path) -> dict:
         x = contribution(rank, world, 0)
         await asyncio.sleep(random.random() * 0.05)  # vary the arrival order
         result = await coll.allreduce_int64(x, timeout=10.0)
-        rounds.append({"total": result.total.tolist(), "contributors": list(result.contributors),
-                       "dtype": str(result.total.dtype)})
+        rounds.append(
+            {
+                "total": result.total.tolist(),
+                "contributors": list(result.contributors),
+                "dtype": str(result.total.dtype),
+            }
+        )
     gathered = await coll.allgather_bytes(f"rank{rank}".encode() * rank, timeout=10.0)
     root = world - 1
-    told = await coll.broadcast_bytes(b"from the last rank" if rank == root else None,
-                                      root=root, timeout=10.0)
+    told = await coll.broadcast_bytes(
+        b"from the last rank" if rank == root else None, root=root, timeout=10.0
+    )
     await coll.barrier(timeout=10.0)
-    record = {"rounds": rounds, "gathered": [g.decode() for g in gathered],
-              "broadcast": told.decode(), "bytes_sent": coll.bytes_sent}
+    record = {
+        "rounds": rounds,
+        "gathered": [g.decode() for g in gathered],
+        "broadcast": told.decode(),
+        "bytes_sent": coll.bytes_sent,
+    }
     return {**record, **await overflow(coll, rank, world)}
 
 
@@ -106,24 +128,43 @@ async def kill(coll, rank: int, world: int, out: Path) -> dict:
     record: dict = {"rounds": []}
     for iteration in range(KILL_AT + 3):
         if rank == VICTIM and iteration == KILL_AT:
+            if os.environ.get("PARTIAL_FRAME"):
+                await send_half_a_frame(coll, contribution(rank, world, iteration))
             (out / "victim_ready").write_text("1")
             await asyncio.sleep(3600)
         started = time.monotonic()
         try:
-            result = await coll.allreduce_int64(contribution(rank, world, iteration),
-                                                timeout=float(os.environ.get("PEER_TIMEOUT", 10)))
+            result = await coll.allreduce_int64(
+                contribution(rank, world, iteration),
+                timeout=float(os.environ.get("PEER_TIMEOUT", 10)),
+            )
         except DaisyError as exc:
             record["rounds"].append(error_record(exc, started))
             if iteration >= KILL_AT:
                 break
             raise
-        record["rounds"].append({"total": result.total.tolist(),
-                                 "contributors": list(result.contributors),
-                                 "members": list(coll.members),
-                                 "after_s": time.monotonic() - started})
+        record["rounds"].append(
+            {
+                "total": result.total.tolist(),
+                "contributors": list(result.contributors),
+                "members": list(coll.members),
+                "after_s": time.monotonic() - started,
+            }
+        )
         if iteration == KILL_AT - 1:  # everyone is in step before the victim stops
             await coll.barrier(timeout=10.0)
     return record
+
+
+async def send_half_a_frame(coll, x) -> None:
+    """Die mid-frame: a loopback member's header and half its payload (fault injection)."""
+    from pynode.comm.wire import Frame, Kind, encode_header
+
+    payload = x.tobytes()
+    writer = coll._links[0]._writer
+    writer.write(encode_header(Frame(Kind.ALLREDUCE, 0, coll._seq, coll.rank, 0, payload)))
+    writer.write(payload[: len(payload) // 2])
+    await writer.drain()
 
 
 async def hub_dies(coll, rank: int, world: int, out: Path) -> dict:
@@ -143,8 +184,9 @@ async def hub_dies(coll, rank: int, world: int, out: Path) -> dict:
 SCENARIOS = {"exact": exact, "kill": kill, "hub_dies": hub_dies}
 
 
-async def main(transport: str, rank: int, world: int, address: str, scenario: str,
-               out: Path) -> None:
+async def main(
+    transport: str, rank: int, world: int, address: str, scenario: str, out: Path
+) -> None:
     coll = await open_group(transport, rank, world, address, out)
     record = await SCENARIOS[scenario](coll, rank, world, out)
     await coll.close()
@@ -154,3 +196,6 @@ async def main(transport: str, rank: int, world: int, address: str, scenario: st
 if __name__ == "__main__":
     transport, rank, world, address, scenario, out = sys.argv[1:7]
     asyncio.run(main(transport, int(rank), int(world), address, scenario, Path(out)))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # the record is written; skip torch's teardown, seconds on a loaded machine

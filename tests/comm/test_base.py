@@ -73,8 +73,13 @@ def test_timeout_must_be_positive_and_finite(bad: object) -> None:
 
 
 @pytest.mark.parametrize(
-    "exc", [ShapeError("s"), FixedPointOverflowError("o"), CollectiveUsageError("u"),
-            PeerLost([3, 1], "p")]
+    "exc",
+    [
+        ShapeError("s"),
+        FixedPointOverflowError("o"),
+        CollectiveUsageError("u"),
+        PeerLost([3, 1], "p"),
+    ],
 )
 def test_refusal_codes_round_trip(exc: Exception) -> None:
     back = refusal_error(refusal_code(exc), "message", getattr(exc, "ranks", ()))

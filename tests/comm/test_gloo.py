@@ -48,8 +48,9 @@ def test_headroom_refused_on_every_rank_before_gloo_wraps(two_ranks: dict[int, d
 def test_rank_death_raises_peer_lost_in_bounded_time(tmp_path: Path, monkeypatch) -> None:
     timeout = 2.0
     monkeypatch.setenv("PEER_TIMEOUT", str(timeout))
-    records = run_peers("gloo", 3, f"127.0.0.1:{free_port()}", "kill", tmp_path,
-                        kill_rank=peer_script.VICTIM)
+    records = run_peers(
+        "gloo", 3, f"127.0.0.1:{free_port()}", "kill", tmp_path, kill_rank=peer_script.VICTIM
+    )
     assert set(records) == {0, 1}
     for record in records.values():
         *before, failed = record["rounds"]
@@ -66,7 +67,11 @@ def test_ranks_in_two_network_namespaces(tmp_path: Path) -> None:
     with private_network() as net:
         side = {0: "a", 1: "b"}
         records = run_peers(
-            "gloo", 2, f"{net.address['a']}:29500", "exact", tmp_path,
+            "gloo",
+            2,
+            f"{net.address['a']}:29500",
+            "exact",
+            tmp_path,
             wrap=lambda rank: net.command(side[rank], []),
             env=lambda rank: {"GLOO_SOCKET_IFNAME": net.ifname[side[rank]]},
         )
@@ -80,13 +85,21 @@ def test_missing_settings_are_named(monkeypatch) -> None:
     with pytest.raises(CollectiveUsageError, match="WORLD_SIZE"):
         asyncio.run(make_collective("gloo"))
     with pytest.raises(CollectiveUsageError, match="MASTER_PORT"):
-        asyncio.run(make_collective("gloo", rank=0, world_size=2, master_addr="127.0.0.1",
-                                    master_port=0))
+        asyncio.run(
+            make_collective("gloo", rank=0, world_size=2, master_addr="127.0.0.1", master_port=0)
+        )
 
 
 def test_nobody_else_joins_peer_lost_names_them() -> None:
     with pytest.raises(PeerLost) as lost:
-        asyncio.run(make_collective("gloo", rank=0, world_size=3, master_addr="127.0.0.1",
-                                    master_port=free_port(), timeout=1.0))
+        asyncio.run(
+            make_collective(
+                "gloo",
+                rank=0,
+                world_size=3,
+                master_addr="127.0.0.1",
+                master_port=free_port(),
+                timeout=1.0,
+            )
+        )
     assert lost.value.ranks == (1, 2)
-

@@ -115,20 +115,37 @@ def test_hung_member_dropped_at_the_deadline(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
+def test_hung_hub_is_lost_after_twice_the_timeout_plus_grace(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        hub, member = await loopback_group(2, tmp_path)
+        started = time.monotonic()
+        with pytest.raises(PeerLost) as lost:
+            await member.barrier(timeout=0.2)  # the hub never calls
+        assert lost.value.ranks == (0,)
+        assert time.monotonic() - started >= 2 * 0.2 + HUB_GRACE_S
+        with pytest.raises(PeerLost):  # the group is over for this member
+            await member.barrier(timeout=5)
+        await close_all([hub, member])
+
+    asyncio.run(scenario())
+
+
 def test_broadcast_allgather_barrier(tmp_path: Path) -> None:
     async def scenario() -> None:
         group = await loopback_group(3, tmp_path)
-        told = await asyncio.gather(*(
-            m.broadcast_bytes(b"\x00state\xff" if m.rank == 2 else None, root=2, timeout=5)
-            for m in group
-        ))
+        told = await asyncio.gather(
+            *(
+                m.broadcast_bytes(b"\x00state\xff" if m.rank == 2 else None, root=2, timeout=5)
+                for m in group
+            )
+        )
         assert told == [b"\x00state\xff"] * 3
-        got = await asyncio.gather(*(m.allgather_bytes(bytes([m.rank]) * m.rank, timeout=5)
-                                     for m in group))
+        got = await asyncio.gather(
+            *(m.allgather_bytes(bytes([m.rank]) * m.rank, timeout=5) for m in group)
+        )
         assert got == [[b"", b"\x01", b"\x02\x02"]] * 3
         await asyncio.gather(*(m.barrier(timeout=5) for m in group))
-        dropped = await asyncio.gather(*(m.allgather_bytes(b"x", timeout=0.3)
-                                         for m in group[:2]))
+        dropped = await asyncio.gather(*(m.allgather_bytes(b"x", timeout=0.3) for m in group[:2]))
         assert dropped == [[b"x", b"x", None]] * 2
         await close_all(group)
 
@@ -139,8 +156,10 @@ def test_broadcast_from_a_lost_root_raises_peer_lost(tmp_path: Path) -> None:
     async def scenario() -> None:
         group = await loopback_group(3, tmp_path)
         await group[1].close()
-        out = await asyncio.gather(*(m.broadcast_bytes(None, root=1, timeout=5)
-                                     for m in (group[0], group[2])), return_exceptions=True)
+        out = await asyncio.gather(
+            *(m.broadcast_bytes(None, root=1, timeout=5) for m in (group[0], group[2])),
+            return_exceptions=True,
+        )
         assert all(isinstance(e, PeerLost) and e.ranks == (1,) for e in out)
         assert group[0].members == (0, 2)
         await close_all([group[0], group[2]])
@@ -151,9 +170,11 @@ def test_broadcast_from_a_lost_root_raises_peer_lost(tmp_path: Path) -> None:
 def test_members_calling_different_collectives_is_refused(tmp_path: Path) -> None:
     async def scenario() -> None:
         group = await loopback_group(2, tmp_path)
-        out = await asyncio.gather(group[0].barrier(timeout=5),
-                                   group[1].allgather_bytes(b"", timeout=5),
-                                   return_exceptions=True)
+        out = await asyncio.gather(
+            group[0].barrier(timeout=5),
+            group[1].allgather_bytes(b"", timeout=5),
+            return_exceptions=True,
+        )
         assert all(isinstance(e, CollectiveUsageError) for e in out)
         await close_all(group)
 
@@ -178,11 +199,11 @@ def test_bad_arguments_raise_locally_and_closed_group_refuses(tmp_path: Path) ->
 def test_join_refusals(tmp_path: Path) -> None:
     async def scenario() -> None:
         address = str(tmp_path / "hub.sock")
-        hub = asyncio.create_task(connect(0, 3, address, timeout=2.0, group="run-a"))
+        hub = asyncio.create_task(connect(0, 3, address, timeout=1.0, group="run-a"))
         with pytest.raises(CollectiveUsageError, match="run-b"):
-            await connect(1, 3, address, timeout=2.0, group="run-b")
+            await connect(1, 3, address, timeout=1.0, group="run-b")
         await _send_junk(address)
-        member = asyncio.create_task(connect(1, 3, address, timeout=2.0, group="run-a"))
+        member = asyncio.create_task(connect(1, 3, address, timeout=1.0, group="run-a"))
         with pytest.raises(PeerLost) as missing:
             await hub
         assert missing.value.ranks == (2,)
@@ -202,9 +223,16 @@ async def _send_junk(address: str) -> None:
 def test_tcp_port_zero_and_bytes_sent(tmp_path: Path) -> None:
     async def scenario() -> None:
         bound: asyncio.Future = asyncio.get_running_loop().create_future()
-        hub = asyncio.create_task(make_collective(
-            "loopback", rank=0, world_size=2, address=("127.0.0.1", 0), timeout=5,
-            on_listen=bound.set_result))
+        hub = asyncio.create_task(
+            make_collective(
+                "loopback",
+                rank=0,
+                world_size=2,
+                address=("127.0.0.1", 0),
+                timeout=5,
+                on_listen=bound.set_result,
+            )
+        )
         member = await connect(1, 2, await bound, timeout=5)
         hub = await hub
         x = np.arange(100, dtype=np.int64)
@@ -235,9 +263,15 @@ def test_processes_sum_exactly(world: int, kind: str, tmp_path: Path) -> None:
         assert record["after"] == [sum(range(world)), world]
 
 
-def test_sigkilled_member_mid_collective_survivors_continue(tmp_path: Path) -> None:
-    records = run_peers("loopback", 3, "tcp:127.0.0.1:0", "kill", tmp_path,
-                        kill_rank=peer_script.VICTIM)
+@pytest.mark.parametrize("half_a_frame", [False, True])
+def test_sigkilled_member_mid_collective_survivors_continue(
+    half_a_frame: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if half_a_frame:  # the victim dies having sent a header and half its payload
+        monkeypatch.setenv("PARTIAL_FRAME", "1")
+    records = run_peers(
+        "loopback", 3, "tcp:127.0.0.1:0", "kill", tmp_path, kill_rank=peer_script.VICTIM
+    )
     assert set(records) == {0, 1}
     for record in records.values():
         rounds = record["rounds"]
@@ -252,8 +286,9 @@ def test_sigkilled_member_mid_collective_survivors_continue(tmp_path: Path) -> N
 
 
 def test_sigkilled_hub_ends_the_group_in_bounded_time(tmp_path: Path) -> None:
-    records = run_peers("loopback", 3, f"unix:{tmp_path / 'hub.sock'}", "hub_dies", tmp_path,
-                        kill_rank=0)
+    records = run_peers(
+        "loopback", 3, f"unix:{tmp_path / 'hub.sock'}", "hub_dies", tmp_path, kill_rank=0
+    )
     for record in records.values():
         assert record["error"] == "PeerLost" and record["ranks"] == [0]
         assert record["after_s"] < 2 * 2.0 + HUB_GRACE_S

@@ -132,6 +132,19 @@ def test_torch_save_views_and_odd_strides_rebuild_correctly():
     assert same_tensors(load_checkpoint(buf.getvalue()).params, st.params)
 
 
+def test_reads_a_big_endian_archive():
+    state = make_state(4)
+    pickled, storages = ck._TorchPickler().dump(payload_of(state))
+    swapped = [np.frombuffer(b, "<f4").astype(">f4").tobytes() for b in storages]
+    records = [("archive/data.pkl", pickled), ("archive/byteorder", b"big")]
+    records += [(f"archive/data/{i}", b) for i, b in enumerate(swapped)]
+    back = load_checkpoint(ck._zip_stored(records))
+    assert same_tensors(back.params, state.params) and same_tensors(back.adam_v, state.adam_v)
+    records[1] = ("archive/byteorder", b"middle")
+    with pytest.raises(CheckpointError, match="byteorder"):
+        load_checkpoint(ck._zip_stored(records))
+
+
 def test_expectations_checked():
     data = save_checkpoint(make_state())
     shapes = {k: a.shape for k, a in make_state().params.items()}
@@ -254,6 +267,21 @@ def test_storage_problems_refused():
     assert overreach != pickled
     with pytest.raises(CheckpointError, match="past its storage"):
         load_checkpoint(raw_file(payload_of(state), pkl=overreach))
+
+
+def test_tensor_hooks_metadata_and_odd_flags_refused():
+    state = make_state()
+    pickled, _ = ck._TorchPickler().dump(payload_of(state))
+    tail = b"\x89ccollections\nOrderedDict\n)Rt"
+    assert tail in pickled
+    edits = (
+        b"\x89ccollections\nOrderedDict\n)R}X\x01\x00\x00\x00aK\x01st",  # metadata {'a': 1}
+        b"\x89ccollections\nOrderedDict\n](K\x01K\x02\x86e\x85Rt",  # hooks {1: 2}
+        b"K\x01ccollections\nOrderedDict\n)Rt",  # requires_grad 1, not a bool
+    )
+    for replacement in edits:
+        with pytest.raises(CheckpointError, match="hooks or metadata"):
+            load_checkpoint(raw_file(payload_of(state), pkl=pickled.replace(tail, replacement, 1)))
 
 
 def test_save_refuses_bad_state_and_produces_nothing():

@@ -136,6 +136,13 @@ def test_headroom_check():
         check_headroom(-1, 3)
 
 
+def test_zero_dim_arrays_stay_arrays():
+    q = to_fixed(np.asarray(np.float32(0.75)), 32)
+    assert isinstance(q, np.ndarray) and q.shape == () and int(q) == 3 * 2**30
+    g = from_fixed(q, 32, 1)
+    assert isinstance(g, np.ndarray) and g.shape == () and g.dtype == np.float32
+
+
 def test_max_abs_handles_int64_min():
     assert max_abs(np.array([3, -(2**63), 5], np.int64)) == 2**63
     assert max_abs(np.array([], np.int64)) == 0

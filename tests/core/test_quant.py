@@ -72,6 +72,8 @@ def test_zero_rows_and_subnormal_rows():
     assert s[0] == 1.0 and not q[0].any()
     assert q[1].tolist() == [-127, 32, 0, 64]
     assert q[2].tolist() == [1, 3, -63, 0] and s[2] == tiny
+    q, s = quant.quantize_rows(np.zeros((3, 0), np.float32))
+    assert q.shape == (3, 0) and s.tolist() == [1.0, 1.0, 1.0]
 
 
 def test_cols_are_rows_of_the_transpose():

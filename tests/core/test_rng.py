@@ -169,6 +169,9 @@ def test_bad_arguments_are_refused():
     _assert_raises(RngArgumentError, rng.randint, (1,), 3, 0)
     _assert_raises(RngArgumentError, rng.randint, (1,), 3, 2**63 + 1)
     _assert_raises(RngArgumentError, rng.permutation, (1,), -2)
+    _assert_raises(RngArgumentError, rng.philox4x32, np.full((4, 1), 2**32, np.uint64), (0, 0))
+    _assert_raises(RngArgumentError, rng.philox4x32, np.zeros((4, 1), np.uint64), (2**32, 0))
+    _assert_raises(RngArgumentError, rng.philox4x32, np.zeros((3, 1), np.uint64), (0, 0))
     assert issubclass(RngArgumentError, ValueError)
 
 

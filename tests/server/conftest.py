@@ -3,51 +3,23 @@ range-capable HTTP server that counts the bytes it sends, and a FineWeb-Edu-shap
 
 from __future__ import annotations
 
-import itertools
-import json
-import random
 import socket
-import threading
 import zipfile
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import websocket
+from server_testkit import LiveServer, Peer, RangeServer, fineweb_table
 
 from server import ServerConfig, create_app
-from server.app import make_threaded_server
 
 ROWS_PER_GROUP = 120
 ROW_GROUPS = 6
-# Multi-byte characters on purpose: slices must cut at character boundaries.
-WORDS = ("the", "learning", "photosynthesis", "river", "équation", "naïve", "数学", "🌼",
-         "energy", "students", "cell", "history", "über", "fraction", "Ωmega")
 
 
 # ------------------------------------------------------------------ servers
-class LiveServer:
-    """An app served by the real threaded server on a free loopback port."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-        self.httpd = make_threaded_server(app, "127.0.0.1", 0)
-        self.port = self.httpd.server_port
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.ws_url = f"ws://127.0.0.1:{self.port}/ws"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self._thread.join(timeout=5)
-
-
 @pytest.fixture
 def make_config(tmp_path: Path, closed_port: int) -> Callable[..., ServerConfig]:
     """A config whose state lives in tmp and whose shard URL refuses connections."""
@@ -87,79 +59,6 @@ def closed_port() -> int:
 
 
 # ------------------------------------------------------------------ websocket peers
-class Peer:
-    """A websocket client speaking the signaling protocol, with an ordering barrier."""
-
-    _counter = itertools.count(1)
-
-    def __init__(self, ws_url: str, address: str | None = None) -> None:
-        headers = [f"X-Forwarded-For: {address}"] if address else []
-        self.ws = websocket.create_connection(ws_url, timeout=5, header=headers)
-        self.id: str | None = None
-        self.token: str | None = None
-
-    def send(self, kind: str, **fields: Any) -> None:
-        self.ws.send(json.dumps({"v": 1, "type": kind, **fields}))
-
-    def send_raw(self, raw: str | bytes) -> None:
-        if isinstance(raw, bytes):
-            self.ws.send_binary(raw)
-        else:
-            self.ws.send(raw)
-
-    def recv(self) -> dict[str, Any]:
-        return json.loads(self.ws.recv())
-
-    def expect(self, kind: str) -> dict[str, Any]:
-        msg = self.recv()
-        assert msg["type"] == kind, msg
-        return msg
-
-    def sync(self) -> list[dict[str, Any]]:
-        """Frames that arrive before the pong of a fresh ping: everything already queued."""
-        stamp = next(self._counter)
-        self.send("ping", t=stamp)
-        frames = []
-        while True:
-            msg = self.recv()
-            if msg["type"] == "pong" and msg.get("t") == stamp:
-                return frames
-            frames.append(msg)
-
-    def join(self, room: str | None = None, token: str | None = None) -> dict[str, Any]:
-        fields = {k: v for k, v in (("room", room), ("token", token)) if v is not None}
-        self.send("join", **fields)
-        joined = self.expect("joined")
-        self.id, self.token = joined["peer"], joined["token"]
-        return joined
-
-    def create(self) -> str:
-        self.send("create")
-        joined = self.expect("joined")
-        self.id, self.token = joined["peer"], joined["token"]
-        return joined["room"]
-
-    def is_closed(self, timeout: float = 5.0) -> bool:
-        """True once the server closed the socket (frames still in flight are skipped)."""
-        self.ws.settimeout(timeout)
-        try:
-            while True:
-                if self.ws.recv() in ("", b""):
-                    return True
-        except websocket.WebSocketConnectionClosedException:
-            return True
-        except (TimeoutError, websocket.WebSocketTimeoutException):
-            return False
-        except OSError:
-            return True
-
-    def close(self) -> None:
-        try:
-            self.ws.close(timeout=0.5)
-        except (OSError, websocket.WebSocketException):
-            pass
-
-
 @pytest.fixture
 def peers() -> Iterator[Callable[..., Peer]]:
     opened: list[Peer] = []
@@ -175,84 +74,6 @@ def peers() -> Iterator[Callable[..., Peer]]:
 
 
 # ------------------------------------------------------------------ parquet over HTTP
-class RangeServer:
-    """Serves files of a folder over HTTP/1.1 with Range support and counts body bytes."""
-
-    def __init__(self, root: Path, honor_range: bool = True) -> None:
-        self.root = root
-        self.honor_range = honor_range
-        self.bytes_sent = 0
-        self.requests: list[str | None] = []  # the Range header of each GET
-        self._lock = threading.Lock()
-        handler = type("Handler", (_RangeHandler,), {"owner": self})
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self.base = f"http://127.0.0.1:{self.httpd.server_port}"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self._thread.start()
-
-    def count(self, nbytes: int, range_header: str | None) -> None:
-        with self._lock:
-            self.bytes_sent += nbytes
-            self.requests.append(range_header)
-
-    def reset(self) -> None:
-        with self._lock:
-            self.bytes_sent = 0
-            self.requests.clear()
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-class _RangeHandler(BaseHTTPRequestHandler):
-    owner: RangeServer
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        if self.path.startswith("/redirect/"):
-            self.send_response(302)
-            self.send_header("Location", "/" + self.path.removeprefix("/redirect/"))
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        path = self.owner.root / self.path.lstrip("/")
-        if not path.is_file():
-            self.send_error(404)
-            return
-        data = path.read_bytes()
-        header = self.headers.get("Range")
-        span = _parse_range(header, len(data)) if self.owner.honor_range else None
-        if span is None:
-            self.send_response(200)
-            body = data
-        else:
-            first, last = span
-            body = data[first : last + 1]
-            self.send_response(206)
-            self.send_header("Content-Range", f"bytes {first}-{last}/{len(data)}")
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Accept-Ranges", "bytes")
-        self.end_headers()
-        try:
-            self.wfile.write(body)
-        except OSError:
-            pass
-        self.owner.count(len(body), header)
-
-
-def _parse_range(header: str | None, size: int) -> tuple[int, int] | None:
-    if not header or not header.startswith("bytes="):
-        return None
-    first, _, last = header.removeprefix("bytes=").partition("-")
-    if not first:
-        return max(0, size - int(last)), size - 1
-    return int(first), min(size - 1, int(last)) if last else size - 1
-
-
 @pytest.fixture
 def range_server(tmp_path: Path) -> Iterator[Callable[..., RangeServer]]:
     started: list[RangeServer] = []
@@ -265,28 +86,6 @@ def range_server(tmp_path: Path) -> Iterator[Callable[..., RangeServer]]:
     yield start
     for server in started:
         server.stop()
-
-
-def fineweb_table(rows: int, seed: int = 7) -> pa.Table:
-    """Rows in FineWeb-Edu's schema (text, id, dump, url, ...), generated from ``seed``."""
-    rnd = random.Random(seed)
-    texts = []
-    for _ in range(rows):
-        words = [rnd.choice(WORDS) for _ in range(rnd.randint(3, 700))]
-        texts.append(" ".join(words).capitalize() + ".")
-    return pa.table({
-        "text": texts,
-        "id": [f"<urn:uuid:{rnd.getrandbits(128):032x}>" for _ in range(rows)],
-        "dump": [rnd.choice(["CC-MAIN-2013-20", "CC-MAIN-2024-10"]) for _ in range(rows)],
-        "url": [f"https://example.org/{i}" for i in range(rows)],
-        "date": ["2024-02-21T10:00:00Z"] * rows,
-        "file_path": ["s3://commoncrawl/crawl-data/x.warc.gz"] * rows,
-        "language": ["en"] * rows,
-        "language_score": [rnd.uniform(0.65, 1.0) for _ in range(rows)],
-        "token_count": pa.array([len(t) // 4 for t in texts], pa.int64()),
-        "score": [rnd.uniform(2.5, 5.0) for _ in range(rows)],
-        "int_score": pa.array([rnd.randint(3, 5) for _ in range(rows)], pa.int64()),
-    })
 
 
 @pytest.fixture(scope="session")

@@ -3,11 +3,12 @@
 The start-up gate proves a backend on fixed shapes; the audit watches the shapes training
 actually uses. On every `every`-th call (a call counter, never the clock, so a run
 audits the same calls each time) it recomputes a stratified sample of output cells
-exactly: first the structural danger points (corners and edge midpoints of the last
-matrix, corners of the first), where tail and blocking bugs land, then `random_cells`
-cells drawn from pynode.core.rng at a position fixed by the call number. Each cell is one int8 dot
-product of length K through the multiply LUT, so an audited call costs O(cells * K).
-A wrong cell raises GateError; whether to demote the backend is the caller's choice.
+exactly: first the structural danger points (corners, edge midpoints and centre of the
+last matrix, corners of the first), where tail and blocking bugs land, then
+`random_cells` cells drawn from pynode.core.rng at a stream position fixed by the call
+number. Each cell is one int8 dot product of length K through the multiply LUT, so an
+audited call costs O(cells * K). A wrong cell raises GateError; whether to demote the
+backend is the caller's choice (Gemm.demote).
 
 Legend: B batch, M rows, K reduction length, N columns, C sampled cells.
 """

@@ -3,7 +3,7 @@
 `select_gemm(units)` tries the backends best first, gates each against the LUT
 reference built from the verified units, demotes (with a warning naming the failing
 case) any that mismatch, and returns a `Gemm`: the same matmul/bmm, plus unit counting
-(`units.counts.add("mul", M*N*K)`) and the continuous audit on every call.
+(`units.counts.add("mul", M*N*K)`) on every call and the sampled audit (audit.py).
 
 Legend: B batch, M rows, K reduction length, N columns.
 """

@@ -1,0 +1,139 @@
+"""What every member of a training group runs (SPMD), whatever the transport.
+
+Leader-follower: rank 0 broadcasts the run config and, when resuming, the checkpoint;
+followers refuse a config they cannot hold in memory; then all members train in lockstep
+and rank 0 reports the plan, the loss and the cluster-wide unit-invocation counts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from pynode import platform
+from pynode.config import ConfigError, RunConfig
+from pynode.core import checkpoint
+from pynode.session import build_trainer, checkpoint_bytes, checkpoint_expectations
+from pynode.trainer import StepResult, Trainer
+
+log = logging.getLogger("pynode.group")
+
+SETUP_TIMEOUT = 120.0
+UNIT_NAMES = ("mul", "requant", "relu")
+
+
+class MemoryRefusal(ConfigError):
+    """This machine does not have the memory the leader's config needs."""
+
+
+@dataclass(frozen=True)
+class PeerInfo:
+    rank: int          # member rank in the group
+    device: str        # short hardware description
+    cores: int         # usable cores
+    ram: int           # available RAM in bytes (0 = unknown)
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.__dict__).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> PeerInfo:
+        return cls(**json.loads(data))
+
+
+def memory_needed(cfg: RunConfig, param_count: int) -> int:
+    """Rough peak bytes of a peer: params, Adam moments, gradients, partials, activations."""
+    state = param_count * (4 * 4 + 8)
+    activations = cfg.microbatch_size * cfg.seq * cfg.width * cfg.layers * 4 * 24
+    attention = cfg.microbatch_size * cfg.heads * cfg.seq * cfg.seq * 4 * 6 * cfg.layers
+    return state + activations + attention
+
+
+async def agree_on_config(collective, cfg: RunConfig | None, resume: bytes | None):
+    """Rank 0's config (and checkpoint, if resuming) reaches every member."""
+    leader = collective.rank == 0
+    text = await collective.broadcast_bytes(
+        cfg.to_json().encode() if leader else None, timeout=SETUP_TIMEOUT
+    )
+    cfg = RunConfig.from_json(text.decode())
+    flag = await collective.broadcast_bytes(
+        (b"1" if resume else b"0") if leader else None, timeout=SETUP_TIMEOUT
+    )
+    state = None
+    if flag == b"1":
+        data = await collective.broadcast_bytes(resume if leader else None, timeout=SETUP_TIMEOUT)
+        state = checkpoint.load_checkpoint(data, expect=checkpoint_expectations(cfg))
+    return cfg, state
+
+
+async def run_member(
+    collective,
+    cfg: RunConfig | None,
+    *,
+    resume: bytes | None = None,
+    backend: str | None = None,
+    capacities: dict[int, float] | None = None,
+    on_step: Callable[[Trainer, StepResult], None] | None = None,
+    report: Callable[[str], None] = print,
+    prepare: Callable[[Trainer], None] | None = None,
+) -> Trainer:
+    """Join the group's run and train it to the end; returns the trainer (final state)."""
+    cfg, state = await agree_on_config(collective, cfg, resume)
+    trainer = build_trainer(cfg, backend=backend, collective=collective, resume=state)
+    if prepare is not None:
+        prepare(trainer)
+    param_count = sum(p.size for p in trainer.state.params.values())
+    available = platform.memory_bytes()
+    if available and memory_needed(cfg, param_count) > available:
+        raise MemoryRefusal(
+            f"rank {collective.rank}: this config needs about "
+            f"{memory_needed(cfg, param_count) >> 20} MiB, only {available >> 20} MiB available"
+        )
+    if capacities is not None:
+        trainer.capacities = dict(capacities)
+        trainer.plan_by_speed = False
+    me = PeerInfo(collective.rank, platform.device_name(), platform.cpu_count(), available)
+    infos = await collective.allgather_bytes(me.to_bytes(), timeout=SETUP_TIMEOUT)
+    peers = [PeerInfo.from_bytes(b) for b in infos if b is not None]
+    if collective.rank == 0:
+        report(plan_table(peers, trainer.plan()))
+    while trainer.state.step < cfg.steps:
+        result = await trainer.step()
+        if on_step is not None:
+            on_step(trainer, result)
+    await report_unit_counts(collective, trainer, report)
+    return trainer
+
+
+def plan_table(peers: list[PeerInfo], plan: dict[int, list[int]]) -> str:
+    total = sum(len(v) for v in plan.values()) or 1
+    lines = ["rank  device            cores  RAM(MiB)  microbatches  share"]
+    for p in peers:
+        mine = len(plan.get(p.rank, []))
+        lines.append(
+            f"{p.rank:<5} {p.device:<17} {p.cores:>5}  {p.ram >> 20:>8}  "
+            f"{mine:>12}  {100 * mine / total:4.0f}%"
+        )
+    return "\n".join(lines)
+
+
+async def report_unit_counts(collective, trainer: Trainer, report: Callable[[str], None]) -> None:
+    """Sum every member's unit counters exactly; rank 0 reports them (refusing zeros)."""
+    units = getattr(trainer, "units", None)
+    counts = units.counts.snapshot() if units is not None else {}
+    mine = np.array([counts.get(n, 0) for n in UNIT_NAMES], dtype=np.int64)
+    total = (await collective.allreduce_int64(mine, timeout=SETUP_TIMEOUT)).total
+    if collective.rank == 0 and units is not None:
+        if int(total[0]) == 0:
+            report("unit invocations: none counted (counting failed); not reported")
+            return
+        pretty = "  ".join(f"{n} {int(v):,}" for n, v in zip(UNIT_NAMES, total, strict=True))
+        report(f"cluster-wide unit invocations: {pretty}")
+
+
+def save_bytes(trainer: Trainer) -> bytes:
+    return checkpoint_bytes(trainer)

@@ -1,0 +1,162 @@
+"""/data against FineWeb-Edu-shaped shards on a local range-capable server that counts bytes."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from server import create_app
+
+B = 300  # bytes per slice in these tests
+SHARDS = ("000_00000.parquet", "001_00000.parquet")
+
+
+def footer_bytes(path: Path) -> int:
+    return int.from_bytes(path.read_bytes()[-8:-4], "little") + 8
+
+
+def chunk_bytes(path: Path, group: int, column: str | None = None) -> int:
+    """Compressed size of one column chunk, or of the whole row group when column is None."""
+    meta = pq.read_metadata(path).row_group(group)
+    cols = [meta.column(i) for i in range(meta.num_columns)]
+    return sum(c.total_compressed_size for c in cols if column in (None, c.path_in_schema))
+
+
+@pytest.fixture
+def served(shard_dir, range_server):
+    return range_server(shard_dir)
+
+
+@pytest.fixture
+def data_app(make_config, served):
+    def build(urls=None, **changes):
+        urls = urls or tuple(f"{served.base}/{name}" for name in SHARDS)
+        return create_app(make_config(data_urls=urls, **changes))
+
+    return build
+
+
+def get(app, **params):
+    query = "&".join(f"{k}={v}" for k, v in params.items())
+    return app.test_client().get(f"/data?{query}")
+
+
+def test_a_slice_costs_the_footer_and_one_text_chunk(data_app, served, shard_dir) -> None:
+    app = data_app()
+    body = get(app, seed=3, step=5, index=0, bytes=B).json
+    assert body["source"] == "fineweb"
+    path = shard_dir / SHARDS[body["shard"]]
+    group = body["row_group"]
+    # The issue's bound: footer plus the needed row group, never the whole file...
+    assert served.bytes_sent <= footer_bytes(path) + chunk_bytes(path, group)
+    assert served.bytes_sent < path.stat().st_size // 4
+    # ...and in fact exactly the trailer, the footer and the text column chunk.
+    assert served.bytes_sent == footer_bytes(path) + chunk_bytes(path, group, "text")
+    assert all(r and r.startswith("bytes=") for r in served.requests)
+    before = served.bytes_sent
+    for index in range(1, 6):  # the other microbatches of the step come from the cache
+        assert get(app, seed=3, step=5, index=index, bytes=B).json["row_group"] == group
+    assert served.bytes_sent == before
+
+
+def test_slice_matches_a_full_local_read(data_app, shard_dir) -> None:
+    app = data_app()
+    tables = {name: pq.read_table(shard_dir / name) for name in SHARDS}
+    for step in range(6):
+        for index in range(3):
+            body = get(app, seed=11, step=step, index=index, bytes=B).json
+            meta = pq.read_metadata(shard_dir / SHARDS[body["shard"]])
+            first = sum(meta.row_group(g).num_rows for g in range(body["row_group"]))
+            rows = meta.row_group(body["row_group"]).num_rows
+            docs = tables[SHARDS[body["shard"]]].column("text").to_pylist()[first:first + rows]
+            order = docs[body["row"]:] + docs[:body["row"]]
+            joined = "\n\n".join(order).encode("utf-8")
+            got = body["text"].encode("utf-8")
+            assert joined[body["offset"]:body["offset"] + len(got)] == got
+            assert B - 3 <= body["nbytes"] == len(got) <= B
+
+
+def test_same_request_same_text_on_a_cold_server(data_app) -> None:
+    first, second = data_app(), data_app()
+    params = [dict(seed=s, step=t, index=i, bytes=B) for s in (1, 2) for t in (0, 7)
+              for i in (0, 1)]
+    answers = [get(first, **p).json for p in params]
+    assert answers == [get(second, **p).json for p in params]
+    assert len({a["text"] for a in answers}) == len(answers)
+
+
+def test_unreachable_source_falls_back_with_a_marker(make_config, closed_port) -> None:
+    app = create_app(make_config())  # make_config points at a closed loopback port
+    body = get(app, seed=1, step=2, index=3, bytes=B).json
+    assert body["source"] == "builtin"
+    assert "refused" in body["reason"].lower() or "URLError" in body["reason"]
+    corpus, _ = app.extensions["daisychain.data"].corpus()
+    got = body["text"].encode("utf-8")
+    assert corpus[body["offset"]:body["offset"] + len(got)] == got
+    again = get(app, seed=1, step=2, index=3, bytes=B).json
+    assert "retrying in" in again.pop("reason")
+    assert again == {k: v for k, v in body.items() if k != "reason"}
+    strict = get(app, seed=1, step=2, index=3, bytes=B, fallback=0)
+    assert strict.status_code == 503 and strict.json["error"] == "source_unavailable"
+    assert strict.headers["Cache-Control"] == "no-store"
+
+
+def test_a_failing_shard_is_not_retried_at_once(data_app, served) -> None:
+    app = data_app(urls=(f"{served.base}/not_parquet.parquet",))
+    body = get(app, seed=0, step=0, index=0, bytes=B).json
+    assert body["source"] == "builtin" and "ShardError" in body["reason"]
+    asked = len(served.requests)
+    body = get(app, seed=0, step=1, index=0, bytes=B).json
+    assert body["source"] == "builtin" and "retrying" in body["reason"]
+    assert len(served.requests) == asked
+
+
+def test_a_server_ignoring_range_is_refused_not_downloaded(make_config, shard_dir,
+                                                           range_server) -> None:
+    plain = range_server(shard_dir, honor_range=False)
+    app = create_app(make_config(data_urls=(f"{plain.base}/{SHARDS[0]}",)))
+    body = get(app, seed=0, step=0, index=0, bytes=B).json
+    assert body["source"] == "builtin" and "RangeRequestError" in body["reason"]
+
+
+def test_redirects_and_local_paths_work(data_app, served, shard_dir) -> None:
+    via_redirect = data_app(urls=(f"{served.base}/redirect/{SHARDS[0]}",))
+    local = data_app(urls=(str(shard_dir / SHARDS[0]),))
+    a = get(via_redirect, seed=4, step=4, index=4, bytes=B).json
+    b = get(local, seed=4, step=4, index=4, bytes=B).json
+    assert a["source"] == b["source"] == "fineweb"
+    assert a["text"] == b["text"] and a["row"] == b["row"]
+
+
+def test_concurrent_requests_fetch_a_row_group_once(data_app, served, shard_dir) -> None:
+    service = data_app().extensions["daisychain.data"]
+    results = []
+
+    def ask(index: int) -> None:
+        results.append(service.slice(9, 9, index, B))
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    path = shard_dir / SHARDS[results[0]["shard"]]
+    assert {r["row_group"] for r in results} == {results[0]["row_group"]}
+    assert served.bytes_sent == footer_bytes(path) + chunk_bytes(
+        path, results[0]["row_group"], "text")
+
+
+def test_custom_corpus_and_bad_queries(make_config, tmp_path) -> None:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("héllo wörld " * 100)
+    app = create_app(make_config(corpus_path=corpus, data_max_bytes=1000))
+    body = get(app, seed=5, step=0, index=0, bytes=50).json
+    assert body["corpus"] == "corpus.txt" and body["text"] in corpus.read_text()
+    for query in ("seed=1&step=1", "seed=-1&step=0&index=0", "seed=x&step=0&index=0",
+                  "seed=1&step=1&index=1&bytes=0", "seed=1&step=1&index=1&bytes=1001",
+                  "seed=99999999999999999999&step=1&index=1"):
+        response = app.test_client().get(f"/data?{query}")
+        assert response.status_code == 400 and response.json["error"] == "bad_request"
