@@ -45,7 +45,7 @@ def measure_errors(n32: int, n64: int) -> None:
             xs = oracle.domain(name, dtype, n, seed=1000 + i)
             worst, where = oracle.max_ulp_error(name, xs)
             bound = (bounds or oracle.BOUND_F64).get(name, "-")
-            print(f"{name:<10} {np.dtype(dtype).name:<8} {xs.size:>8} {worst:>9.4f}  "
+            print(f"{name:<10} {np.dtype(dtype).name:<8} {xs.size:>8} {worst:>9.6f}  "
                   f"{where!r:<14} ({bound})", flush=True)
 
 

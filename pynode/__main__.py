@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--peers", type=int, default=1, help="local peer processes (loopback)")
     train.add_argument("--capacity", help="relative speeds of the local peers, e.g. 1,2,5")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument("--summary", help="write a JSON summary (final hash, traffic) here")
 
     cluster = sub.add_parser(
         "cluster", help="gloo cluster from MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK"
@@ -64,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument("--timeout", type=float, default=60.0,
                          help="seconds a rank waits for the others before giving up")
     cluster.add_argument("--no-progress", action="store_true", help="no progress bar")
+    cluster.add_argument("--summary", help="(rank 0) write a JSON summary here")
 
     peer = sub.add_parser("_peer")  # internal: a loopback follower spawned by train --peers
     peer.add_argument("--rank", type=int, required=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -22,6 +23,7 @@ import numpy as np
 from pynode.cli_train import StepReporter, explicit_config, print_summary
 from pynode.comm import CommError, make_collective
 from pynode.config import ConfigError, RunConfig
+from pynode.core.errors import DaisyError
 from pynode.group import run_member
 from pynode.session import checkpoint_bytes, load_resume, write_atomically
 from pynode.trainer import ForkError, Trainer
@@ -66,6 +68,7 @@ def install_fault(trainer: Trainer, rank: int) -> None:
 
 async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities) -> int:
     """Rank 0's side: everything the user sees."""
+    pin_to_core(0)
     resume = None
     if args.resume:
         cfg, _ = load_resume(args.resume, explicit_config(args))
@@ -102,18 +105,34 @@ async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities)
             reporter.close()
     if args.save:
         write_atomically(args.save, checkpoint_bytes(trainer))
-    print_summary(trainer, last["result"], 0.0)
+    if getattr(args, "summary", None):
+        write_summary(args.summary, trainer, collective.world_size)
+    print_summary(trainer, last["result"], 0.0, local_units=False)
     print(trainer.state.hash())
     return 0
 
 
+def write_summary(path: str, trainer: Trainer, peers: int) -> None:
+    summary = {"hash": trainer.state.hash(), "step": trainer.state.step, "peers": peers,
+               "traffic": getattr(trainer, "traffic", None)}
+    Path(path).write_text(json.dumps(summary, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def pin_to_core(rank: int) -> None:
+    """With PYNODE_PIN_CORES=1 each rank runs on core `rank` only (benchmarks)."""
+    if os.environ.get("PYNODE_PIN_CORES") == "1" and hasattr(os, "sched_setaffinity"):
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[rank % len(cores)]})
+
+
 async def follow(collective, backend: str | None, capacities) -> int:
     rank = collective.rank
+    pin_to_core(rank)
     try:
         await run_member(collective, None, backend=backend, capacities=capacities,
                          report=lambda line: None,
                          prepare=lambda t: install_fault(t, rank))
-    except (CommError, ForkError, ConfigError) as exc:
+    except DaisyError as exc:
         print(f"rank {rank}: stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 3
     return 0

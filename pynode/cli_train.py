@@ -81,6 +81,10 @@ async def train_command(args: argparse.Namespace, cfg: RunConfig) -> int:
     elapsed = time.perf_counter() - started
     if args.save:
         write_atomically(args.save, checkpoint_bytes(trainer))
+    if args.summary:
+        from pynode.cli_group import write_summary
+
+        write_summary(args.summary, trainer, 1)
     print_summary(trainer, last, elapsed)
     print(trainer.state.hash())
     return 0
@@ -98,11 +102,13 @@ def check_writable(path: str) -> None:
         raise ConfigError(f"--save: folder {parent} does not exist")
 
 
-def print_summary(trainer: Trainer, last: StepResult | None, elapsed: float) -> None:
+def print_summary(
+    trainer: Trainer, last: StepResult | None, elapsed: float, local_units: bool = True
+) -> None:
     if last is not None:
         print(f"step {last.step}  loss {last.loss:.4f}  {elapsed:.1f}s", file=sys.stderr)
     units = getattr(trainer, "units", None)
-    if units is not None:
+    if units is not None and local_units:
         counts = units.counts.snapshot()
         pretty = "  ".join(f"{k} {v:,}" for k, v in counts.items())
         print(f"unit invocations: {pretty}", file=sys.stderr)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, fields, replace
 
+from pynode.core.errors import DaisyError
 
-class ConfigError(ValueError):
+
+class ConfigError(DaisyError, ValueError):
     """A run configuration that cannot be trained (named field, reason)."""
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from pynode import platform
 from pynode.config import ConfigError, RunConfig
 from pynode.core import checkpoint
-from pynode.session import build_trainer, checkpoint_bytes, checkpoint_expectations
+from pynode.session import build_trainer, checkpoint_expectations
 from pynode.trainer import StepResult, Trainer
 
 log = logging.getLogger("pynode.group")
@@ -106,6 +106,8 @@ async def run_member(
         if on_step is not None:
             on_step(trainer, result)
     await report_unit_counts(collective, trainer, report)
+    first_step = state.step if state is not None else 0
+    await report_traffic(collective, trainer, report, steps=cfg.steps - first_step)
     return trainer
 
 
@@ -135,5 +137,19 @@ async def report_unit_counts(collective, trainer: Trainer, report: Callable[[str
         report(f"cluster-wide unit invocations: {pretty}")
 
 
-def save_bytes(trainer: Trainer) -> bytes:
-    return checkpoint_bytes(trainer)
+async def report_traffic(collective, trainer: Trainer, report, steps: int) -> None:
+    """Bytes each member sent per step, next to the ring all-reduce optimum 2(N-1)/N x G."""
+    sent = await collective.allgather_bytes(
+        str(collective.bytes_sent).encode(), timeout=SETUP_TIMEOUT
+    )
+    per_rank = {r: int(b) for r, b in enumerate(sent) if b is not None}
+    n = len(per_rank)
+    grad_bytes = 8 * sum(p.size for p in trainer.state.params.values())
+    optimum = 2 * (n - 1) / n * grad_bytes if n > 1 else 0.0
+    trainer.traffic = {"per_rank_bytes_per_step": {r: b / max(steps, 1) for r, b in
+                                                  per_rank.items()},
+                       "ring_optimum_bytes_per_step": optimum, "gradient_bytes": grad_bytes}
+    if collective.rank == 0 and n > 1:
+        worst = max(per_rank.values()) / max(steps, 1)
+        report(f"traffic: up to {worst / 1e6:.2f} MB sent per peer per step "
+               f"(ring all-reduce optimum {optimum / 1e6:.2f} MB, ratio {worst / optimum:.2f})")

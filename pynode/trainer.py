@@ -10,6 +10,7 @@ Legend: P = number of parameters (flattened in the model's declared order), n = 
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from pynode.config import RunConfig
-from pynode.core import fixedpoint, optim
+from pynode.core import checkpoint, fixedpoint, optim
 from pynode.core.errors import DaisyError, NonFiniteError
 from pynode.core.plan import microbatch_plan
 from pynode.core.probe import probe_hash
@@ -218,9 +219,47 @@ class Trainer:
         if self.plan_by_speed:
             self.capacities = speeds
         if any(v != mine for v in votes):
-            majority = max(set(votes), key=votes.count)
-            who = "this peer" if majority != mine else "another peer"
-            raise ForkError(
-                f"step {result.step}: replicas disagree ({who} diverged); "
-                f"{len(set(votes))} distinct (state, probe) hashes among {len(votes)} peers"
-            )
+            await self.resolve_fork(result, mine, seen)
+
+    async def resolve_fork(self, result: StepResult, mine: bytes, seen: list) -> None:
+        """Re-sync a minority of diverged states from the leader, or stop.
+
+        Re-sync only when a strict majority agrees, the leader is in it, and the diverged
+        peers' kernel probes are right (a wrong probe means broken arithmetic: that peer
+        leaves). Anything else stops every peer: nobody trains past a fork.
+        """
+        votes = {r: e.partition(b"|")[0] for r, e in enumerate(seen) if e is not None}
+        ballot = list(votes.values())
+        majority = max(set(ballot), key=ballot.count)
+        want_hash, _, want_probe = majority.decode().partition(":")
+        described = (f"step {result.step}: replicas disagree; {len(set(ballot))} distinct "
+                     f"(state, probe) hashes among {len(ballot)} peers")
+        probes_ok = all(v.decode().partition(":")[2] == want_probe for v in ballot)
+        if not (2 * ballot.count(majority) > len(ballot) and votes.get(0) == majority
+                and probes_ok):
+            who = "this peer" if mine != majority else "another peer"
+            raise ForkError(f"{described} ({who} diverged); stopping")
+        blob = await self.collective.broadcast_bytes(
+            self.state_bytes() if self.rank() == 0 else None, timeout=self.deadline()
+        )
+        if mine != majority:
+            self.load_state_bytes(blob, want_hash)
+            log.warning("%s: this peer diverged and re-synced from the leader", described)
+        else:
+            log.warning("%s: re-synced the diverged peer(s) from the leader", described)
+
+    def state_bytes(self) -> bytes:
+        state = self.state
+        return checkpoint.save_checkpoint(checkpoint.CheckpointState(
+            task=self.cfg.task, config=json.loads(self.cfg.to_json()), step=state.step,
+            params=state.params, adam_m=state.opt.m, adam_v=state.opt.v,
+            adam_step=state.opt.step, data_cursor=state.step, state_hash=state.hash(),
+        ))
+
+    def load_state_bytes(self, blob: bytes, want_hash: str) -> None:
+        ckpt = checkpoint.load_checkpoint(blob, expect={"param_shapes": self.shapes})
+        if ckpt.state_hash != want_hash:
+            raise ForkError(f"re-sync state has hash {ckpt.state_hash[:16]}, "
+                            f"the group agreed on {want_hash[:16]}")
+        self.state = TrainState(step=ckpt.step, params=dict(ckpt.params),
+                                opt=ckpt.adam_state())

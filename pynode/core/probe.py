@@ -29,9 +29,17 @@ def probe_operands() -> tuple[np.ndarray, np.ndarray]:
 
 
 def probe_hash(gemm) -> str:
-    """sha256 of the probe GEMM's int32 result through `gemm` (hex, 16 chars)."""
+    """sha256 (hex, 16 chars) of the probe GEMM through `gemm`, then of its int16-clipped
+    result through the live requantize and ReLU units, so every unit is exercised."""
     if gemm is None:
         return "none"
     a, b = probe_operands()
     out = np.ascontiguousarray(gemm.matmul(a, b), dtype="<i4")  # (M, N) int32
-    return hashlib.sha256(out.tobytes()).hexdigest()[:16]
+    digest = hashlib.sha256(out.tobytes())
+    units = getattr(gemm, "units", None)
+    if units is not None:
+        wide = np.clip(out, -32768, 32767).astype(np.int16)  # (M, N) int16
+        narrow = units.requant_array(wide)  # (M, N) int8
+        digest.update(narrow.tobytes())
+        digest.update(units.relu_array(narrow).tobytes())
+    return digest.hexdigest()[:16]

@@ -114,8 +114,8 @@ def _words(key: Sequence[int], start: int, count: int) -> np.ndarray:
 
 
 def _count(shape: int | Sequence[int]) -> tuple[tuple[int, ...], int]:
-    dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     try:
+        dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
         dims = tuple(operator.index(d) for d in dims)
     except TypeError:
         raise RngArgumentError(f"a shape is an int or a tuple of ints, got {shape!r}") from None

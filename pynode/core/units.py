@@ -14,7 +14,7 @@ from __future__ import annotations
 import operator
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -103,7 +103,11 @@ class UnitCheck(NamedTuple):
 
 @dataclass(frozen=True, eq=False)
 class Units:
-    """Lookup tables built from verified unit networks, and the invocation counter."""
+    """Lookup tables built from verified unit networks, and the invocation counter.
+
+    Build it with load_units (or pynode.unitfiles.load_default_units), never by hand:
+    only then do the tables come from networks checked over their whole domain.
+    """
 
     mul_lut: np.ndarray  # (256, 256) int32, [a + 128, b + 128] = a * b
     requant_lut: np.ndarray  # (65536,) int8, [x + 32768] = sat8((x + 128) >> 8)
@@ -194,7 +198,7 @@ class UnitNetwork:
 
     def bits_logits(self, x: np.ndarray, width: int) -> np.ndarray:
         """Logits for inputs x (R,) int64 fed as `width` two's-complement bits."""
-        bits = (x[:, None] >> np.arange(width)) & 1  # (R, width) int64, 0/1
+        bits = (x[:, None] >> np.arange(width, dtype=np.int64)) & 1  # (R, width) int64, 0/1
         w0, b0 = self.layers[0]
         return self.output_logits(bits @ w0 + b0)
 
@@ -270,7 +274,9 @@ def parse_network(unit: str, arrays: Mapping[str, np.ndarray]) -> UnitNetwork:
 # ---- full-domain runs: network outputs == integer op, first mismatch named ----
 
 
-def _refuse_mismatch(unit: str, got: np.ndarray, want: np.ndarray, names: str, *inputs) -> None:
+def _refuse_mismatch(
+    unit: str, got: np.ndarray, want: np.ndarray, names: str, *inputs: np.ndarray
+) -> None:
     bad = np.flatnonzero(got != want)
     if bad.size:
         i = bad[0]
@@ -289,8 +295,8 @@ def _worst(net: UnitNetwork, z: np.ndarray, y: np.ndarray) -> int:
 def _mul_domain(net: UnitNetwork) -> tuple[np.ndarray, int]:
     lut, worst = np.empty((256, 256), np.int32), 0  # (256, 256) int32
     for a0 in range(-128, 128, _A_PER_BLOCK):
-        a = np.repeat(np.arange(a0, a0 + _A_PER_BLOCK), 256)  # (R,) int64
-        b = np.tile(np.arange(-128, 128), _A_PER_BLOCK)  # (R,) int64
+        a = np.repeat(np.arange(a0, a0 + _A_PER_BLOCK, dtype=np.int64), 256)  # (R,) int64
+        b = np.tile(np.arange(-128, 128, dtype=np.int64), _A_PER_BLOCK)  # (R,) int64
         ma, mb = np.abs(a), np.abs(b)
         x = np.concatenate([ma >> 4, ma >> 4, ma & 15, ma & 15])  # (4R,) nibbles of |a|
         y = np.concatenate([mb >> 4, mb & 15, mb >> 4, mb & 15])  # (4R,) nibbles of |b|
@@ -308,7 +314,7 @@ def _mul_domain(net: UnitNetwork) -> tuple[np.ndarray, int]:
 def _requant_domain(net: UnitNetwork) -> tuple[np.ndarray, int]:
     lut, worst = np.empty(65536, np.int8), 0  # (65536,) int8
     for x0 in range(-32768, 32768, _X_PER_BLOCK):
-        x = np.arange(x0, x0 + _X_PER_BLOCK)  # (R,) int64
+        x = np.arange(x0, x0 + _X_PER_BLOCK, dtype=np.int64)  # (R,) int64
         z = net.bits_logits(x, 16)
         got = net.decode(z)
         worst = max(worst, _worst(net, z, got))
@@ -318,7 +324,7 @@ def _requant_domain(net: UnitNetwork) -> tuple[np.ndarray, int]:
 
 
 def _relu_domain(net: UnitNetwork) -> tuple[np.ndarray, int]:
-    x = np.arange(-128, 128)  # (256,) int64
+    x = np.arange(-128, 128, dtype=np.int64)  # (256,) int64
     z = net.bits_logits(x, 8)
     got = net.decode(z)
     _refuse_mismatch("relu8", got, _native_relu(x), "x", x)
@@ -365,7 +371,7 @@ def load_units(weights: Mapping[str, Mapping[str, np.ndarray]]) -> Units:
 
 
 def _certify(name: str, lut: object, dtype: type, shape: tuple, want: np.ndarray,
-             describe) -> None:
+             describe: Callable[[int], str]) -> None:
     if not isinstance(lut, np.ndarray) or lut.dtype != dtype or lut.shape != shape:
         got = f"{lut.dtype} {lut.shape}" if isinstance(lut, np.ndarray) else type(lut).__name__
         raise UnitVerificationError(f"{name} must be {np.dtype(dtype).name} {shape}, got {got}")

@@ -288,7 +288,9 @@ def test_float64_subnormal_and_threshold_edges():
     cases = {"exp": [-745.13, -708.4, 709.78, -744.0], "log": [5e-324, 2.2250738585072e-308,
              1.7976931348623157e308, 1 + 2.0**-52, 1 - 2.0**-53],
              "expm1": [5e-324, 709.78, -37.5, 2.0**-54], "erf": [5e-324, 2.0**-1022],
-             "erfc": [26.5, 27.2, -0.0], "rsqrt": [5e-324, 1.7976931348623157e308]}
+             "erfc": [26.5, 27.2, -0.0], "rsqrt": [5e-324, 1.7976931348623157e308],
+             "sinpi": [1.7976931348623157e308, -2.0**53 - 2, 2.0**52 + 1, 5e-324],
+             "cospi": [1.7976931348623157e308, -2.0**53 - 2, 2.0**52 + 1, 5e-324]}
     for name, pts in cases.items():
         worst, where = max_ulp_error(name, np.array(pts, dtype=np.float64))
         assert worst <= BOUND_F64[name], (name, worst, where)

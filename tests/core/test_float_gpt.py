@@ -122,6 +122,17 @@ def adam_run(model, seed: int, text: np.ndarray, steps: int) -> list[float]:
     return losses
 
 
+@pytest.fixture
+def one_torch_thread():
+    """Tiny tensors gain nothing from threads, and on a shared machine they spin."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_torch_thread")
 def test_int8_training_tracks_float_training(gemm):
     """Same init, same batches, same Adam: the int8 loss curve follows the float one.
 

@@ -166,6 +166,7 @@ def test_bad_arguments_are_refused():
     _assert_raises(RngArgumentError, rng.bits64, (1,), 4, 2**64 - 3)
     _assert_raises(RngArgumentError, rng.uniform, (1,), (3, -1))
     _assert_raises(RngArgumentError, rng.normal, (1,), (2.5,))
+    _assert_raises(RngArgumentError, rng.uniform, (1,), None)
     _assert_raises(RngArgumentError, rng.randint, (1,), 3, 0)
     _assert_raises(RngArgumentError, rng.randint, (1,), 3, 2**63 + 1)
     _assert_raises(RngArgumentError, rng.permutation, (1,), -2)

@@ -257,3 +257,28 @@ def test_unjoined_and_rejoin_rules(server, peers) -> None:
     peer.send("leave")
     assert peer.expect("left")["peer"] == peer.id
     assert peer.is_closed()
+
+
+def test_a_lagging_peer_is_cut_off_instead_of_stalling_senders() -> None:
+    from server.config import ServerConfig
+    from server.signaling import Connection, SignalingState
+
+    class FakeSocket:
+        down = False
+
+        def setsockopt(self, *args) -> None:
+            pass
+
+        def shutdown(self, how: int) -> None:
+            self.down = True
+
+    class NeverWritten:  # nothing drains the queue, like a peer that stopped reading
+        sock = FakeSocket()
+
+    ws = NeverWritten()
+    conn = Connection(ws, SignalingState(ServerConfig(send_queue=8), rooms=None), "group")
+    for _ in range(8):
+        conn.deliver("frame")
+    assert not ws.sock.down
+    conn.deliver("one too many")  # returns at once instead of blocking the sender
+    assert ws.sock.down

@@ -67,4 +67,4 @@ def test_rangefile_reads_exact_ranges(shard_dir, range_server) -> None:
 def test_rangefile_refuses_a_server_without_ranges(shard_dir, range_server) -> None:
     plain = range_server(shard_dir, honor_range=False)
     with pytest.raises(RangeRequestError):
-        RangeFile(f"{plain.base}/000_00000.parquet").size
+        assert RangeFile(f"{plain.base}/000_00000.parquet").size

@@ -103,6 +103,11 @@ class Gemm:
         self.backend, self.gate_report = backend, gate_report
 
     @property
+    def units(self) -> Any:
+        """The verified units this GEMM was gated against (and counts into)."""
+        return self._units
+
+    @property
     def backend_name(self) -> str:
         return self.backend.name
 

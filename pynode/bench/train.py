@@ -1,0 +1,82 @@
+"""`python -m pynode bench train [--json]`: int8 GPT vs the plain-float task, one run.
+
+Each task trains the same config on the same data in its own fresh process (so peak
+memory is that task's alone); the report gives training tokens per second, the ratio
+int8 / float measured in this one run, peak resident memory and the final loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import subprocess
+import sys
+import time
+
+from pynode.config import RunConfig
+
+
+def measure(task: str, cfg: RunConfig, steps: int) -> dict:
+    """Train `steps` steps of `task` here; returns tokens/s (after one warm-up step)."""
+    from pynode.session import build_trainer
+
+    cfg = cfg.with_(task=task, steps=steps + 1)
+    trainer = build_trainer(cfg)
+
+    async def go() -> tuple[float, float]:
+        await trainer.step()  # warm-up: imports, first allocations
+        started = time.perf_counter()
+        loss = 0.0
+        for _ in range(steps):
+            loss = (await trainer.step()).loss
+        return time.perf_counter() - started, loss
+
+    seconds, loss = asyncio.run(go())
+    tokens = steps * cfg.microbatches * cfg.microbatch_size * cfg.seq
+    return {
+        "task": task,
+        "backend": getattr(trainer.gemm, "backend_name", "torch-float"),
+        "tokens_per_s": tokens / seconds,
+        "seconds_per_step": seconds / steps,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "final_loss": loss,
+    }
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pynode bench train")
+    parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per task")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one task here
+    parser.add_argument("--config", default="{}", help="RunConfig overrides as JSON")
+    args = parser.parse_args(argv)
+    cfg = RunConfig.from_dict(json.loads(args.config))
+    if args.one:
+        print(json.dumps(measure(args.one, cfg, args.steps)))
+        return 0
+    rows = {}
+    for task in ("gpt", "float"):
+        out = subprocess.run(
+            [sys.executable, "-m", "pynode", "bench", "train", "--one", task,
+             "--steps", str(args.steps), "--config", args.config],
+            check=True, capture_output=True, text=True,
+        ).stdout
+        rows[task] = json.loads(out.strip().splitlines()[-1])
+    ratio = rows["gpt"]["tokens_per_s"] / rows["float"]["tokens_per_s"]
+    for row in rows.values():
+        row["ratio_to_float"] = row["tokens_per_s"] / rows["float"]["tokens_per_s"]
+        row["config"] = json.loads(cfg.to_json())
+    if args.json:
+        for row in rows.values():
+            print(json.dumps(row, sort_keys=True))
+        return 0
+    print(f"config: {cfg.to_json()}")
+    print(f"{'task':<6} {'backend':<12} {'tokens/s':>10} {'s/step':>8} {'peak MiB':>9} {'loss':>7}")
+    for row in rows.values():
+        print(f"{row['task']:<6} {row['backend']:<12} {row['tokens_per_s']:>10.0f} "
+              f"{row['seconds_per_step']:>8.3f} {row['peak_rss_mib']:>9.0f} "
+              f"{row['final_loss']:>7.4f}")
+    print(f"int8 / float tokens per second: {ratio:.3f}")
+    return 0

@@ -1,0 +1,115 @@
+"""Config, client addresses, resume tokens, rate buckets and the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from server.__main__ import config_from_args, main, parse_args
+from server.addresses import address_group, client_address
+from server.config import ServerConfig, ServerConfigError
+from server.ratelimit import TokenBucket
+from server.tokens import SecretError, TokenSigner, load_secret
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_config_from_dict_coerces_and_refuses() -> None:
+    cfg = ServerConfig.from_dict({"port": 0, "data_dir": "state", "data_urls": "a.parquet"})
+    assert cfg.data_dir == Path("state") and cfg.data_urls == ("a.parquet",)
+    assert cfg.to_dict()["secret"] is None
+    assert ServerConfig(secret="s" * 20).to_dict()["secret"] == "<set>"
+    for bad in ({"prot": 1}, {"port": 70000}, {"rate_per_s": 0}, {"rate_burst": True},
+                {"max_frame_bytes": 10}, {"data_urls": []}, {"trust_proxy_header": " "}):
+        with pytest.raises(ServerConfigError):
+            ServerConfig.from_dict(bad)
+
+
+def test_cli_arguments_override_the_config_file(tmp_path: Path) -> None:
+    file = tmp_path / "server.json"
+    file.write_text(json.dumps({"port": 9000, "host": "0.0.0.0", "rate_per_s": 5}))
+    values = config_from_args(parse_args(["--config", str(file), "--port", "9100",
+                                          "--trust-proxy-header", "X-Forwarded-For"]))
+    assert values == {"port": 9100, "host": "0.0.0.0", "rate_per_s": 5,
+                      "trust_proxy_header": "X-Forwarded-For"}
+    assert main(["--port", "-5", "--data-dir", str(tmp_path)]) == 1
+
+
+def test_client_address_trusts_the_header_only_when_configured() -> None:
+    environ = {"REMOTE_ADDR": "10.0.0.1", "HTTP_X_FORWARDED_FOR": "6.6.6.6, 203.0.113.9"}
+    assert client_address(environ, None) == "10.0.0.1"
+    assert client_address(environ, "X-Forwarded-For") == "203.0.113.9"  # the proxy's entry
+    assert client_address(environ, "X-Forwarded-For", hops=2) == "6.6.6.6"
+    assert client_address({"REMOTE_ADDR": "10.0.0.1"}, "X-Forwarded-For") == "10.0.0.1"
+    bogus = {"REMOTE_ADDR": "10.0.0.1", "HTTP_X_REAL_IP": "not-an-ip"}
+    assert client_address(bogus, "X-Real-IP") == "10.0.0.1"
+
+
+def test_address_groups() -> None:
+    assert address_group("198.51.100.7") == "198.51.100.7"
+    assert address_group("2001:db8:1:2:aaaa::1") == address_group("2001:db8:1:2:bbbb::9")
+    assert address_group("2001:db8:1:2::1") != address_group("2001:db8:1:3::1")
+    assert address_group("::ffff:198.51.100.7") == "198.51.100.7"
+
+
+def test_tokens_round_trip_and_refuse_tampering_and_age() -> None:
+    now = [1000.0]
+    signer = TokenSigner(b"k" * 32, ttl_s=60, clock=lambda: now[0])
+    token = signer.issue("room", "peer1", True)
+    claim = signer.verify(token)
+    assert (claim.room, claim.peer, claim.host) == ("room", "peer1", True)
+    head, payload, mac = token.split(".")
+    forged = signer.issue("room", "peer2", True).split(".")[1]
+    for bad in (f"{head}.{forged}.{mac}", token[:-2], "v2" + token[2:], "junk", "a.b.c"):
+        assert signer.verify(bad) is None
+    now[0] += 61
+    assert signer.verify(token) is None
+    assert TokenSigner(b"x" * 32, 60).room_key_for_address("1.2.3.4") != \
+        signer.room_key_for_address("1.2.3.4")
+
+
+def test_secret_is_created_once_and_kept(tmp_path: Path) -> None:
+    first = load_secret(None, tmp_path / "state")
+    assert load_secret(None, tmp_path / "state") == first and len(first) == 32
+    assert os.stat(tmp_path / "state" / "signaling.key").st_mode & 0o077 == 0
+    assert load_secret("configured-secret-value", tmp_path) == b"configured-secret-value"
+    with pytest.raises(SecretError):
+        load_secret("short", tmp_path)
+    (tmp_path / "state" / "signaling.key").write_text("zz not hex")
+    with pytest.raises(SecretError):
+        load_secret(None, tmp_path / "state")
+
+
+def test_token_bucket_refills_at_its_rate() -> None:
+    now = [0.0]
+    bucket = TokenBucket(rate=2, burst=3, clock=lambda: now[0])
+    assert [bucket.take() for _ in range(4)] == [True, True, True, False]
+    now[0] += 0.5
+    assert bucket.take() and not bucket.take()
+    assert not bucket.take(10)  # more than the burst never passes
+    with pytest.raises(ValueError):
+        TokenBucket(0, 1)
+
+
+def test_python_m_server_serves(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", "0",
+         "--data-dir", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=tmp_path,
+    )
+    try:
+        line = proc.stdout.readline()
+        assert "DaisyChain server on http://127.0.0.1:" in line
+        url = line.split()[3]
+        with urllib.request.urlopen(url + "healthz", timeout=10) as response:
+            assert json.load(response)["ok"] is True
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
