@@ -3,7 +3,12 @@
 core/         pure numerics: units, detmath, rng, quantize, GEMM backends, layers, model, optimizer
 comm/         transports behind one collective interface: loopback, gloo, webrtc
 platform.py   the only place that asks "am I in a browser?"
-trainer.py    the one training loop
+config.py     RunConfig, what the leader broadcasts
+tasks/        what a run trains (gpt, mlp, float, or module:Class)
+trainer.py    the one training loop;  session.py  how a peer is put together
+group.py      what every member of a group runs;  cli_*.py  the commands
+float_gpt.py  the plain-float torch twin of the GPT (native only)
+unitfiles.py  reads the shipped unit weights;  corpus.py  the built-in corpus
 __main__.py   the CLI (train, verify, bench, cluster, join)
 """
 

@@ -28,6 +28,7 @@ class RunConfig:
     weight_decay: float = 0.0    # decoupled (AdamW) weight decay
     clip: float = 1.0            # global gradient-norm clip; 0 disables
     frac_bits: int = 32          # F of the int64 fixed-point gradient format
+    data: str = "builtin"        # "builtin" corpus, or a DaisyChain server URL serving /data
 
     def __post_init__(self) -> None:
         positive = ("steps", "width", "layers", "heads", "seq", "microbatch_size", "microbatches")
@@ -40,6 +41,8 @@ class RunConfig:
             raise ConfigError(f"heads ({self.heads}) must divide width ({self.width})")
         if not 0 < self.lr < 1:
             raise ConfigError(f"lr must be in (0, 1), got {self.lr}")
+        if self.data != "builtin" and not self.data.startswith(("http://", "https://")):
+            raise ConfigError(f"data must be 'builtin' or an http(s) server URL, got {self.data!r}")
         if not 16 <= self.frac_bits <= 40:
             raise ConfigError(f"frac_bits must be in 16..40, got {self.frac_bits}")
 

@@ -45,3 +45,15 @@ def has_torch() -> bool:
     except ImportError:
         return False
     return True
+
+
+def http_get_text(url: str, timeout: float = 30.0) -> str:
+    """GET `url` and return its body as text (blocking: a worker thread in the page)."""
+    if IN_PYODIDE:
+        from pyodide.http import open_url
+
+        return open_url(url).getvalue()
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return response.read().decode("utf-8")

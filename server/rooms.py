@@ -109,7 +109,7 @@ class Rooms:
         self._check_capacity(room, peer_id)
         if room.host_id not in room.members or room.host_id == peer_id:
             room.host_id = peer_id
-        self._admit(room, Member(peer_id, link, approved=True, resumed=claim is not None))
+        self._admit(room, Member(peer_id, link, approved=True))
         return peer_id
 
     def _enter_private(self, room: Room, link: PeerLink, claim: ResumeClaim | None) -> str:

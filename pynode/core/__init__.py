@@ -6,4 +6,9 @@ detmath.py    exp/log/tanh/erf/rsqrt from IEEE basic ops; pinned float reduction
 rng.py        counter-based RNG (uint64 ops only)
 quant.py      float32 <-> int8 with block scales (round-to-nearest, stochastic)
 gemm/         exact int8 GEMM backends, their gates and the live audit
+layers.py     int8 layers with explicit forward/backward (embedding, RMSNorm, attention, MLP)
+gpt.py        the byte-level GPT;  mlp.py  a small classifier for fast tests
+fixedpoint.py int64 fixed-point gradients;  optim.py  deterministic AdamW + LR schedule
+statehash.py  canonical sha256 of a state;  checkpoint.py  .pt files without torch
+plan.py       capacity-weighted microbatch assignment;  probe.py  the kernel probe
 """

@@ -8,7 +8,7 @@ import numpy as np
 
 from pynode.config import RunConfig
 from pynode.core.gpt import GPT, GPTConfig
-from pynode.corpus import builtin_corpus, byte_windows
+from pynode.datasource import microbatch_bytes
 
 
 class GPTTask:
@@ -19,9 +19,7 @@ class GPTTask:
 
     def sample(self, cfg: RunConfig, step: int, index: int) -> np.ndarray:
         # (B, T+1) int32: inputs are [:, :-1], targets [:, 1:]
-        return byte_windows(
-            builtin_corpus(), cfg.seed, step, index, cfg.microbatch_size, cfg.seq + 1
-        )
+        return microbatch_bytes(cfg.data, cfg.seed, step, index, cfg.microbatch_size, cfg.seq + 1)
 
     def loss(self, model: GPT, params, batch, key):
         return model.loss_and_grads(params, batch, key)

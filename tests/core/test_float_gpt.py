@@ -25,9 +25,8 @@ def windows(seed: int, batch: int, length: int) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def gemm():
-    from pynode.unitfiles import load_default_units
-
     from pynode.core.gemm import select_gemm
+    from pynode.unitfiles import load_default_units
 
     return select_gemm(load_default_units())
 

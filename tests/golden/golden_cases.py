@@ -204,7 +204,8 @@ def build_gemm(w) -> None:
     def int8(*shape: int) -> np.ndarray:
         return g.integers(-128, 128, size=shape, dtype=np.int64).astype(np.int8)
 
-    shapes = [(1, 1, 1), (3, 5, 7), (17, 257, 13), (64, 1024, 48), (5, 4096, 3)]
+    # K around the float backend's 1024-wide chunks, and one well past them
+    shapes = [(1, 1, 1), (3, 5, 7), (17, 257, 13), (24, 1024, 20), (9, 1025, 5), (5, 4096, 3)]
     for m, k, n in shapes:
         a, b = int8(m, k), int8(k, n)
         w.add("gemm", f"matmul.{m}x{k}x{n}", "gemm:matmul", a, b, expect=[_product(a, b)])

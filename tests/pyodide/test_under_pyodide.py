@@ -83,3 +83,30 @@ def test_runner_reports_failures_and_skips(runtime, bundle):
     assert proc.returncode == 1
     assert proc.stdout.splitlines()[-1] == "1 passed, 2 failed, 1 skipped"
     assert "deliberate failure" in proc.stdout
+
+
+def test_training_steps_match_native_under_pyodide(runtime, bundle):
+    """The same 3-step run gives the same per-step hashes natively and on wasm."""
+    import asyncio
+
+    from pynode.config import RunConfig
+    from pynode.session import build_trainer
+
+    cfg = RunConfig(steps=3, seed=1, width=32, layers=1, heads=2, seq=16, microbatch_size=2,
+                    microbatches=3)
+    trainer = build_trainer(cfg)
+
+    async def three() -> list[str]:
+        return [(await trainer.step()).hash for _ in range(3)]
+
+    hashes = asyncio.run(three())
+    expected = REPO / "artifacts" / "pyodide_trainer_expected.json"
+    expected.parent.mkdir(exist_ok=True)
+    expected.write_text(json.dumps({"config": json.loads(cfg.to_json()), "hashes": hashes,
+                                    "wasm_backend": "numpy_int"}))
+    proc, report = run_in_pyodide(runtime, bundle, ["tests/pyodide/trainer_cases.py"],
+                                  ["artifacts/pyodide_trainer_expected.json"])
+    assert report is not None, f"runner gave no results (rc {proc.returncode}):\n{proc.stderr}"
+    failed = [r for r in report["results"] if r["status"] != "passed"]
+    assert not failed, "\n".join(r["detail"] for r in failed)
+    assert report["passed"] == 1

@@ -173,11 +173,12 @@ class _RangeHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Accept-Ranges", "bytes")
         self.end_headers()
+        # Counted before writing: the client may act on the body before this thread resumes.
+        self.owner.count(len(body), header)
         try:
             self.wfile.write(body)
         except OSError:
             pass
-        self.owner.count(len(body), header)
 
 
 def _parse_range(header: str | None, size: int) -> tuple[int, int] | None:

@@ -1,0 +1,490 @@
+"""The webrtc transport: a Collective over a mesh of peers named by id (pynode.comm.mesh).
+
+In the page the mesh is WebRTC data channels (the JS bridge fragments and reassembles
+messages); in tests it is `MemoryNetwork`. `MeshCollective` runs the collectives over it:
+
+allreduce_int64   reduce-scatter + all-gather: member i owns chunk i of the vector, sums it
+                  and sends the sum to everyone. Between the phases the leader (rank 0)
+                  commits who contributed, so every member returns the same sum. Each member
+                  sends 2 (n-1)/n of the vector, like a ring, in 4 message delays, not 2 (n-1).
+broadcast, allgather, barrier   a star through the leader (small payloads), combined by star.py.
+
+A member that vanishes (its channel closes, it says BYE, or it misses the deadline) is
+dropped: an all-reduce is retried over the survivors and `contributors` names them; the
+trainer re-plans the lost microbatches. Ranks are stable: rank r is peer `ranks[r]`, and a
+peer admitted later (`admit`) gets the next rank. Losing the leader ends the group.
+
+Frame (little-endian, 25 bytes): tag b"C", version u8, op u8, status u8, attempt u8,
+group u32, seq u32, chunk u32, arg i64; then the payload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import struct
+from collections.abc import Sequence
+from enum import IntEnum
+from typing import Any
+
+import numpy as np
+
+from pynode.comm import star
+from pynode.comm.base import (
+    Collective,
+    CollectiveUsageError,
+    CommError,
+    PeerLost,
+    ReduceResult,
+    check_bytes,
+    check_contribution,
+    check_rank,
+    check_timeout,
+    refusal_code,
+    refusal_error,
+)
+from pynode.comm.mesh import Mesh
+from pynode.comm.wire import Frame, Kind, pack_result, unpack_result
+from pynode.core.errors import DaisyError, ShapeError
+
+log = logging.getLogger(__name__)
+
+TAG = b"C"
+VERSION = 1
+HEADER = struct.Struct("<cBBBBIIIq")
+GRACE_S = 1.0  # slack on top of `timeout` for the leader's round trip
+_INT64 = np.dtype("<i8")
+
+
+class Op(IntEnum):
+    PART = 1  # member -> owner: its slice of the owner's chunk (arg: vector length)
+    HAVE = 2  # owner -> leader: JSON of whose slices arrived
+    DECIDE = 3  # leader -> members: JSON commit / retry / error, members and ranks
+    SUM = 4  # owner -> members: the reduced chunk
+    STAR = 5  # member -> leader: a star collective's frame (chunk: wire Kind, arg: root)
+    RESULT = 6  # leader -> member: star result (pack_result of meta, blob)
+    BYE = 7  # leaving the group
+
+
+# --------------------------------------------------------------------------- collective
+class _Msg:
+    __slots__ = ("status", "arg", "payload", "chunk")
+
+    def __init__(self, status: int, arg: int, payload: memoryview, chunk: int = 0) -> None:
+        self.status, self.arg, self.payload, self.chunk = status, arg, payload, chunk
+
+
+class MeshCollective(Collective):
+    """One member of a group over a mesh. Build it with `connect`."""
+
+    name = "webrtc"
+
+    def __init__(
+        self, mesh: Mesh, ranks: Sequence[str], group: int,
+        members: Sequence[int] | None = None, seq: int = 0,
+    ) -> None:
+        if mesh.self_id not in ranks or len(set(ranks)) != len(ranks):
+            raise CollectiveUsageError(f"ranks {list(ranks)} must hold {mesh.self_id} once")
+        self.mesh = mesh
+        self.group = group & 0xFFFFFFFF
+        self._ranks = list(ranks)
+        self._members = tuple(sorted(range(len(ranks)) if members is None else members))
+        self._joining: list[int] = []
+        self._seq = seq
+        self._done_below = seq  # frames of earlier collectives are stale
+        self._inbox: dict[tuple[int, int, int, int], dict[str, _Msg]] = {}
+        self._gone: set[str] = set()
+        self._changed = asyncio.Condition()
+        self._lock = asyncio.Lock()
+        self._broken: CommError | None = None
+        self.bytes_sent = 0
+        self._pump = asyncio.ensure_future(self._read())
+
+    # ----------------------------------------------------------------- membership
+    @property
+    def rank(self) -> int:  # type: ignore[override]
+        return self._ranks.index(self.mesh.self_id)
+
+    @property
+    def world_size(self) -> int:  # type: ignore[override]
+        return len(self._ranks)
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        return self._members
+
+    @property
+    def ranks(self) -> tuple[str, ...]:
+        """Peer id of every rank ever admitted (rank r is `ranks[r]`)."""
+        return tuple(self._ranks)
+
+    @property
+    def seq(self) -> int:
+        """Number of the next collective (a joiner starts here)."""
+        return self._seq
+
+    def member_ids(self) -> list[str]:
+        return [self._ranks[r] for r in self._members]
+
+    def admit(self, peer_id: str) -> int:
+        """Leader only: `peer_id` becomes a member after the next collective; returns its rank.
+
+        The joiner must then `connect` with `ranks`, `members` and `seq` as they are after
+        that collective (the leader sends them; see pynode.browser).
+        """
+        if self.rank != 0:
+            raise CollectiveUsageError("only the leader (rank 0) admits peers")
+        if peer_id in self._ranks:
+            raise CollectiveUsageError(f"peer {peer_id} already has a rank")
+        self._ranks.append(peer_id)
+        self._joining.append(len(self._ranks) - 1)
+        return len(self._ranks) - 1
+
+    # ----------------------------------------------------------------- the mailbox
+    async def _read(self) -> None:
+        while True:
+            peer, data = await self.mesh.recv()
+            if data is None:
+                await self._mark_gone(peer)
+                continue
+            try:
+                tag, version, op, status, attempt, group, seq, chunk, arg = HEADER.unpack_from(data)
+            except struct.error:
+                log.warning("webrtc: short frame from %s dropped", peer)
+                continue
+            if tag != TAG or version != VERSION or group != self.group:
+                continue  # another group's (an earlier run's) frame
+            if seq < self._done_below and op != Op.BYE:
+                continue
+            if op == Op.BYE:
+                await self._mark_gone(peer)
+                continue
+            # A star frame's chunk is its collective kind, checked by star.combine.
+            key = (seq, attempt, op, 0 if op in (Op.STAR, Op.RESULT) else chunk)
+            box = self._inbox.setdefault(key, {})
+            box[peer] = _Msg(status, arg, memoryview(data)[HEADER.size:], chunk)
+            async with self._changed:
+                self._changed.notify_all()
+
+    async def _mark_gone(self, peer: str) -> None:
+        self._gone.add(peer)
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def _collect(
+        self, key: tuple[int, int, int, int], senders: Sequence[str], until: float
+    ) -> dict[str, _Msg]:
+        """Messages `key` of `senders`, waiting until each arrived, is gone, or `until`."""
+        loop = asyncio.get_running_loop()
+        async with self._changed:
+            while True:
+                box = self._inbox.get(key, {})
+                waiting = [p for p in senders if p not in box and p not in self._gone]
+                left = until - loop.time()
+                if not waiting or left <= 0:
+                    break
+                try:
+                    await asyncio.wait_for(self._changed.wait(), left)
+                except asyncio.TimeoutError:
+                    pass
+        box = self._inbox.get(key, {})
+        return {p: box[p] for p in senders if p in box}
+
+    def _send(self, peer: str, op: Op, seq: int, payload: bytes | memoryview = b"",
+              *, status: int = 0, attempt: int = 0, chunk: int = 0, arg: int = 0) -> None:
+        head = HEADER.pack(TAG, VERSION, op, status, attempt, self.group, seq & 0xFFFFFFFF,
+                           chunk, arg)
+        data = head + bytes(payload) if payload else head
+        self.bytes_sent += len(data)
+        self.mesh.send(peer, data)
+
+    def _post_local(self, key: tuple[int, int, int, int], status: int, arg: int,
+                    payload: bytes) -> None:
+        self._inbox.setdefault(key, {})[self.mesh.self_id] = _Msg(status, arg, memoryview(payload))
+
+    # ----------------------------------------------------------------- collectives
+    async def allreduce_int64(self, x: np.ndarray, *, timeout: float) -> ReduceResult:
+        timeout = check_timeout(timeout)
+        try:
+            vec: np.ndarray | DaisyError = check_contribution(x, self.world_size).astype(_INT64)
+        except DaisyError as exc:
+            vec = exc
+        async with self._lock:
+            seq = self._begin()
+            try:
+                return await self._allreduce(seq, vec, timeout)
+            finally:
+                self._forget(seq)
+
+    async def broadcast_bytes(self, data: bytes | None, *, root: int = 0, timeout: float) -> bytes:
+        timeout = check_timeout(timeout)
+        root = check_rank(root, self.world_size, "root")
+        payload: bytes | DaisyError = b""
+        if self.rank == root:
+            try:
+                payload = check_bytes(data, "broadcast_bytes at the root")
+            except DaisyError as exc:
+                payload = exc
+        return await self._star(Kind.BROADCAST, root, payload, timeout)
+
+    async def allgather_bytes(self, data: bytes, *, timeout: float) -> list[bytes | None]:
+        timeout = check_timeout(timeout)
+        try:
+            payload: bytes | DaisyError = check_bytes(data, "allgather_bytes")
+        except DaisyError as exc:
+            payload = exc
+        return await self._star(Kind.ALLGATHER, 0, payload, timeout)
+
+    async def barrier(self, *, timeout: float) -> None:
+        await self._star(Kind.BARRIER, 0, b"", check_timeout(timeout))
+
+    async def close(self) -> None:
+        if self._broken is None:
+            self._broken = CommError(f"rank {self.rank}: this collective is closed")
+        self._say_bye()
+
+    def _say_bye(self) -> None:
+        for peer in set(self._ranks) - self._gone - {self.mesh.self_id}:
+            self._send(peer, Op.BYE, self._seq)
+        self._gone.update(self._ranks)
+        self._gone.discard(self.mesh.self_id)
+        self._pump.cancel()
+
+    def _begin(self) -> int:
+        if self._broken is not None:
+            raise self._broken
+        if self.rank not in self._members:
+            raise self._break(PeerLost([self.rank], f"rank {self.rank} is no longer a member"))
+        seq = self._seq
+        self._seq += 1
+        return seq
+
+    def _forget(self, seq: int) -> None:
+        self._done_below = max(self._done_below, seq + 1)
+        for key in [k for k in self._inbox if k[0] <= seq]:
+            del self._inbox[key]
+
+    def _break(self, exc: CommError) -> CommError:
+        """This member cannot go on: tell the others, and raise `exc` from every later call."""
+        self._broken = exc
+        self._say_bye()
+        return exc
+
+    def _adopt(self, meta: dict[str, Any]) -> None:
+        """Take the leader's view of the group (ranks only grow) from a result."""
+        self._ranks = [str(r) for r in meta.get("ranks", self._ranks)]
+        self._members = tuple(int(r) for r in meta["members"])
+
+    def _deadline(self, timeout: float, rounds: int) -> float:
+        return asyncio.get_running_loop().time() + rounds * timeout + (rounds - 1) * GRACE_S
+
+    def _lost_leader(self, what: str) -> CommError:
+        return self._break(PeerLost([0], f"lost the leader ({self._ranks[0]}) {what}"))
+
+    # ----------------------------------------------------------------- all-reduce
+    async def _allreduce(
+        self, seq: int, vec: np.ndarray | DaisyError, timeout: float
+    ) -> ReduceResult:
+        members, attempt = self._members, 0
+        while True:
+            if 0 not in members:
+                raise self._lost_leader("before the all-reduce")
+            decision, parts = await self._reduce_round(seq, attempt, members, vec, timeout)
+            self._adopt(decision)
+            if decision.get("status"):
+                raise refusal_error(decision["status"], decision.get("error", ""))
+            if self.rank not in self._members:
+                raise self._break(PeerLost([self.rank], f"the leader dropped rank {self.rank}"))
+            if decision["commit"]:
+                total = await self._gather_sums(seq, attempt, members, parts, timeout)
+                return ReduceResult(total, tuple(members))
+            members, attempt = self._members, attempt + 1
+            if attempt > 255:
+                raise self._break(CommError("all-reduce did not settle in 255 attempts"))
+
+    async def _reduce_round(
+        self, seq: int, attempt: int, members: tuple[int, ...],
+        vec: np.ndarray | DaisyError, timeout: float,
+    ) -> tuple[dict[str, Any], dict[str, _Msg]]:
+        """Scatter slices to owners, collect the own chunk's, and get the leader's decision."""
+        ids = [self._ranks[r] for r in members]
+        me = members.index(self.rank)
+        length = 0 if isinstance(vec, DaisyError) else vec.shape[0]
+        bounds = chunk_bounds(length, len(members))
+        for j, owner in enumerate(ids):
+            if isinstance(vec, DaisyError):
+                status, payload = refusal_code(vec), str(vec).encode()
+            else:
+                status, payload = 0, vec[bounds[j] : bounds[j + 1]].tobytes()
+            if owner == self.mesh.self_id:
+                self._post_local((seq, attempt, Op.PART, j), status, length, payload)
+            else:
+                self._send(owner, Op.PART, seq, payload, status=status, attempt=attempt,
+                           chunk=j, arg=length)
+        parts = await self._collect((seq, attempt, Op.PART, me), ids, self._deadline(timeout, 1))
+        have = {
+            "got": sorted(self._ranks.index(p) for p in parts),
+            "refused": [[self._ranks.index(p), m.status, bytes(m.payload).decode(errors="replace")]
+                        for p, m in parts.items() if m.status],
+            "lengths": sorted({m.arg for m in parts.values() if not m.status}),
+        }
+        if self.rank == 0:
+            return await self._decide(seq, attempt, members, have, timeout), parts
+        self._send(ids[0], Op.HAVE, seq, json.dumps(have).encode(), attempt=attempt)
+        got = await self._collect((seq, attempt, Op.DECIDE, 0), [ids[0]],
+                                  self._deadline(timeout, 3))
+        if ids[0] not in got:
+            raise self._lost_leader(f"during all-reduce #{seq}")
+        return json.loads(bytes(got[ids[0]].payload)), parts
+
+    async def _decide(
+        self, seq: int, attempt: int, members: tuple[int, ...], own: dict[str, Any],
+        timeout: float,
+    ) -> dict[str, Any]:
+        ids = [self._ranks[r] for r in members]
+        reports = {0: own}
+        haves = await self._collect((seq, attempt, Op.HAVE, 0), ids[1:], self._deadline(timeout, 2))
+        for p, m in haves.items():
+            reports[members.index(self._ranks.index(p))] = json.loads(bytes(m.payload))
+        missing = {members[j] for j in range(len(members)) if j not in reports}
+        for report in reports.values():
+            missing |= set(members) - set(report["got"])
+        decision: dict[str, Any] = {"commit": False, "status": 0}
+        refused = sorted(r for report in reports.values() for r in report["refused"])
+        lengths = sorted({n for report in reports.values() for n in report["lengths"]})
+        if refused:
+            rank, code, message = refused[0]
+            decision.update(status=code, error=f"rank {rank}: {message}")
+        elif len(lengths) > 1:
+            decision.update(status=refusal_code(ShapeError("")),
+                            error=f"allreduce_int64 lengths differ between ranks: {lengths}")
+        elif not missing:
+            decision["commit"] = True
+        survivors = [r for r in members if r not in missing]
+        if missing:
+            log.warning("all-reduce #%d: dropping rank(s) %s", seq, sorted(missing))
+        if decision["commit"] or decision["status"]:
+            survivors += self._joining
+            self._joining = []
+        decision.update(members=sorted(survivors), ranks=self._ranks)
+        blob = json.dumps(decision).encode()
+        for peer in ids[1:]:
+            self._send(peer, Op.DECIDE, seq, blob, attempt=attempt)
+        return decision
+
+    async def _gather_sums(
+        self, seq: int, attempt: int, members: tuple[int, ...], parts: dict[str, _Msg],
+        timeout: float,
+    ) -> np.ndarray:
+        """Sum the own chunk (the leader committed every member's slice), exchange the sums."""
+        ids = [self._ranks[r] for r in members]
+        me = members.index(self.rank)
+        length = next(iter(parts.values())).arg
+        bounds = chunk_bounds(length, len(members))
+        total = np.empty(length, _INT64)  # (n,) int64
+        mine = total[bounds[me] : bounds[me + 1]]
+        mine[:] = 0
+        for msg in parts.values():
+            mine += np.frombuffer(msg.payload, _INT64)  # every member passed check_headroom
+        payload = mine.tobytes()
+        for peer in ids:
+            if peer != self.mesh.self_id:
+                self._send(peer, Op.SUM, seq, payload, attempt=attempt, chunk=me)
+        others = [p for p in ids if p != self.mesh.self_id]
+        sums = await self._collect_sums(seq, attempt, ids, others, timeout)
+        missing = [members[j] for j, p in enumerate(ids) if p in others and p not in sums]
+        if missing:
+            raise self._break(PeerLost(missing, f"rank(s) {missing} left before sending their "
+                                                f"reduced chunk of all-reduce #{seq}"))
+        for j, peer in enumerate(ids):
+            if peer in sums:
+                total[bounds[j] : bounds[j + 1]] = np.frombuffer(sums[peer], _INT64)
+        return total.astype(np.int64, copy=False)
+
+    async def _collect_sums(self, seq: int, attempt: int, ids: list[str], others: list[str],
+                            timeout: float) -> dict[str, memoryview]:
+        until = self._deadline(timeout, 1)
+        out: dict[str, memoryview] = {}
+        for j, peer in enumerate(ids):
+            if peer in others:
+                got = await self._collect((seq, attempt, Op.SUM, j), [peer], until)
+                if peer in got:
+                    out[peer] = got[peer].payload
+        return out
+
+    # ----------------------------------------------------------------- star collectives
+    async def _star(
+        self, kind: Kind, root: int, payload: bytes | DaisyError, timeout: float
+    ) -> Any:
+        async with self._lock:
+            seq = self._begin()
+            try:
+                if 0 not in self._members:
+                    raise self._lost_leader(f"before {kind.name.lower()}")
+                if isinstance(payload, DaisyError):
+                    own = star.refusal_frame(kind, seq, self.rank, payload, root)
+                else:
+                    own = Frame(kind, 0, seq, self.rank, root, payload)
+                if self.rank == 0:
+                    status, meta, blob = await self._hub(own, timeout)
+                else:
+                    status, meta, blob = await self._spoke(own, timeout)
+                self._adopt(meta)
+                if self.rank not in self._members and not status:
+                    raise self._break(PeerLost([self.rank], f"the leader dropped rank {self.rank}"))
+                return star.decode(kind, status, meta, blob)
+            finally:
+                self._forget(seq)
+
+    async def _spoke(self, own: Frame, timeout: float) -> tuple[int, dict[str, Any], bytes]:
+        leader = self._ranks[0]
+        self._send(leader, Op.STAR, own.seq, own.payload, status=own.status, chunk=own.kind,
+                   arg=own.arg)
+        got = await self._collect((own.seq, 0, Op.RESULT, 0), [leader],
+                                  self._deadline(timeout, 2))
+        if leader not in got:
+            raise self._lost_leader(f"during {own.kind.name.lower()} #{own.seq}")
+        meta, blob = unpack_result(bytes(got[leader].payload))
+        return got[leader].status, meta, blob
+
+    async def _hub(self, own: Frame, timeout: float) -> tuple[int, dict[str, Any], bytes]:
+        ids = {self._ranks[r]: r for r in self._members if r != 0}
+        got = await self._collect((own.seq, 0, Op.STAR, 0), list(ids), self._deadline(timeout, 1))
+        frames = {0: own}
+        for peer, msg in got.items():
+            r = ids[peer]
+            kind = Kind(msg.chunk) if msg.chunk in iter(Kind) else Kind.BYE
+            frames[r] = Frame(kind, msg.status, own.seq, r, msg.arg, bytes(msg.payload))
+        lost = sorted(r for p, r in ids.items() if p not in got)
+        if lost:
+            log.warning("%s #%d: dropping rank(s) %s", own.kind.name.lower(), own.seq, lost)
+        members = tuple(sorted(frames))
+        status, meta, blob = star.combine(own, frames, members, self.world_size)
+        meta["members"] = sorted([*members, *self._joining])
+        meta["ranks"] = self._ranks
+        self._joining = []
+        result = pack_result(meta, blob)
+        for peer in ids:
+            self._send(peer, Op.RESULT, own.seq, result, status=status, chunk=own.kind)
+        return status, meta, blob
+
+
+def chunk_bounds(length: int, parts: int) -> list[int]:
+    """Start of each of `parts` near-equal chunks of `length` items, then `length`."""
+    return [j * length // parts for j in range(parts + 1)]
+
+
+async def connect(
+    mesh: Mesh, ranks: Sequence[str], *, group: int,
+    members: Sequence[int] | None = None, seq: int = 0,
+) -> MeshCollective:
+    """A member of the group `group` over `mesh`; rank r is peer `ranks[r]`, rank 0 leads.
+
+    Founders pass the same `ranks` (and default `members`, `seq`); a peer admitted later
+    passes what the leader sent it. Every member's messages are tagged with `group`, so a
+    frame of an earlier group on the same mesh is ignored.
+    """
+    if not isinstance(group, int) or not 0 <= group < 2**32:
+        raise CollectiveUsageError(f"group must be a u32, got {group!r}")
+    return MeshCollective(mesh, ranks, group, members, seq)

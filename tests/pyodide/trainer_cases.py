@@ -1,0 +1,28 @@
+"""Runs inside Pyodide (see test_under_pyodide.py): a short training run must give, step by
+step, the state hashes that the native run of the same config wrote to the expectation file.
+"""
+
+import json
+from pathlib import Path
+
+from pynode.config import RunConfig
+from pynode.session import build_trainer
+
+EXPECTED = Path(__file__).resolve().parents[2] / "artifacts" / "pyodide_trainer_expected.json"
+
+
+def run_to_completion(coroutine):
+    """Drive a coroutine that never waits on I/O (one peer, no collective) to its result."""
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return done.value
+    raise AssertionError("the single-peer step awaited something; it must not")
+
+
+def test_three_steps_match_native_hashes():
+    expected = json.loads(EXPECTED.read_text())
+    trainer = build_trainer(RunConfig.from_dict(expected["config"]))
+    got = [run_to_completion(trainer.step()).hash for _ in expected["hashes"]]
+    assert got == expected["hashes"], f"wasm hashes {got} != native {expected['hashes']}"
+    assert trainer.gemm.backend_name == expected["wasm_backend"]
