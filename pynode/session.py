@@ -26,10 +26,12 @@ VOCAB_TASKS = {"gpt": 256, "float": 256}
 
 def load_units_and_gemm(backend: str | None = None) -> tuple[Any, Any]:
     """Verified units (full-domain check) and the best gated GEMM backend (or `backend`)."""
+    from pynode.core.detmath import check_float_environment
     from pynode.core.gemm import select_gemm
     from pynode.unitfiles import load_default_units
     from pynode.verify import backend_order
 
+    check_float_environment()
     units = load_default_units()
     return units, select_gemm(units, prefer=backend, order=backend_order())
 

@@ -29,7 +29,17 @@ def run_checks() -> list[CheckRow]:
     from pynode.core.units import certify_luts
     from pynode.unitfiles import load_default_units
 
+    from pynode.core.detmath import check_float_environment
+
     rows: list[CheckRow] = []
+    started = time.perf_counter()
+    try:
+        check_float_environment()
+        env_result = "pass"
+    except DaisyError as exc:
+        env_result = f"FAIL: {exc}"
+    rows.append(CheckRow("IEEE-754 environment", "rounding, subnormals", env_result, "-",
+                         time.perf_counter() - started))
     started = time.perf_counter()
     try:
         units = load_default_units()

@@ -33,7 +33,9 @@ class Mesh(ABC):
 
     @abstractmethod
     async def recv(self) -> tuple[str, bytes | None]:
-        """The next (peer, message); message None means `peer` is gone for good."""
+        """The next (peer, message). Two events are not messages (every message starts with
+        its channel's tag byte, so neither is ambiguous): b"" when `peer` became reachable,
+        None when it is gone for good."""
 
 
 class MemoryNetwork:
@@ -44,6 +46,9 @@ class MemoryNetwork:
 
     def join(self, peer_id: str) -> MemoryMesh:
         end = MemoryMesh(self, peer_id)
+        for other in self.ends.values():
+            other.inbox.put_nowait((peer_id, b""))
+            end.inbox.put_nowait((other.self_id, b""))
         self.ends[peer_id] = end
         return end
 
@@ -106,9 +111,9 @@ class MeshRouter:
     async def _pump(self) -> None:
         while True:
             peer, data = await self.mesh.recv()
-            if data is None:
+            if not data:  # reachable / gone: every channel hears it
                 for chan in self._channels.values():
-                    chan.inbox.put_nowait((peer, None))
+                    chan.inbox.put_nowait((peer, data))
                 continue
             chan = self._channels.get(bytes(data[:1]))
             if chan is None:

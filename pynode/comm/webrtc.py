@@ -148,6 +148,8 @@ class MeshCollective(Collective):
             if data is None:
                 await self._mark_gone(peer)
                 continue
+            if not data:
+                continue  # reachable: nothing to do for a group formed already
             try:
                 tag, version, op, status, attempt, group, seq, chunk, arg = HEADER.unpack_from(data)
             except struct.error:

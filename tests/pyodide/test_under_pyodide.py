@@ -20,7 +20,11 @@ from server.runtime import RuntimeMissingError, runtime_dir
 REPO = Path(__file__).resolve().parents[2]
 RUNNER = REPO / "tests" / "pyodide" / "run_tests.mjs"
 # Modules whose tests are plain functions (see harness.py) and must pass on wasm too.
-PYODIDE_MODULES = ["tests/core/test_golden.py"]
+PYODIDE_MODULES = [
+    "tests/core/test_golden.py",
+    "tests/core/test_detmath.py",
+    "tests/core/test_rng.py",
+]
 PYODIDE_DATA = ["tests/golden/golden_v1.npz"]
 
 

@@ -1,0 +1,329 @@
+"""Training runs in a room of peers joined by a mesh: start, membership, late joiners.
+
+Whoever starts a run leads it (rank 0): it proposes the config to every ready peer, fixes
+the ranks from those that accept, and admits late joiners between steps, sending each the
+state of the step just finished as a checkpoint (weights, optimizer state, step; the data
+cursor is the step) that the joiner validates and checks against the agreed hash. From
+then on every member runs the same loop: the leader's control broadcast, then one
+`Trainer.step()`, whose hash and probe check stops any peer that forks.
+
+Messages on channel b"R": tag, u32 length, JSON header, then an optional blob.
+
+    hello   {state, run}            on every new channel and on each change; `run` is
+                                    {id, leader, step, steps} or null
+    propose {run, config}           leader -> ready idle peers
+    accept / refuse {run, reason}   -> leader
+    go      {run, config, ranks, group}   leader -> accepted peers: train
+    cancel  {run}                   leader -> accepted peers left out
+    join    {run, open}             idle ready peer -> leader (`open`: peers it reaches)
+    sync    {run, config, ranks, members, seq, group, hash, capacities} + checkpoint
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pynode.comm import webrtc
+from pynode.comm.base import PeerLost
+from pynode.comm.mesh import Mesh, MeshRouter
+from pynode.config import ConfigError, RunConfig
+from pynode.core import checkpoint
+from pynode.core.errors import DaisyError
+from pynode.trainer import ForkError, StepResult, Trainer
+
+log = logging.getLogger(__name__)
+
+TAG = b"R"
+_LEN = struct.Struct("<I")
+PROPOSE_WAIT_S = 5.0  # how long the leader waits for answers to a proposal
+PENDING_S = 15.0  # a peer that accepted waits this long for `go` before it is free again
+
+# make_trainer(cfg, collective, resume checkpoint or None) -> Trainer
+TrainerFactory = Callable[[RunConfig, Any, "checkpoint.CheckpointState | None"], Trainer]
+# report(kind, fields): "run", "step", "done", "failed", "event" (see RoomPeer)
+Reporter = Callable[[str, dict], None]
+
+
+class RoomError(DaisyError):
+    """A room action that cannot be done now (a run is going, no peer is ready, ...)."""
+
+
+def encode(kind: str, blob: bytes = b"", **fields: Any) -> bytes:
+    head = json.dumps({"t": kind, **fields}, separators=(",", ":")).encode()
+    return TAG + _LEN.pack(len(head)) + head + blob
+
+
+def decode(data: bytes) -> tuple[dict[str, Any], bytes]:
+    (n,) = _LEN.unpack_from(data, 1)
+    head = json.loads(bytes(data[1 + _LEN.size : 1 + _LEN.size + n]))
+    if not isinstance(head, dict) or not isinstance(head.get("t"), str):
+        raise ValueError("a run message needs a JSON object with a type")
+    return head, bytes(data[1 + _LEN.size + n :])
+
+
+@dataclass
+class Run:
+    id: str
+    leader: str
+    cfg: RunConfig
+    trainer: Trainer
+    coll: webrtc.MeshCollective
+    joins: dict[str, set[str]] = field(default_factory=dict)  # leader: joiner -> peers it reaches
+
+
+class RoomPeer:
+    """This peer's part in the room's runs. `serve()` once; then `start` to lead a run.
+
+    report(kind, fields) tells the page what happens:
+      run     {run, leader, ranks, config, joined_at}   training started or joined
+      step    {step, loss, hash, probe, members, seconds}
+      done    {step, hash}                              the run reached its last step
+      failed  {error}                                   this peer stopped (fork, lost leader)
+      event   {level, text}                             peer lost, peer joined, ...
+    """
+
+    def __init__(self, mesh: Mesh, make_trainer: TrainerFactory, report: Reporter) -> None:
+        self.id = mesh.self_id
+        self.router = MeshRouter(mesh)
+        self.chan = self.router.channel(TAG)
+        self.coll_chan = self.router.channel(webrtc.TAG)
+        self.make_trainer = make_trainer
+        self.report = report
+        self.hellos: dict[str, dict[str, Any]] = {}  # peer -> its last hello
+        self.run: Run | None = None
+        self.pending: tuple[str, str, float] | None = None  # (run, leader, until) accepted
+        self.answers: dict[str, dict[str, str]] = {}  # run -> peer -> "accept"/"refuse"
+        self.task: asyncio.Task | None = None
+
+    # ----------------------------------------------------------------- messages
+    async def serve(self) -> None:
+        """Handle run messages forever (start it as a task)."""
+        self.router.start()
+        while True:
+            peer, data = await self.chan.recv()
+            try:
+                if data is None:
+                    self.hellos.pop(peer, None)
+                elif not data:
+                    self.send(peer, "hello", **self.hello())
+                    self.maybe_join()
+                else:
+                    head, blob = decode(data)
+                    await self.handle(peer, head, blob)
+            except (ValueError, KeyError, TypeError, struct.error) as exc:
+                log.warning("room: bad message from %s: %s", peer, exc)
+            except DaisyError as exc:
+                self.report("failed", {"error": f"{type(exc).__name__}: {exc}"})
+
+    def send(self, peer: str, kind: str, blob: bytes = b"", **fields: Any) -> None:
+        self.chan.send(peer, encode(kind, blob, **fields))
+
+    def hello(self) -> dict[str, Any]:
+        run = self.run
+        info = None if run is None else {"id": run.id, "leader": run.leader,
+                                         "step": run.trainer.state.step, "steps": run.cfg.steps}
+        return {"state": "training" if run else "ready", "run": info}
+
+    def announce(self) -> None:
+        for peer in self.chan.peers:
+            self.send(peer, "hello", **self.hello())
+
+    async def handle(self, peer: str, head: dict[str, Any], blob: bytes) -> None:
+        kind, run_id = head["t"], head.get("run")
+        if kind == "hello":
+            self.hellos[peer] = head
+            self.maybe_join()
+        elif kind == "propose":
+            self.on_propose(peer, run_id, head["config"])
+        elif kind in ("accept", "refuse"):
+            self.answers.get(run_id, {}).setdefault(peer, kind)
+        elif kind == "go" and self.pending and self.pending[:2] == (run_id, peer):
+            self.pending = None
+            cfg = RunConfig.from_dict(head["config"])
+            coll = await webrtc.connect(self.coll_chan, head["ranks"], group=head["group"])
+            self.launch(Run(run_id, peer, cfg, self.make_trainer(cfg, coll, None), coll))
+        elif kind == "cancel" and self.pending and self.pending[:2] == (run_id, peer):
+            self.pending = None
+        elif kind == "join" and self.run and self.run.leader == self.id and run_id == self.run.id:
+            self.run.joins[peer] = set(head.get("open", []))
+        elif kind == "sync" and self.run is None and self.pending and self.pending[1] == peer:
+            self.pending = None
+            await self.on_sync(peer, head, blob)
+
+    # ----------------------------------------------------------------- starting
+    async def start(self, config: dict[str, Any]) -> list[str]:
+        """Lead a run of `config` with every ready idle peer; returns the ranks (peer ids).
+
+        ConfigError for a config that cannot be trained, RoomError while a run is going.
+        """
+        cfg = RunConfig.from_dict(config)
+        check_task(cfg)
+        if self.run is not None or self.pending is not None:
+            raise RoomError("this peer is already in a run")
+        run_id = secrets.token_hex(6)
+        asked = sorted(p for p, h in self.hellos.items()
+                       if h.get("state") == "ready" and h.get("run") is None
+                       and p in self.chan.peers)
+        self.answers[run_id] = {}
+        for peer in asked:
+            self.send(peer, "propose", run=run_id, config=json.loads(cfg.to_json()))
+        loop = asyncio.get_running_loop()
+        until = loop.time() + PROPOSE_WAIT_S
+        self.pending = (run_id, self.id, until)
+        try:
+            while len(self.answers[run_id]) < len(asked) and loop.time() < until:
+                await asyncio.sleep(0.02)
+        finally:
+            answers = self.answers.pop(run_id)
+            self.pending = None
+        ranks = [self.id, *sorted(p for p, a in answers.items() if a == "accept")]
+        group = secrets.randbits(32)
+        for peer in ranks[1:]:
+            self.send(peer, "go", run=run_id, config=json.loads(cfg.to_json()), ranks=ranks,
+                      group=group)
+        coll = await webrtc.connect(self.coll_chan, ranks, group=group)
+        self.launch(Run(run_id, self.id, cfg, self.make_trainer(cfg, coll, None), coll))
+        return ranks
+
+    def on_propose(self, leader: str, run_id: str, config: dict[str, Any]) -> None:
+        now = asyncio.get_running_loop().time()
+        if self.pending is not None and self.pending[2] < now:
+            self.pending = None
+        reason = ""
+        try:
+            check_task(RunConfig.from_dict(config))
+        except (ConfigError, DaisyError, TypeError) as exc:
+            reason = f"cannot train this config: {exc}"
+        if self.run is not None or self.pending is not None:
+            reason = "busy in another run"
+        if reason:
+            self.send(leader, "refuse", run=run_id, reason=reason)
+            return
+        self.pending = (run_id, leader, now + PENDING_S)
+        self.send(leader, "accept", run=run_id)
+
+    # ----------------------------------------------------------------- late joiners
+    def maybe_join(self) -> None:
+        """Ask the leader of a run we are not in to admit us (again, as channels open)."""
+        if self.run is not None:
+            return
+        if self.pending is not None and self.pending[2] != float("inf"):
+            return  # accepted a proposal (or proposing): wait for that
+        self.pending = None
+        for peer, hello in self.hellos.items():
+            run = hello.get("run")
+            if run and run.get("leader") == peer and peer in self.chan.peers:
+                self.pending = (run["id"], peer, float("inf"))
+                self.send(peer, "join", run=run["id"], open=sorted(self.chan.peers))
+                return
+
+    def admit_joiners(self, run: Run) -> list[str]:
+        """Leader, between steps: admit every joiner that reaches all members."""
+        admitted = []
+        for peer, reach in list(run.joins.items()):
+            others = set(run.coll.member_ids()) - {self.id}
+            if peer in self.chan.peers and others <= reach:
+                run.coll.admit(peer)
+                admitted.append(peer)
+                del run.joins[peer]
+        return admitted
+
+    def send_sync(self, run: Run, peer: str) -> None:
+        from pynode.session import checkpoint_bytes
+
+        trainer = run.trainer
+        self.send(peer, "sync", checkpoint_bytes(trainer), run=run.id,
+                  config=json.loads(run.cfg.to_json()), ranks=list(run.coll.ranks),
+                  members=list(run.coll.members), seq=run.coll.seq, group=run.coll.group,
+                  hash=trainer.state.hash(), capacities=trainer.capacities)
+
+    async def on_sync(self, leader: str, head: dict[str, Any], blob: bytes) -> None:
+        from pynode.session import checkpoint_expectations
+
+        coll = await webrtc.connect(self.coll_chan, head["ranks"], group=head["group"],
+                                    members=head["members"], seq=head["seq"])
+        try:
+            cfg = RunConfig.from_dict(head["config"])
+            ckpt = checkpoint.load_checkpoint(blob, expect=checkpoint_expectations(cfg))
+            if ckpt.state_hash != head["hash"]:
+                raise checkpoint.CheckpointError(
+                    f"sync state hashes to {ckpt.state_hash[:16]}, the run agreed on "
+                    f"{head['hash'][:16]}")
+            trainer = self.make_trainer(cfg, coll, ckpt)
+        except DaisyError as exc:
+            await coll.close()  # the others drop us at once instead of at their deadline
+            self.report("failed", {"error": f"could not sync with the run: {exc}"})
+            return
+        trainer.capacities = {int(r): float(v) for r, v in head["capacities"].items()}
+        self.launch(Run(head["run"], leader, cfg, trainer, coll), joined=True)
+
+    # ----------------------------------------------------------------- training
+    def launch(self, run: Run, joined: bool = False) -> None:
+        self.run = run
+        self.report("run", {"run": run.id, "leader": run.leader, "ranks": list(run.coll.ranks),
+                            "config": json.loads(run.cfg.to_json()),
+                            "joined_at": run.trainer.state.step if joined else None})
+        self.announce()
+        self.task = asyncio.ensure_future(self.train(run, skip_control=joined))
+
+    async def train(self, run: Run, skip_control: bool = False) -> None:
+        """The loop every member runs: leader's control broadcast, then one step."""
+        trainer, coll = run.trainer, run.coll
+        before = set(coll.member_ids())
+        try:
+            while trainer.state.step < run.cfg.steps:
+                if not skip_control:
+                    await self.control(run)
+                skip_control = False
+                result = await trainer.step()
+                before = self.report_step(run, result, before)
+            self.report("done", {"step": trainer.state.step, "hash": trainer.state.hash()})
+        except ForkError as exc:
+            self.report("failed", {"error": f"fork detected: {exc}"})
+        except PeerLost as exc:
+            who = "the leader" if 0 in exc.ranks else "the group"
+            self.report("failed", {"error": f"lost {who}: {exc}"})
+        except DaisyError as exc:
+            self.report("failed", {"error": f"{type(exc).__name__}: {exc}"})
+        finally:
+            await coll.close()
+            self.run = None
+            self.announce()
+
+    async def control(self, run: Run) -> None:
+        leader = run.leader == self.id
+        admitted = self.admit_joiners(run) if leader else []
+        blob = json.dumps({"admit": admitted}).encode() if leader else None
+        ctl = json.loads(await run.coll.broadcast_bytes(blob, timeout=run.trainer.deadline()))
+        for peer in ctl.get("admit", []):
+            if leader:
+                self.send_sync(run, peer)
+            self.report("event", {"level": "info", "text": f"peer {peer} joined the run at "
+                                                           f"step {run.trainer.state.step}"})
+
+    def report_step(self, run: Run, result: StepResult, before: set[str]) -> set[str]:
+        now = set(run.coll.member_ids())
+        for peer in sorted(before - now):
+            self.report("event", {"level": "warn", "text": f"lost peer {peer} at step "
+                                  f"{result.step}; its microbatches were re-planned"})
+        self.report("step", {"step": result.step, "loss": result.loss, "hash": result.hash,
+                             "probe": result.probe, "members": sorted(now),
+                             "seconds": result.seconds})
+        return now
+
+
+def check_task(cfg: RunConfig) -> None:
+    """ConfigError unless this peer can build the task of `cfg` (e.g. torch's in a page)."""
+    from pynode.tasks import load_task
+
+    try:
+        load_task(cfg.task)
+    except DaisyError as exc:
+        raise ConfigError(f"task {cfg.task!r}: {exc}") from exc
