@@ -25,11 +25,10 @@ class CheckRow:
 
 def run_checks() -> list[CheckRow]:
     """Every start-up check a peer runs, as rows; never raises for a failed check."""
+    from pynode.core.detmath import check_float_environment
     from pynode.core.errors import DaisyError
     from pynode.core.units import certify_luts
     from pynode.unitfiles import load_default_units
-
-    from pynode.core.detmath import check_float_environment
 
     rows: list[CheckRow] = []
     started = time.perf_counter()
