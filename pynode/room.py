@@ -214,7 +214,8 @@ class RoomPeer:
         """Ask the leader of a run we are not in to admit us (again, as channels open)."""
         if self.run is not None:
             return
-        if self.pending is not None and self.pending[2] != float("inf"):
+        now = asyncio.get_running_loop().time()
+        if self.pending is not None and now <= self.pending[2] != float("inf"):
             return  # accepted a proposal (or proposing): wait for that
         self.pending = None
         for peer, hello in self.hellos.items():

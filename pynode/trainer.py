@@ -153,7 +153,8 @@ class Trainer:
         """Exact sum of every member's partial, re-planning microbatches nobody delivered."""
         if self.collective is None:
             return partial
-        total = (await self.collective.allreduce_int64(partial, timeout=self.deadline())).total
+        reduced = await self.collective.allreduce_int64(partial, timeout=self.deadline())
+        total = same_length(reduced.total, partial)
         n = self.cfg.microbatches
         for _ in range(n + 1):
             counts = total[-n:]
@@ -169,7 +170,7 @@ class Trainer:
             extra = await self.collective.allreduce_int64(
                 self.microbatch_partial(mine), timeout=self.deadline()
             )
-            total = total + extra.total
+            total = total + same_length(extra.total, partial)
         raise ContributionError("could not complete the step's microbatches")
 
     async def step(self) -> StepResult:
@@ -263,3 +264,13 @@ class Trainer:
                             f"the group agreed on {want_hash[:16]}")
         self.state = TrainState(step=ckpt.step, params=dict(ckpt.params),
                                 opt=ckpt.adam_state())
+
+
+def same_length(total: np.ndarray, partial: np.ndarray) -> np.ndarray:
+    """`total`, if it has the layout of this peer's `partial`; a reduced vector of another
+    length would shift the gradient, loss and coverage fields into each other."""
+    if total.shape != partial.shape:
+        raise ContributionError(
+            f"the reduced step holds {total.shape} values, this model needs {partial.shape}"
+        )
+    return total

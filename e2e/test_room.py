@@ -1,0 +1,168 @@
+"""pynode.room over the in-process MemoryNetwork with real trainers: the protocol the page runs.
+
+Hashes are compared with a single trainer of the same config: the room must not change a bit,
+whoever starts, whoever joins late and whoever vanishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pynode.browser import Checks, run_checks
+from pynode.comm.mesh import MemoryNetwork
+from pynode.config import ConfigError
+from pynode.room import RoomError, RoomPeer
+
+CONFIG = {"task": "gpt", "width": 32, "layers": 1, "heads": 2, "seq": 16, "microbatch_size": 2,
+          "microbatches": 4, "steps": 4, "lr": 0.003, "seed": 5}
+
+
+@pytest.fixture(scope="module")
+def checks() -> Checks:
+    result = run_checks()
+    assert result.ready, result.rows
+    return result
+
+
+@pytest.fixture(scope="module")
+def reference(checks) -> list[str]:
+    """Per-step hashes of one trainer alone, for CONFIG with `steps` up to 8."""
+    from pynode.config import RunConfig
+
+    trainer = checks.make_trainer(RunConfig.from_dict({**CONFIG, "steps": 8}), None, None)
+
+    async def steps():
+        return [(await trainer.step()).hash for _ in range(8)]
+
+    return asyncio.run(steps())
+
+
+class Page:
+    """A RoomPeer plus what it reported, like one browser tab."""
+
+    def __init__(self, net: MemoryNetwork, peer_id: str, checks: Checks) -> None:
+        self.reports: list[tuple[str, dict]] = []
+        self.peer = RoomPeer(net.join(peer_id), checks.make_trainer, self.record)
+        self.task = asyncio.ensure_future(self.peer.serve())
+        self.finished = asyncio.Event()
+
+    def record(self, kind: str, fields: dict) -> None:
+        self.reports.append((kind, fields))
+        if kind in ("done", "failed"):
+            self.finished.set()
+
+    def hashes(self) -> dict[int, str]:
+        return {f["step"]: f["hash"] for k, f in self.reports if k == "step"}
+
+    def kinds(self, kind: str) -> list[dict]:
+        return [f for k, f in self.reports if k == kind]
+
+
+async def settle(pages: list[Page], timeout: float = 60) -> None:
+    await asyncio.wait_for(asyncio.gather(*(p.finished.wait() for p in pages)), timeout)
+
+
+async def wait_for_step(page: Page, step: int) -> None:
+    while max(page.hashes(), default=0) < step:
+        await asyncio.sleep(0.01)
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 120))
+
+
+def test_three_peers_train_the_reference_hashes(checks, reference):
+    async def body():
+        net = MemoryNetwork()
+        pages = [Page(net, f"tab{i}", checks) for i in range(3)]
+        await asyncio.sleep(0.05)  # hellos
+        ranks = await pages[1].peer.start(CONFIG)
+        assert ranks[0] == "tab1" and sorted(ranks) == ["tab0", "tab1", "tab2"]
+        await settle(pages)
+        for page in pages:
+            assert page.hashes() == {s + 1: h for s, h in enumerate(reference[:4])}
+            assert page.kinds("done")[0]["hash"] == reference[3]
+            assert page.kinds("run")[0]["leader"] == "tab1"
+    run(body())
+
+
+def test_a_late_joiner_is_synced_and_ends_on_the_same_hash(checks, reference):
+    async def body():
+        net = MemoryNetwork()
+        pages = [Page(net, f"tab{i}", checks) for i in range(2)]
+        await asyncio.sleep(0.05)
+        await pages[0].peer.start({**CONFIG, "steps": 8})
+        await wait_for_step(pages[0], 2)
+        late = Page(net, "late", checks)
+        await settle([*pages, late])
+        joined = late.hashes()
+        assert joined and min(joined) > 2, joined
+        assert all(reference[s - 1] == h for s, h in joined.items())
+        assert late.kinds("done")[0]["hash"] == reference[7]
+        assert late.kinds("run")[0]["joined_at"] == min(joined) - 1
+        assert any("late joined" in e["text"] for e in pages[1].kinds("event"))
+        assert set(pages[0].kinds("step")[-1]["members"]) == {"tab0", "tab1", "late"}
+    run(body())
+
+
+def test_a_vanished_member_costs_time_not_bits(checks, reference):
+    async def body():
+        net = MemoryNetwork()
+        pages = [Page(net, f"tab{i}", checks) for i in range(3)]
+        await asyncio.sleep(0.05)
+        await pages[0].peer.start({**CONFIG, "steps": 6})
+        await wait_for_step(pages[2], 2)
+        net.cut("tab2")
+        await settle(pages)
+        for page in pages[:2]:
+            assert page.hashes() == {s + 1: h for s, h in enumerate(reference[:6])}
+            assert any("lost peer tab2" in e["text"] for e in page.kinds("event"))
+        assert pages[2].kinds("failed"), "the cut peer must know it is out"
+    run(body())
+
+
+def test_losing_the_leader_stops_the_others_with_a_clear_message(checks):
+    async def body():
+        net = MemoryNetwork()
+        pages = [Page(net, f"tab{i}", checks) for i in range(3)]
+        await asyncio.sleep(0.05)
+        await pages[0].peer.start({**CONFIG, "steps": 50})
+        await wait_for_step(pages[1], 1)
+        net.cut("tab0")
+        await settle(pages[1:])
+        for page in pages[1:]:
+            assert "lost the leader" in page.kinds("failed")[0]["error"]
+        pages[0].peer.task.cancel()
+    run(body())
+
+
+def test_bad_config_or_busy_peer_starts_nothing(checks):
+    async def body():
+        net = MemoryNetwork()
+        pages = [Page(net, f"tab{i}", checks) for i in range(2)]
+        await asyncio.sleep(0.05)
+        with pytest.raises(ConfigError):
+            await pages[0].peer.start({**CONFIG, "heads": 3})
+        with pytest.raises(ConfigError):
+            await pages[0].peer.start({**CONFIG, "bogus": 1})
+        assert pages[0].reports == [] and pages[1].reports == []
+        await pages[0].peer.start({**CONFIG, "steps": 2})
+        with pytest.raises(RoomError):
+            await pages[1].peer.start(CONFIG)
+        await settle(pages)
+    run(body())
+
+
+def test_a_peer_that_never_said_ready_is_left_out(checks, reference):
+    async def body():
+        net = MemoryNetwork()
+        pages = [Page(net, f"tab{i}", checks) for i in range(2)]
+        net.join("failed-gate")  # reachable, but no room peer answers: it never says hello
+        await asyncio.sleep(0.05)
+        ranks = await pages[0].peer.start({**CONFIG, "steps": 2})
+        assert "failed-gate" not in ranks
+        await settle(pages)
+        assert pages[1].hashes() == {1: reference[0], 2: reference[1]}
+    run(body())

@@ -1,0 +1,192 @@
+"""The page's Python side (under Pyodide, in the Web Worker): checks, the JS mesh, the room peer.
+
+pyodide_app/worker.js calls, in order:
+
+    checks = run_checks(break_gate)             the start-up chain of trust; checks.to_json()
+    peer = BrowserPeer(bridge, self_id, checks) once the checks passed and signaling named us
+    peer.opened(id) / peer.deliver(id, ArrayBuffer) / peer.gone(id)     mesh events
+    await peer.start(config_json)               this tab leads a run (a Promise in JS)
+
+`bridge` is a JS object: `send(peer, Uint8Array)` hands a message to the main thread (which
+fragments it onto the peer's data channel), `post(kind, json)` reports to the page. Each
+large buffer is converted once each way (`to_js` copies into a fresh ArrayBuffer that the
+worker then transfers; `to_bytes` copies an arriving one), never element by element.
+Nothing here runs natively except under tests, which pass a fake bridge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pynode.comm.mesh import Mesh
+from pynode.config import RunConfig
+from pynode.core.errors import DaisyError, GateError
+from pynode.room import RoomPeer
+from pynode.trainer import Trainer
+from pynode.verify import CheckRow
+
+
+class BrokenBackend:
+    """Test hook (`?break_gate=1`): a backend whose last result cell is off by one."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.name = inner, inner.name
+
+    def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        out = np.array(self.inner.matmul(a, b))  # (M, N) int32
+        if out.size:
+            out.reshape(-1)[-1] += 1
+        return out
+
+    def bmm(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        out = np.array(self.inner.bmm(a, b))  # (B, M, N) int32
+        if out.size:
+            out.reshape(-1)[-1] += 1
+        return out
+
+
+@dataclass
+class Checks:
+    """What the start-up checks found, and what this peer computes with if they passed."""
+
+    rows: list[CheckRow] = field(default_factory=list)
+    units: Any = None  # verified Units
+    gemm: Any = None  # the gated GEMM; None unless every check passed
+
+    @property
+    def ready(self) -> bool:
+        return self.gemm is not None
+
+    def to_json(self) -> str:
+        return json.dumps({"ready": self.ready,
+                           "rows": [{**r.__dict__, "passed": r.passed} for r in self.rows]})
+
+    def make_trainer(self, cfg: RunConfig, collective: Any, resume: Any) -> Trainer:
+        """A trainer on the verified units and gated GEMM (the loop of `pynode train`)."""
+        from pynode.session import state_from_checkpoint
+        from pynode.tasks import load_task
+
+        if not self.ready:
+            raise GateError("this peer did not pass its start-up checks; it must not train")
+        state = None if resume is None else state_from_checkpoint(resume)
+        trainer = Trainer(cfg, load_task(cfg.task), self.gemm, collective, state)
+        trainer.units = self.units
+        return trainer
+
+
+def run_checks(break_gate: bool = False) -> Checks:
+    """Units over their full domain, LUT == integer op, then the exact gate of each backend
+    best first for a page (no BLAS). Never raises for a failed check."""
+    from pynode.core.gemm import NO_BLAS_ORDER, make_backend, select_gemm
+    from pynode.core.units import certify_luts
+    from pynode.unitfiles import load_default_units
+
+    checks = Checks()
+    rows = checks.rows
+    started = time.perf_counter()
+    try:
+        units = load_default_units()
+    except DaisyError as exc:
+        rows.append(CheckRow("units", "full", f"FAIL: {exc}", "-", time.perf_counter() - started))
+        return checks
+    rows += [CheckRow(f"unit {u}", f"{d:,} inputs", r, "-", s) for u, d, r, s in
+             units.verify_report()]
+    started = time.perf_counter()
+    try:
+        certify_luts(units)
+        rows.append(CheckRow("LUT == integer op", "all cells", "pass", "-",
+                             time.perf_counter() - started))
+    except DaisyError as exc:
+        rows.append(CheckRow("LUT == integer op", "all cells", f"FAIL: {exc}", "-",
+                             time.perf_counter() - started))
+        return checks
+    order = [make_backend(name, units.mul_lut) for name in NO_BLAS_ORDER]
+    if break_gate:
+        order = [BrokenBackend(b) for b in order]
+    try:
+        gemm = select_gemm(units, order=order)
+    except GateError as exc:
+        rows.append(CheckRow("exact gate", "every backend", f"FAIL: {exc}", "-", 0.0))
+        return checks
+    for report in gemm.gate_reports:
+        result = "pass" if report.passed else f"FAIL at {report.failing_case}: {report.detail}"
+        rows.append(CheckRow("exact gate", f"{report.cases} shapes", result, report.backend,
+                             report.seconds))
+    checks.units, checks.gemm = units, gemm
+    return checks
+
+
+class JsMesh(Mesh):
+    """The data channels of the page, as the main thread reports them through the worker."""
+
+    def __init__(self, bridge: Any, self_id: str) -> None:
+        self.self_id = self_id
+        self._bridge = bridge
+        self._open: set[str] = set()
+        self._events: asyncio.Queue[tuple[str, bytes | None]] = asyncio.Queue()
+
+    @property
+    def peers(self) -> frozenset[str]:
+        return frozenset(self._open)
+
+    def send(self, peer: str, data: bytes) -> None:
+        from pyodide.ffi import to_js  # only in the page
+
+        if peer in self._open:
+            self._bridge.send(peer, to_js(memoryview(data)))
+
+    async def recv(self) -> tuple[str, bytes | None]:
+        return await self._events.get()
+
+    def opened(self, peer: str) -> None:
+        if peer not in self._open:
+            self._open.add(peer)
+            self._events.put_nowait((peer, b""))
+
+    def deliver(self, peer: str, buffer: Any) -> None:
+        data = buffer.to_bytes() if hasattr(buffer, "to_bytes") else bytes(buffer)
+        if data:
+            self._events.put_nowait((peer, data))
+
+    def gone(self, peer: str) -> None:
+        if peer in self._open:
+            self._open.discard(peer)
+            self._events.put_nowait((peer, None))
+
+
+class BrowserPeer:
+    """This tab in its room: the JS mesh, the room protocol, reports to the page."""
+
+    def __init__(self, bridge: Any, self_id: str, checks: Checks) -> None:
+        if not checks.ready:
+            raise GateError("this peer did not pass its start-up checks; it must not train")
+        self.bridge = bridge
+        self.mesh = JsMesh(bridge, self_id)
+        self.room = RoomPeer(self.mesh, checks.make_trainer, self.post)
+        self.task = asyncio.ensure_future(self.room.serve())
+
+    def post(self, kind: str, fields: dict) -> None:
+        self.bridge.post(kind, json.dumps(fields))
+
+    def opened(self, peer: str) -> None:
+        self.mesh.opened(peer)
+
+    def deliver(self, peer: str, buffer: Any) -> None:
+        self.mesh.deliver(peer, buffer)
+
+    def gone(self, peer: str) -> None:
+        self.mesh.gone(peer)
+
+    async def start(self, config_json: str) -> str:
+        """Lead a run; returns JSON {ok, ranks} or {ok: false, error} (never raises into JS)."""
+        try:
+            ranks = await self.room.start(json.loads(config_json))
+        except (DaisyError, ValueError, TypeError) as exc:
+            return json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+        return json.dumps({"ok": True, "ranks": ranks})

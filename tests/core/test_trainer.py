@@ -1,0 +1,312 @@
+"""The training loop in one process: reproducible bits, order-free microbatches, resume,
+refusals that leave the state untouched, and an int8 GPT that learns as well as float.
+
+Every "state unchanged" check compares the raw bits of params, Adam moments and step
+(NaN-safe), and then finishes the run from that state: it must still reach the reference
+run's hashes, so nothing hidden (data cursor, RNG keys, Adam's counter) moved either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import numpy as np
+import pytest
+
+from pynode.comm.base import ReduceResult
+from pynode.config import RunConfig
+from pynode.core import checkpoint
+from pynode.core.errors import DaisyError, FixedPointOverflowError, NonFiniteError, ShapeError
+from pynode.session import (
+    build_trainer,
+    checkpoint_bytes,
+    checkpoint_expectations,
+    state_from_checkpoint,
+)
+from pynode.tasks import UnknownTaskError, load_task
+from pynode.tasks.gpt import GPTTask
+from pynode.trainer import ContributionError, StepResult, Trainer
+
+# A few seconds per run: 4 steps of a 1-block GPT, 4 microbatches of 2 x 16 bytes.
+TINY = RunConfig(
+    steps=4, seed=1, width=32, layers=1, heads=2, seq=16, microbatch_size=2, microbatches=4
+)
+
+
+def train(trainer: Trainer, until: int) -> list[StepResult]:
+    results: list[StepResult] = []
+
+    async def loop() -> None:
+        while trainer.state.step < until:
+            results.append(await trainer.step())
+
+    asyncio.run(loop())
+    return results
+
+
+def one_step(trainer: Trainer) -> StepResult:
+    return asyncio.run(trainer.step())
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[StepResult]:
+    """The uninterrupted TINY run with the best gated backend: every test's yardstick."""
+    return train(build_trainer(TINY), TINY.steps)
+
+
+@pytest.fixture(scope="module")
+def gemm(reference):
+    return build_trainer(TINY).gemm
+
+
+def snapshot(trainer: Trainer) -> tuple:
+    """Everything a step may change, as raw bytes (NaN compares equal to itself)."""
+    state = trainer.state
+    arrays = [state.params, state.opt.m, state.opt.v]
+    raw = tuple(tuple((k, d[k].tobytes()) for k in d) for d in arrays)
+    return state.step, state.opt.step, raw
+
+
+def assert_refused_unchanged(trainer: Trainer, error: type[Exception], match: str) -> None:
+    before = snapshot(trainer)
+    with pytest.raises(error, match=match):
+        one_step(trainer)
+    assert snapshot(trainer) == before
+
+
+# --- the same bits, whatever runs it ---------------------------------------------------------
+
+def test_hashes_change_every_step_and_loss_is_finite(reference):
+    hashes = [r.hash for r in reference]
+    assert [r.step for r in reference] == [1, 2, 3, 4]
+    assert len(set(hashes)) == len(hashes)
+    assert all(np.isfinite(r.loss) for r in reference)
+
+
+def test_same_config_gives_the_same_hashes(reference):
+    again = train(build_trainer(TINY), TINY.steps)
+    assert [r.hash for r in again] == [r.hash for r in reference]
+    assert [r.loss for r in again] == [r.loss for r in reference]
+
+
+@pytest.mark.parametrize("backend", ["numpy_int", "reference"])
+def test_forced_backend_gives_the_same_hashes(reference, backend):
+    trainer = build_trainer(TINY, backend=backend)
+    assert trainer.gemm.backend_name == backend
+    assert [r.hash for r in train(trainer, TINY.steps)] == [r.hash for r in reference]
+
+
+def test_microbatches_in_any_order_or_split_give_the_same_partial_sum(reference):
+    trainer = build_trainer(TINY)
+    train(trainer, 1)  # away from init, so the partials exercise a trained state
+    n = TINY.microbatches
+    whole = trainer.microbatch_partial(list(range(n)))  # (P + 1 + n,) int64
+    permuted = trainer.microbatch_partial([2, 0, 3, 1])
+    split = sum(trainer.microbatch_partial([i]) for i in (3, 1, 0, 2))
+    halves = trainer.microbatch_partial([3, 1]) + trainer.microbatch_partial([2, 0])
+    assert whole.dtype == np.int64 and np.any(whole[: -1 - n] != 0)
+    assert np.array_equal(whole[-n:], np.ones(n, np.int64))
+    for other in (permuted, split, halves):
+        assert np.array_equal(other, whole)
+    assert trainer.state.step == 1  # computing partials never moves the state
+    assert [r.hash for r in train(trainer, TINY.steps)] == [r.hash for r in reference[1:]]
+
+
+# --- resume ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_resume_from_checkpoint_continues_bit_identically(reference, k):
+    first = build_trainer(TINY)
+    train(first, k)
+    blob = checkpoint_bytes(first)
+    ckpt = checkpoint.load_checkpoint(blob, expect=checkpoint_expectations(TINY))
+    assert ckpt.step == k and ckpt.state_hash == reference[k - 1].hash
+    resumed = build_trainer(TINY, resume=ckpt)
+    assert resumed.state.hash() == reference[k - 1].hash
+    assert [r.hash for r in train(resumed, TINY.steps)] == [r.hash for r in reference[k:]]
+
+
+def test_state_from_checkpoint_copies_the_state():
+    ckpt = checkpoint.load_checkpoint(checkpoint_bytes(build_trainer(TINY)))
+    state = state_from_checkpoint(ckpt)
+    assert state.hash() == ckpt.state_hash and state.step == 0
+
+
+# --- refusals: a named error and nothing changed ---------------------------------------------
+
+def test_nan_weight_is_refused_and_state_untouched(reference):
+    trainer = build_trainer(TINY)
+    train(trainer, 1)
+    good = trainer.state.params["wte"][3, 5]
+    trainer.state.params["wte"][3, 5] = np.nan
+    assert_refused_unchanged(trainer, NonFiniteError, "wte")
+    trainer.state.params["wte"][3, 5] = good
+    assert [r.hash for r in train(trainer, TINY.steps)] == [r.hash for r in reference[1:]]
+
+
+def test_out_of_range_token_is_refused_and_state_untouched(reference, monkeypatch):
+    trainer = build_trainer(TINY)
+    train(trainer, 1)
+    sample = trainer.task.sample
+
+    def bad_sample(cfg, step, index):
+        batch = sample(cfg, step, index).copy()  # (B, T+1) int32
+        batch[0, 4] = 256
+        return batch
+
+    monkeypatch.setattr(trainer.task, "sample", bad_sample)
+    assert_refused_unchanged(trainer, ShapeError, r"token values must lie in \[0, 256\)")
+    monkeypatch.undo()
+    assert [r.hash for r in train(trainer, TINY.steps)] == [r.hash for r in reference[1:]]
+
+
+def test_nan_in_float_data_is_refused(monkeypatch):
+    cfg = TINY.with_(task="mlp")
+    trainer = build_trainer(cfg)
+    sample = trainer.task.sample
+
+    def bad_sample(cfg, step, index):
+        x, y = sample(cfg, step, index)
+        x = x.copy()  # (B, 16) float32
+        x[1, 2] = np.nan
+        return x, y
+
+    monkeypatch.setattr(trainer.task, "sample", bad_sample)
+    assert_refused_unchanged(trainer, NonFiniteError, "NaN")
+
+
+def test_unknown_task_is_refused_by_name():
+    with pytest.raises(UnknownTaskError, match="use one of float, gpt, mlp"):
+        build_trainer(TINY.with_(task="gtp"))
+    with pytest.raises(UnknownTaskError, match="cannot import"):
+        load_task("no_such_module_xyz:Task")
+    with pytest.raises(UnknownTaskError, match="has no 'Nope'"):
+        load_task("pynode.tasks.gpt:Nope")
+    with pytest.raises(UnknownTaskError, match="Task interface"):
+        load_task("pynode.config:RunConfig")
+    assert isinstance(UnknownTaskError("x"), DaisyError)
+
+
+class GradientTask(GPTTask):
+    """The GPT task, with its gradients passed through `edit` before the trainer sees them."""
+
+    def __init__(self, edit) -> None:
+        self.edit = edit
+
+    def loss(self, model, params, batch, key):
+        loss, grads = super().loss(model, params, batch, key)
+        return loss, self.edit(dict(grads))
+
+
+def transposed(g):
+    return {**g, "wte": np.ascontiguousarray(g["wte"].T)}
+
+
+def without_wpe(g):
+    return {k: v for k, v in g.items() if k != "wpe"}
+
+
+def as_float64(g):
+    return {**g, "wpe": g["wpe"].astype(np.float64)}
+
+
+def too_large(g):
+    return {**g, "wpe": np.full_like(g["wpe"], 1e9)}  # |g| * 2**32 > 2**53
+
+
+@pytest.mark.parametrize(
+    ("edit", "error", "match"),
+    [
+        (transposed, ContributionError, r"gradient wte: expected \(256, 32\)"),
+        (without_wpe, ContributionError, "no gradient for wpe"),
+        (as_float64, ContributionError, "float64"),
+        (too_large, FixedPointOverflowError, "fixed-point bound"),
+    ],
+)
+def test_bad_gradient_is_refused_and_state_untouched(gemm, edit, error, match):
+    trainer = Trainer(TINY, GradientTask(edit), gemm)
+    assert_refused_unchanged(trainer, error, match)
+
+
+class ScriptedCollective:
+    """A one-member group whose all-reduce hands back `edit(partial)`: a faulty transport."""
+
+    rank = 0
+    members = (0,)
+
+    def __init__(self, edit) -> None:
+        self.edit = edit
+
+    async def allreduce_int64(self, x: np.ndarray, *, timeout: float) -> ReduceResult:
+        return ReduceResult(self.edit(x.copy()), (0,))
+
+    async def allgather_bytes(self, data: bytes, *, timeout: float) -> list[bytes | None]:
+        return [data]
+
+
+def test_faithful_scripted_collective_reaches_the_reference(gemm, reference):
+    trainer = Trainer(TINY, GPTTask(), gemm, collective=ScriptedCollective(lambda x: x))
+    assert [r.hash for r in train(trainer, TINY.steps)] == [r.hash for r in reference]
+
+
+def doubled(x):
+    return x + x  # every microbatch counted twice
+
+
+def one_longer(x):
+    return np.concatenate([x, np.ones(1, np.int64)])  # coverage counts still read all-ones
+
+
+def one_shorter(x):
+    return x[1:]
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [(doubled, "counted twice"), (one_longer, "this model needs"), (one_shorter, "model needs")],
+)
+def test_bad_reduced_gradient_is_refused_and_state_untouched(gemm, reference, edit, match):
+    trainer = Trainer(TINY, GPTTask(), gemm, collective=ScriptedCollective(lambda x: x))
+    train(trainer, 1)
+    trainer.collective = ScriptedCollective(edit)
+    assert_refused_unchanged(trainer, ContributionError, match)
+    trainer.collective = ScriptedCollective(lambda x: x)
+    assert [r.hash for r in train(trainer, TINY.steps)] == [r.hash for r in reference[1:]]
+
+
+def test_config_refuses_bad_values_by_name():
+    with pytest.raises(DaisyError, match="heads"):
+        TINY.with_(heads=3)
+    with pytest.raises(DaisyError, match="frac_bits"):
+        dataclasses.replace(TINY, frac_bits=60)
+
+
+# --- it learns ----------------------------------------------------------------------------------
+
+# Small enough for about 10 s per task on a loaded 2-core machine; the 2 % bound is the
+# issue's. At seeds 1 and 2 the measured int8/float ratio of the last-10-step mean loss was
+# within 0.01 % of 1 (both near 3.10 from ln 256 = 5.55).
+LEARN = RunConfig(
+    steps=120, seed=1, width=32, layers=1, heads=2, seq=16, microbatch_size=4,
+    microbatches=2, lr=3e-3,
+)
+
+
+@pytest.fixture
+def one_torch_thread():
+    """torch's pool spin-waits for idle cores; on a shared machine that costs 20x here."""
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_int8_gpt_learns_as_well_as_float(one_torch_thread):
+    means = {}
+    for task in ("gpt", "float"):
+        results = train(build_trainer(LEARN.with_(task=task)), LEARN.steps)
+        means[task] = sum(r.loss for r in results[-10:]) / 10
+    assert means["gpt"] < 4.0, f"the int8 GPT did not learn: {means}"
+    assert abs(means["gpt"] / means["float"] - 1) <= 0.02, means
