@@ -86,6 +86,8 @@ async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities)
 
     def prepare(trainer: Trainer) -> None:
         last["trainer"] = trainer
+        # `cluster --timeout` bounds how long a rank waits for the others during training too
+        trainer.min_deadline = getattr(args, "timeout", trainer.min_deadline)
         install_fault(trainer, 0)
 
     try:
@@ -125,13 +127,18 @@ def pin_to_core(rank: int) -> None:
         os.sched_setaffinity(0, {cores[rank % len(cores)]})
 
 
-async def follow(collective, backend: str | None, capacities) -> int:
+async def follow(collective, backend: str | None, capacities, timeout: float | None = None) -> int:
     rank = collective.rank
     pin_to_core(rank)
+
+    def prepare(trainer: Trainer) -> None:
+        if timeout is not None:
+            trainer.min_deadline = timeout
+        install_fault(trainer, rank)
+
     try:
         await run_member(collective, None, backend=backend, capacities=capacities,
-                         report=lambda line: None,
-                         prepare=lambda t: install_fault(t, rank))
+                         report=lambda line: None, prepare=prepare)
     except DaisyError as exc:
         print(f"rank {rank}: stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 3
@@ -193,6 +200,6 @@ async def cluster_command(args, cfg: RunConfig) -> int:
     try:
         if collective.rank == 0:
             return await lead(args, cfg, collective, capacities)
-        return await follow(collective, args.backend, capacities)
+        return await follow(collective, args.backend, capacities, timeout=args.timeout)
     finally:
         await asyncio.shield(collective.close())

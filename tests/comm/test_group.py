@@ -1,0 +1,225 @@
+"""Data-parallel runs as a user starts them: `train --peers N` (loopback processes) and
+`cluster` (gloo), with faults injected through PYNODE_FAULT="RANK:STEP:KIND".
+
+Every run trains the same 4-step config, so every per-step hash must equal the one-peer
+reference's. All independent runs start together in one module fixture; each of the two
+resumes starts as soon as the run that writes its checkpoint has ended.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from comm_helpers import REPO, free_port
+
+CONFIG = ["--width", "32", "--layers", "1", "--heads", "2", "--seq", "16",
+          "--microbatch-size", "2", "--microbatches", "8", "--no-progress"]
+TRAIN = ["train", "--steps", "4", *CONFIG]
+GLOO_TIMEOUT_S = 10
+# A surviving gloo rank waits at most --timeout for the dead one; the rest is slack for a
+# loaded machine (the first checkpoint write, interpreter exit).
+STOP_BOUND_S = GLOO_TIMEOUT_S + 12
+LIMIT_S = 240
+# Many interpreters share 2 cores: BLAS / OpenMP pools that spin-wait would slow all of them.
+ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+@dataclass
+class Done:
+    rc: int
+    out: str
+    err: str
+    log: list[dict]
+    ended: float  # time.monotonic() when the process exited
+
+    @property
+    def final_hash(self) -> str:
+        return self.out.strip().splitlines()[-1]
+
+    @property
+    def hashes(self) -> list[str]:
+        return [row["hash"] for row in self.log]
+
+
+class Launched:
+    """One `python -m pynode ...` process; output in files, exit time noted by a watcher."""
+
+    def __init__(self, folder: Path, name: str, args: list[str], env: dict | None = None):
+        self.folder, self.name = folder, name
+        self.log = folder / f"{name}.jsonl"
+        if args[0] in ("train", "cluster"):
+            args = [*args, "--log", str(self.log)]
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith("PYNODE_")}
+        full_env = {**inherited, "PYTHONPATH": str(REPO), **ONE_THREAD, **(env or {})}
+        with open(folder / f"{name}.out", "w") as out, open(folder / f"{name}.err", "w") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "pynode", *args], cwd=REPO, env=full_env,
+                stdin=subprocess.DEVNULL, stdout=out, stderr=err, text=True,
+                start_new_session=True,
+            )
+        self.ended = 0.0
+        self.watcher = threading.Thread(target=self._watch, daemon=True)
+        self.watcher.start()
+
+    def _watch(self) -> None:
+        self.proc.wait()
+        self.ended = time.monotonic()
+
+    def wait(self) -> Done:
+        self.watcher.join(timeout=LIMIT_S)
+        if self.proc.poll() is None:
+            kill_group(self.proc)
+            self.watcher.join()
+        rows = []
+        if self.log.exists():
+            rows = [json.loads(line) for line in self.log.read_text().splitlines()]
+        return Done(
+            self.proc.returncode, (self.folder / f"{self.name}.out").read_text(),
+            (self.folder / f"{self.name}.err").read_text(), rows, self.ended,
+        )
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """Kill a run we started and the loopback peers it spawned (its own session)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def gloo_pair(folder: Path, name: str, args: list[str], fault: str | None = None) -> list:
+    base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
+    if fault:
+        base["PYNODE_FAULT"] = fault
+    rank1 = Launched(folder, f"{name}-rank1", ["cluster", *args], {**base, "RANK": "1"})
+    rank0 = Launched(folder, name, ["cluster", *args], {**base, "RANK": "0"})
+    return [rank0, rank1]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    folder = tmp_path_factory.mktemp("group")
+    death_args = [*TRAIN[1:], "--timeout", str(GLOO_TIMEOUT_S), "--save", str(folder / "X.pt")]
+    started = {
+        "peers1": Launched(folder, "peers1", [*TRAIN, "--peers", "1"]),
+        "peers3": Launched(folder, "peers3", [*TRAIN, "--peers", "3", "--capacity", "1,2,5"]),
+        "kill": Launched(folder, "kill", [*TRAIN, "--peers", "3"], {"PYNODE_FAULT": "2:2:kill"}),
+        "flip": Launched(folder, "flip", [*TRAIN, "--peers", "3"], {"PYNODE_FAULT": "1:2:flip"}),
+        "nan": Launched(folder, "nan", [*TRAIN, "--peers", "3"], {"PYNODE_FAULT": "1:2:nan"}),
+        # Steps 1-2 lie inside the 10-step warm-up, whose learning rate does not depend on
+        # the run length: a 2-step run is the prefix of the 4-step run.
+        "first2": Launched(folder, "first2", ["train", "--steps", "2", *CONFIG, "--save",
+                                              str(folder / "step2.pt")]),
+    }
+    pairs = {
+        "gloo": gloo_pair(folder, "gloo", TRAIN[1:]),
+        "death": gloo_pair(folder, "death", death_args, fault="1:3:kill"),
+    }
+    done: dict = {"first2": started.pop("first2").wait()}
+    started["resume3"] = Launched(folder, "resume3", ["train", "--resume",
+                                  str(folder / "step2.pt"), "--steps", "4", "--peers", "3",
+                                  "--no-progress"])
+    for name, (rank0, rank1) in pairs.items():
+        done[name], done[f"{name}-rank1"] = rank0.wait(), rank1.wait()
+    started["resume_death"] = Launched(folder, "resume_death", ["train", "--resume",
+                                       str(folder / "X.pt"), "--peers", "2", "--no-progress"])
+    done.update({name: proc.wait() for name, proc in started.items()})
+    done["folder"] = folder
+    return done
+
+
+def ok(done: Done) -> Done:
+    assert done.rc == 0, done.err[-3000:]
+    return done
+
+
+@pytest.fixture(scope="module")
+def reference(runs) -> Done:
+    ref = ok(runs["peers1"])
+    assert [row["step"] for row in ref.log] == [1, 2, 3, 4]
+    assert len(set(ref.hashes)) == 4 and ref.final_hash == ref.hashes[-1]
+    return ref
+
+
+# --- same bits, whatever the shape of the group ------------------------------------------------
+
+@pytest.mark.parametrize("name", ["peers3", "gloo"])
+def test_group_gives_the_one_peer_hashes(runs, reference, name):
+    run = ok(runs[name])
+    assert run.hashes == reference.hashes
+    assert run.final_hash == reference.final_hash
+    assert [row["loss"] for row in run.log] == [row["loss"] for row in reference.log]
+
+
+def test_capacity_plan_is_reported(runs):
+    lines = ok(runs["peers3"]).err.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("rank  device"))
+    rows = [line.split() for line in lines[header + 1 : header + 4]]
+    # rank, then microbatches of the 8 in proportion 1:2:5
+    assert [(row[0], row[-2]) for row in rows] == [("0", "1"), ("1", "2"), ("2", "5")]
+    assert "cluster-wide unit invocations: mul" in runs["peers3"].err
+
+
+def test_gloo_follower_finishes_cleanly(runs):
+    assert ok(runs["gloo-rank1"]).out == ""
+
+
+# --- faults ----------------------------------------------------------------------------------
+
+def test_sigkilled_loopback_peer_changes_no_hash(runs, reference):
+    run = ok(runs["kill"])
+    assert "re-planning lost microbatches" in run.err  # the peer really died mid-step
+    assert run.hashes == reference.hashes and run.final_hash == reference.final_hash
+
+
+def test_flipped_weight_bit_is_detected_and_resynced(runs, reference):
+    run = ok(runs["flip"])
+    assert "step 2: replicas disagree" in run.err
+    assert "re-synced" in run.err
+    assert run.hashes == reference.hashes and run.final_hash == reference.final_hash
+
+
+def test_nan_on_one_peer_is_refused_by_that_peer(runs, reference):
+    run = ok(runs["nan"])
+    assert "rank 1: stopped: NonFiniteError" in run.err
+    assert run.hashes == reference.hashes and run.final_hash == reference.final_hash
+
+
+# --- resume on another group shape -----------------------------------------------------------
+
+def test_resume_on_three_peers_from_a_one_peer_checkpoint(runs, reference):
+    first, resumed = ok(runs["first2"]), ok(runs["resume3"])
+    assert first.hashes == reference.hashes[:2]
+    assert [row["step"] for row in resumed.log] == [3, 4]
+    assert resumed.hashes == reference.hashes[2:]
+    assert resumed.final_hash == reference.final_hash
+
+
+def test_gloo_rank_death_stops_rank0_in_bounded_time_with_a_checkpoint(runs, reference):
+    from pynode.core.checkpoint import load_checkpoint
+
+    rank0, rank1 = runs["death"], runs["death-rank1"]
+    assert rank1.rc == -9, rank1.err[-2000:]  # the fault hook SIGKILLed rank 1
+    assert rank0.rc not in (0, None), rank0.err[-2000:]
+    assert "the group stopped: PeerLost" in rank0.err
+    assert "saved the last agreed state (step 2)" in rank0.err
+    stopped_after = rank0.ended - rank1.ended
+    assert stopped_after < STOP_BOUND_S, f"rank 0 took {stopped_after:.1f} s to stop"
+    assert rank0.hashes == reference.hashes[:2]
+    ckpt = load_checkpoint((runs["folder"] / "X.pt").read_bytes())
+    assert ckpt.step == 2 and ckpt.state_hash == reference.hashes[1]
+
+
+def test_restart_after_gloo_death_finishes_with_the_reference_hash(runs, reference):
+    resumed = ok(runs["resume_death"])
+    assert resumed.hashes == reference.hashes[2:]
+    assert resumed.final_hash == reference.final_hash

@@ -1,0 +1,318 @@
+"""`python -m pynode train` and `verify` as a user runs them, in subprocesses.
+
+The independent runs start together in one module fixture (each is a separate interpreter
+on a 2-core machine) and the tests read their results. Hashes are compared exactly: the
+last stdout line of `train` is the final state hash, --log holds one JSON row per step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN = ["train", "--steps", "3", "--seed", "1", "--no-progress"]
+LIMIT_S = 300
+# Many interpreters share 2 cores here; BLAS / OpenMP pools that spin-wait for idle cores
+# would make each run 3-4x slower. One run ("again") keeps the default pools: the bits must
+# not depend on the thread count.
+ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+@dataclass
+class Done:
+    rc: int
+    out: str
+    err: str
+    log: list[dict]
+
+    @property
+    def final_hash(self) -> str:
+        return self.out.strip().splitlines()[-1]
+
+    @property
+    def hashes(self) -> list[str]:
+        return [row["hash"] for row in self.log]
+
+
+class Launched:
+    """One `python -m pynode ...` process, its output in files (no pipe can fill up)."""
+
+    def __init__(self, folder: Path, name: str, args: list[str], env: dict | None = None):
+        self.folder, self.name = folder, name
+        self.log = folder / f"{name}.jsonl"
+        if args[0] == "train":
+            args = [*args, "--log", str(self.log)]
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith("PYNODE_")}
+        full_env = {**inherited, "PYTHONPATH": str(REPO), **ONE_THREAD, **(env or {})}
+        full_env = {k: v for k, v in full_env.items() if v is not None}
+        with open(folder / f"{name}.out", "w") as out, open(folder / f"{name}.err", "w") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "pynode", *args], cwd=REPO, env=full_env,
+                stdin=subprocess.DEVNULL, stdout=out, stderr=err, text=True,
+            )
+
+    def wait(self) -> Done:
+        try:
+            self.proc.wait(timeout=LIMIT_S)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+        rows = []
+        if self.log.exists():
+            rows = [json.loads(line) for line in self.log.read_text().splitlines()]
+        return Done(
+            self.proc.returncode, (self.folder / f"{self.name}.out").read_text(),
+            (self.folder / f"{self.name}.err").read_text(), rows,
+        )
+
+
+def simd_off_env() -> dict[str, str]:
+    """NPY_DISABLE_CPU_FEATURES naming every SIMD target this numpy dispatches to."""
+    from numpy._core import _multiarray_umath
+
+    targets = " ".join(_multiarray_umath.__cpu_dispatch__)
+    if not targets:
+        pytest.skip("this numpy build dispatches no SIMD targets")
+    return {"NPY_DISABLE_CPU_FEATURES": targets}
+
+
+def corrupted_units(folder: Path) -> Path:
+    copy = folder / "units-corrupt"
+    shutil.copytree(REPO / "units" / "weights", copy)
+    blob = bytearray((copy / "mul8.npz").read_bytes())
+    blob[len(blob) // 2] ^= 0x04
+    (copy / "mul8.npz").write_bytes(bytes(blob))
+    return copy
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    """Every independent run at once; the resume of `first2`'s checkpoint once it exists."""
+    folder = tmp_path_factory.mktemp("cli")
+    bad_units = {"PYNODE_UNITS_DIR": str(corrupted_units(folder))}
+    plans = {
+        "ref": (TRAIN + ["--save", str(folder / "ref.pt")], None),
+        "again": (TRAIN, dict.fromkeys(ONE_THREAD)),
+        "simd_off": (TRAIN, simd_off_env()),
+        "numpy_int": (TRAIN + ["--backend", "numpy_int"], None),
+        "first2": (["train", "--steps", "2", "--seed", "1", "--no-progress", "--save",
+                    str(folder / "step2.pt")], None),
+        "mlp_env": (TRAIN, {"PYNODE_TASK": "mlp"}),
+        "mlp_flag": (TRAIN + ["--task", "mlp"], None),
+        "unknown_task": (TRAIN + ["--task", "gtp"], None),
+        "unknown_env": (TRAIN, {"PYNODE_TASK": "gtp"}),
+        "verify": (["verify"], None),
+        "verify_bad": (["verify"], bad_units),
+        "train_bad_units": (TRAIN, bad_units),
+    }
+    refusals = bad_checkpoint_plans(folder)
+    plans.update({name: (args, None) for name, (args, *_) in refusals.items()})
+    started = {name: Launched(folder, name, args, env) for name, (args, env) in plans.items()}
+    done: dict = {"first2": started.pop("first2").wait()}
+    started["resumed"] = Launched(folder, "resumed", ["train", "--resume",
+                                  str(folder / "step2.pt"), "--steps", "3", "--no-progress"])
+    done.update({name: proc.wait() for name, proc in started.items()})
+    done["folder"] = folder
+    done["refused"] = {name: (done[name], *rest) for name, (_, *rest) in refusals.items()}
+    return done
+
+
+def ok(done: Done) -> Done:
+    assert done.rc == 0, done.err[-3000:]
+    return done
+
+
+# --- same bits -------------------------------------------------------------------------------
+
+def test_train_prints_the_final_hash_and_logs_every_step(runs):
+    ref = ok(runs["ref"])
+    assert [row["step"] for row in ref.log] == [1, 2, 3]
+    assert len(set(ref.hashes)) == 3 and all(len(h) == 64 for h in ref.hashes)
+    assert ref.final_hash == ref.hashes[-1]
+    assert all(np.isfinite(row["loss"]) for row in ref.log)
+    assert "unit invocations: mul" in ref.err
+
+
+@pytest.mark.parametrize("name", ["again", "simd_off", "numpy_int"])
+def test_train_twice_without_simd_or_on_another_backend_gives_the_same_hashes(runs, name):
+    ref, other = ok(runs["ref"]), ok(runs[name])
+    assert other.hashes == ref.hashes
+    assert other.final_hash == ref.final_hash
+
+
+def test_numpy_int_run_really_used_numpy_int(runs):
+    assert "backend numpy_int" in ok(runs["numpy_int"]).err
+    assert "backend numpy_int" not in ok(runs["ref"]).err
+
+
+def test_simd_is_really_off_under_that_environment():
+    check = (
+        "from numpy._core import _multiarray_umath as m\n"
+        "print([t for t in m.__cpu_dispatch__ if m.__cpu_features__.get(t)])\n"
+    )
+    env = {**os.environ, **simd_off_env()}
+    done = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.stdout.strip() == "[]", done.stderr
+
+
+# --- checkpoints -----------------------------------------------------------------------------
+
+def test_saved_checkpoint_is_read_by_torch_weights_only(runs):
+    torch = pytest.importorskip("torch")
+    ref = ok(runs["ref"])
+    obj = torch.load(runs["folder"] / "ref.pt", weights_only=True)
+    assert obj["magic"] == "DAISYCHAIN-CKPT" and obj["step"] == 3
+    assert obj["state_hash"] == ref.final_hash
+    assert obj["config"]["seed"] == 1 and obj["task"] == "gpt"
+    from pynode.core.checkpoint import load_checkpoint
+
+    ours = load_checkpoint((runs["folder"] / "ref.pt").read_bytes())
+    for name, tensor in obj["params"].items():
+        assert tensor.dtype == torch.float32
+        assert np.array_equal(tensor.numpy().view(np.uint32), ours.params[name].view(np.uint32))
+
+
+def test_resume_continues_bit_identically(runs):
+    ref, first, resumed = ok(runs["ref"]), ok(runs["first2"]), ok(runs["resumed"])
+    # Steps 1-2 are inside the 10-step warm-up, whose learning rate does not depend on the
+    # run length: a 2-step run is the prefix of a 3-step run.
+    assert first.hashes == ref.hashes[:2]
+    assert "from step 2" in resumed.err
+    assert [row["step"] for row in resumed.log] == [3]
+    assert resumed.hashes == ref.hashes[2:]
+    assert resumed.final_hash == ref.final_hash
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def flipped(data: bytes) -> bytes:
+    blob = bytearray(data)
+    blob[len(blob) // 2] ^= 0x10
+    return bytes(blob)
+
+
+def edited(data: bytes) -> bytes:
+    """One weight bit changed and the zip rewritten with fresh CRCs: only the hash can tell."""
+    source, out = zipfile.ZipFile(io.BytesIO(data)), io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as archive:
+        for info in source.infolist():
+            blob = source.read(info.filename)
+            if info.filename == "archive/data/0":
+                blob = bytes([blob[0] ^ 0x01]) + blob[1:]
+            archive.writestr(info.filename, blob)
+    return out.getvalue()
+
+
+BAD_CHECKPOINTS = {
+    "flipped": (flipped, [], "CheckpointError: .*damaged"),
+    "truncated": (lambda d: d[: len(d) // 2], [], "CheckpointError: .*damaged"),
+    "header": (lambda d: b"PK\x03\x04junk" + d[10:], [], "CheckpointError"),
+    "empty": (lambda d: b"", [], "CheckpointError"),
+    "narrower": (lambda d: d, ["--width", "32"], r"'wte' has shape \(256, 64\), .*\(256, 32\)"),
+    "other_task": (lambda d: d, ["--task", "mlp"], "task 'gpt', expected 'mlp'"),
+    "edited": (edited, [], "state hash mismatch"),
+}
+
+
+def initial_checkpoint() -> bytes:
+    """A valid step-0 checkpoint of the default GPT (no units needed to build it)."""
+    from pynode.config import RunConfig
+    from pynode.session import checkpoint_bytes
+    from pynode.tasks.gpt import GPTTask
+    from pynode.trainer import Trainer
+
+    return checkpoint_bytes(Trainer(RunConfig(steps=3, seed=1), GPTTask(), None))
+
+
+def bad_checkpoint_plans(folder: Path) -> dict[str, tuple[list[str], Path, Path, str, str]]:
+    """name -> (argv, checkpoint, --save target, their sha256 before the run)."""
+    good = initial_checkpoint()
+    plans = {}
+    for name, (corrupt, extra, _) in BAD_CHECKPOINTS.items():
+        ckpt, target = folder / f"bad-{name}.pt", folder / f"target-{name}.pt"
+        ckpt.write_bytes(corrupt(good))
+        target.write_bytes(b"an earlier checkpoint the user keeps")
+        args = ["train", "--resume", str(ckpt), "--steps", "4", "--save", str(target), *extra]
+        plans[f"refuse-{name}"] = (args, ckpt, target, sha256(ckpt), sha256(target))
+    ckpt, fresh = folder / "bad-flipped.pt", folder / "never-written.pt"
+    args = ["train", "--resume", str(ckpt), "--save", str(fresh), "--no-progress"]
+    plans["refuse-no-target"] = (args, ckpt, fresh, sha256(ckpt), "")
+    return plans
+
+
+@pytest.mark.parametrize("name", sorted(BAD_CHECKPOINTS))
+def test_bad_checkpoint_is_refused_and_files_untouched(runs, name):
+    done, ckpt, target, ckpt_sha, target_sha = runs["refused"][f"refuse-{name}"]
+    assert done.rc == 2, done.err[-2000:]
+    assert re.search(BAD_CHECKPOINTS[name][2], done.err), done.err
+    assert "Traceback" not in done.err
+    assert done.log == [] and done.out == ""
+    assert sha256(ckpt) == ckpt_sha
+    assert sha256(target) == target_sha
+
+
+def test_refused_resume_creates_no_save_file(runs):
+    done, _, target, _, _ = runs["refused"]["refuse-no-target"]
+    assert done.rc == 2 and "CheckpointError" in done.err
+    assert not target.exists()
+
+
+# --- tasks -----------------------------------------------------------------------------------
+
+def test_unknown_task_exits_2_listing_the_tasks(runs):
+    for name in ("unknown_task", "unknown_env"):
+        done = runs[name]
+        assert done.rc == 2, done.err
+        assert "UnknownTaskError" in done.err and "'gtp'" in done.err
+        assert "float, gpt, mlp" in done.err
+        assert "Traceback" not in done.err and done.log == []
+
+
+def test_pynode_task_env_selects_the_task(runs):
+    env, flag, gpt = ok(runs["mlp_env"]), ok(runs["mlp_flag"]), ok(runs["ref"])
+    assert "task mlp" in env.err
+    assert env.hashes == flag.hashes and env.final_hash == flag.final_hash
+    assert env.final_hash != gpt.final_hash
+
+
+# --- verify ----------------------------------------------------------------------------------
+
+def test_verify_passes_and_prints_the_table(runs):
+    done = ok(runs["verify"])
+    lines = done.out.splitlines()
+    assert lines[0].split() == ["check", "domain", "result", "backend", "time"]
+    for row in ("unit mul8", "unit requant16", "unit relu8", "LUT == integer op"):
+        assert any(line.startswith(row) and " pass " in line for line in lines), row
+    assert sum("exact gate" in line for line in lines) >= 2
+    assert "verify passed" in done.out
+
+
+def test_verify_fails_on_a_corrupted_unit_weight_file(runs):
+    done = runs["verify_bad"]
+    assert done.rc == 1, done.out + done.err
+    assert "mul8.npz is corrupted" in done.out
+    assert "verify FAILED" in done.out and "must not train" in done.out
+
+
+def test_train_refuses_corrupted_unit_weights(runs):
+    done = runs["train_bad_units"]
+    assert done.rc == 2, done.err
+    assert "UnitVerificationError" in done.err and "mul8.npz is corrupted" in done.err
+    assert done.log == []
