@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--backend", help="force a GEMM backend (default: best that passes)")
     train.add_argument("--log", help="append one JSON object per step to this file")
     train.add_argument("--save", help="write a .pt checkpoint here at the end")
+    train.add_argument("--save-every", type=int, metavar="N",
+                       help="also write --save every N steps (resume it after a crash)")
     train.add_argument("--resume", help="continue from this .pt checkpoint")
     train.add_argument("--peers", type=int, default=1, help="local peer processes (loopback)")
     train.add_argument("--capacity", help="relative speeds of the local peers, e.g. 1,2,5")
@@ -60,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument("--log", help="(rank 0) append one JSON object per step to this file")
     cluster.add_argument("--save", help="(rank 0) write a .pt checkpoint here at the end, or "
                          "of the last agreed step if the cluster breaks")
+    cluster.add_argument("--save-every", type=int, metavar="N",
+                         help="also write --save every N steps")
     cluster.add_argument("--resume", help="(rank 0) continue from this .pt checkpoint")
     cluster.add_argument("--capacity", help="relative speeds of the ranks, e.g. 1,2")
     cluster.add_argument("--timeout", type=float, default=60.0,

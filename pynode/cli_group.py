@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pynode import platform
 from pynode.cli_train import StepReporter, explicit_config, print_summary
 from pynode.comm import CommError, make_collective
 from pynode.config import ConfigError, RunConfig
@@ -83,6 +84,9 @@ async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities)
         reporter(result)
         last["result"] = result
         last["agreed"] = checkpoint_bytes(trainer) if args.save else None
+        every = getattr(args, "save_every", None)
+        if every and result.step % every == 0:
+            write_atomically(args.save, last["agreed"])
 
     def prepare(trainer: Trainer) -> None:
         last["trainer"] = trainer
@@ -175,7 +179,17 @@ def spawn_peer(rank: int, world: int, address: str, args) -> subprocess.Popen:
         cmd += ["--backend", args.backend]
     if args.capacity:
         cmd += ["--capacity", args.capacity]
-    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=threads_per_peer(world))
+
+
+def threads_per_peer(peers: int) -> dict[str, str]:
+    """Split this machine's cores between the local peers: a BLAS pool per process that
+    wants every core makes N processes on N cores wait on each other at every GEMM."""
+    share = str(max(1, platform.cpu_count() // peers))
+    env = dict(os.environ)
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.setdefault(name, share)
+    return env
 
 
 async def peer_command(args) -> int:

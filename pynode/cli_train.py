@@ -65,6 +65,8 @@ async def train_command(args: argparse.Namespace, cfg: RunConfig) -> int:
         cfg, resume = load_resume(args.resume, explicit_config(args))
     if args.save:
         check_writable(args.save)
+    if args.save_every is not None and (args.save_every < 1 or not args.save):
+        raise ConfigError("--save-every needs --save and a positive number of steps")
     trainer = build_trainer(cfg, backend=args.backend, resume=resume)
     print(f"task {cfg.task}  backend {getattr(trainer.gemm, 'backend_name', 'float')}  "
           f"params {sum(p.size for p in trainer.state.params.values()):,}  "
@@ -76,6 +78,8 @@ async def train_command(args: argparse.Namespace, cfg: RunConfig) -> int:
         while trainer.state.step < cfg.steps:
             last = await trainer.step()
             reporter(last)
+            if args.save and args.save_every and last.step % args.save_every == 0:
+                write_atomically(args.save, checkpoint_bytes(trainer))
     finally:
         reporter.close()
     elapsed = time.perf_counter() - started

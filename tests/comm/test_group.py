@@ -119,12 +119,18 @@ def runs(tmp_path_factory) -> dict:
         # the run length: a 2-step run is the prefix of the 4-step run.
         "first2": Launched(folder, "first2", ["train", "--steps", "2", *CONFIG, "--save",
                                               str(folder / "step2.pt")]),
+        # The leader dies at step 3 of a 4-step run that checkpoints every 2 steps.
+        "crash": Launched(folder, "crash", [*TRAIN, "--peers", "2", "--save",
+                                            str(folder / "crash.pt"), "--save-every", "2"],
+                          {"PYNODE_FAULT": "0:3:kill"}),
     }
     pairs = {
         "gloo": gloo_pair(folder, "gloo", TRAIN[1:]),
         "death": gloo_pair(folder, "death", death_args, fault="1:3:kill"),
     }
-    done: dict = {"first2": started.pop("first2").wait()}
+    done: dict = {"first2": started.pop("first2").wait(), "crash": started.pop("crash").wait()}
+    started["resume_crash"] = Launched(folder, "resume_crash", ["train", "--resume",
+                                       str(folder / "crash.pt"), "--no-progress"])
     started["resume3"] = Launched(folder, "resume3", ["train", "--resume",
                                   str(folder / "step2.pt"), "--steps", "4", "--peers", "3",
                                   "--no-progress"])
@@ -221,5 +227,15 @@ def test_gloo_rank_death_stops_rank0_in_bounded_time_with_a_checkpoint(runs, ref
 
 def test_restart_after_gloo_death_finishes_with_the_reference_hash(runs, reference):
     resumed = ok(runs["resume_death"])
+    assert resumed.hashes == reference.hashes[2:]
+    assert resumed.final_hash == reference.final_hash
+
+
+def test_periodic_checkpoint_survives_a_crash_and_resumes_exactly(runs, reference):
+    crash = runs["crash"]
+    assert crash.rc == -9, crash.err[-2000:]  # the fault hook SIGKILLed the leader
+    assert crash.hashes == reference.hashes[:2]
+    resumed = ok(runs["resume_crash"])
+    assert [row["step"] for row in resumed.log] == [3, 4]
     assert resumed.hashes == reference.hashes[2:]
     assert resumed.final_hash == reference.final_hash
