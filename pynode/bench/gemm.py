@@ -96,7 +96,7 @@ def _audit_row(mul_lut: np.ndarray, repeats: int) -> dict:
     }
 
 
-def run(json_out: bool, repeats: int = 7, shapes: tuple[int, ...] = SHAPES) -> list[dict]:
+def run(json_out: bool, repeats: int = 7, shapes: tuple[int, ...] | None = None) -> list[dict]:
     """Time every backend at 256^3, 512^3, 1024^3; print rows (JSON lines or a table)."""
     from pynode.unitfiles import load_default_units
 
@@ -118,7 +118,7 @@ def run(json_out: bool, repeats: int = 7, shapes: tuple[int, ...] = SHAPES) -> l
             emit(rows[-1])
             continue
         exact = gate.run(backend).passed
-        for n in shapes:
+        for n in SHAPES if shapes is None else shapes:
             if name == "reference" and n > REFERENCE_MAX:
                 continue
             reps = 1 if name == "reference" else repeats
