@@ -91,7 +91,8 @@ async def run_member(
     if available and memory_needed(cfg, param_count) > available:
         raise MemoryRefusal(
             f"rank {collective.rank}: this config needs about "
-            f"{memory_needed(cfg, param_count) >> 20} MiB, only {available >> 20} MiB available"
+            f"{memory_needed(cfg, param_count) / 2**20:.1f} MiB, only "
+            f"{available / 2**20:.1f} MiB available; ask the leader for a smaller config"
         )
     if capacities is not None:
         trainer.capacities = dict(capacities)

@@ -1,0 +1,44 @@
+"""A follower refuses a leader's config it cannot hold in memory, before it trains."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pynode import group
+from pynode.config import RunConfig
+
+
+class LeaderSaid:
+    """The follower's view of a collective: the leader's broadcasts, then nothing."""
+
+    rank, world_size, members, bytes_sent = 1, 2, (0, 1), 0
+
+    def __init__(self, cfg: RunConfig):
+        self.broadcasts = [cfg.to_json().encode(), b"0"]
+        self.gathered = 0
+
+    async def broadcast_bytes(self, data, *, root=0, timeout):
+        return self.broadcasts.pop(0)
+
+    async def allgather_bytes(self, data, *, timeout):
+        self.gathered += 1
+        raise AssertionError("a refusing follower must not go on to the next collective")
+
+
+CFG = RunConfig(steps=2, width=32, layers=1, heads=2, seq=16, microbatch_size=2, microbatches=2)
+
+
+def test_follower_without_the_memory_refuses_with_a_clear_message(monkeypatch):
+    monkeypatch.setattr(group.platform, "memory_bytes", lambda: 1 << 16)  # 64 KiB free
+    collective = LeaderSaid(CFG)
+    with pytest.raises(group.MemoryRefusal, match=r"rank 1: this config needs about [\d.]+ MiB, only 0.1 MiB"):
+        asyncio.run(group.run_member(collective, None))
+    assert collective.gathered == 0
+
+
+def test_memory_estimate_grows_with_the_config():
+    small = group.memory_needed(CFG, 10_000)
+    assert group.memory_needed(CFG.with_(seq=64), 10_000) > small
+    assert group.memory_needed(CFG, 1_000_000) > small

@@ -1,0 +1,73 @@
+"""`python -m pynode verify` in-process: a corrupted LUT cell or a wrong backend fails it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+import pynode.unitfiles
+from pynode import verify
+
+
+def corrupted_units(table: str, index: tuple[int, ...]):
+    units = pynode.unitfiles.load_default_units()
+    lut = getattr(units, table).copy()
+    lut[index] += 1
+    return dataclasses.replace(units, **{table: lut})
+
+
+def test_verify_passes_on_the_shipped_units(capsys):
+    assert verify.verify_command() == 0
+    out = capsys.readouterr().out
+    assert "verify passed" in out
+    for row in ("unit mul8", "unit requant16", "unit relu8", "LUT == integer op", "exact gate"):
+        assert row in out
+
+
+def test_a_corrupted_lut_cell_fails_verify_with_its_address(monkeypatch, capsys):
+    bad = corrupted_units("mul_lut", (255, 255))  # 127 * 127, the last row and column
+    monkeypatch.setattr(pynode.unitfiles, "load_default_units", lambda: bad)
+    assert verify.verify_command() == 1
+    out = capsys.readouterr().out
+    lut_row = next(line for line in out.splitlines() if line.startswith("LUT == integer op"))
+    assert "FAIL" in lut_row and "a=127, b=127" in lut_row
+    assert "verify FAILED" in out
+
+
+def test_a_corrupted_requant_cell_fails_verify(monkeypatch, capsys):
+    bad = corrupted_units("requant_lut", (0,))
+    monkeypatch.setattr(pynode.unitfiles, "load_default_units", lambda: bad)
+    assert verify.verify_command(json_rows=True) == 1
+    assert "x=-32768" in capsys.readouterr().out
+
+
+def test_gate_rows_fail_for_a_backend_with_one_wrong_cell(monkeypatch):
+    from pynode.core.gemm import select
+
+    real = select.make_backend
+
+    class OffByOne:
+        def __init__(self, inner):
+            self.inner, self.name = inner, inner.name
+
+        def matmul(self, a, b):
+            out = self.inner.matmul(a, b)
+            out[-1, -1] += 1
+            return out
+
+        def bmm(self, a, b):
+            out = self.inner.bmm(a, b)
+            out[..., -1, -1] += 1
+            return out
+
+    def broken(name, lut):
+        backend = real(name, lut)
+        return OffByOne(backend) if name == "numpy_int" else backend
+
+    monkeypatch.setattr("pynode.core.gemm.make_backend", broken)
+    units = pynode.unitfiles.load_default_units()
+    rows = {row.backend: row for row in verify.gate_rows(units)}
+    assert rows["numpy_int"].result.startswith("FAIL")
+    assert rows["blas_float"].passed and rows["reference"].passed
+    assert np.array_equal(units.mul_lut, pynode.unitfiles.load_default_units().mul_lut)
