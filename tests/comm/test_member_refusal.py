@@ -33,7 +33,8 @@ CFG = RunConfig(steps=2, width=32, layers=1, heads=2, seq=16, microbatch_size=2,
 def test_follower_without_the_memory_refuses_with_a_clear_message(monkeypatch):
     monkeypatch.setattr(group.platform, "memory_bytes", lambda: 1 << 16)  # 64 KiB free
     collective = LeaderSaid(CFG)
-    with pytest.raises(group.MemoryRefusal, match=r"rank 1: this config needs about [\d.]+ MiB, only 0.1 MiB"):
+    refusal = r"rank 1: this config needs about [\d.]+ MiB, only 0.1 MiB"
+    with pytest.raises(group.MemoryRefusal, match=refusal):
         asyncio.run(group.run_member(collective, None))
     assert collective.gathered == 0
 
