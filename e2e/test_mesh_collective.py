@@ -33,6 +33,13 @@ def vectors(n: int, length: int, seed: int = 0) -> list[np.ndarray]:
     return [rng.integers(-(2**40), 2**40, length, dtype=np.int64) for _ in range(n)]
 
 
+async def reduce_all(colls: list[MeshCollective], xs: list, errors: bool = False) -> list:
+    """Every member's allreduce_int64 of its own x, run together (exceptions returned if
+    `errors`)."""
+    calls = (c.allreduce_int64(x, timeout=T) for c, x in zip(colls, xs, strict=True))
+    return await asyncio.gather(*calls, return_exceptions=errors)
+
+
 def exact_sum(xs: list[np.ndarray]) -> np.ndarray:
     total = np.zeros_like(xs[0])
     for x in xs:
@@ -45,8 +52,7 @@ def test_allreduce_is_the_exact_sum_on_every_member(n, length):
     async def body():
         coll = await group(n)
         xs = vectors(n, length, seed=n + length)
-        results = await asyncio.gather(
-            *(c.allreduce_int64(x, timeout=T) for c, x in zip(coll, xs, strict=True)))
+        results = await reduce_all(coll, xs)
         for res in results:
             assert isinstance(res, ReduceResult)
             assert res.total.dtype == np.int64 and res.total.flags.writeable
@@ -61,7 +67,7 @@ def test_each_member_sends_about_two_n_minus_one_over_n_of_the_vector():
     async def body():
         coll = await group(3)
         xs = vectors(3, 300_000)
-        await asyncio.gather(*(c.allreduce_int64(x, timeout=T) for c, x in zip(coll, xs)))
+        await reduce_all(coll, xs)
         vector_bytes = 8 * 300_000
         for c in coll:
             assert 2 * 2 / 3 * vector_bytes <= c.bytes_sent < 2 * 2 / 3 * vector_bytes + 4096
@@ -73,21 +79,16 @@ def test_bad_input_is_refused_by_every_member_and_the_group_goes_on():
         coll = await group(3)
         xs = vectors(3, 10)
         bad = [xs[0], xs[1].astype(np.float64), xs[2]]
-        outcomes = await asyncio.gather(
-            *(c.allreduce_int64(x, timeout=T) for c, x in zip(coll, bad)), return_exceptions=True)
+        outcomes = await reduce_all(coll, bad, errors=True)
         assert all(isinstance(o, ShapeError) for o in outcomes), outcomes
         assert all("rank 1" in str(o) for o in outcomes)
         uneven = [xs[0], xs[1][:9], xs[2]]
-        outcomes = await asyncio.gather(
-            *(c.allreduce_int64(x, timeout=T) for c, x in zip(coll, uneven)),
-            return_exceptions=True)
+        outcomes = await reduce_all(coll, uneven, errors=True)
         assert all(isinstance(o, ShapeError) for o in outcomes), outcomes
         huge = [xs[0], np.full(10, 2**62, np.int64), xs[2]]
-        outcomes = await asyncio.gather(
-            *(c.allreduce_int64(x, timeout=T) for c, x in zip(coll, huge)),
-            return_exceptions=True)
+        outcomes = await reduce_all(coll, huge, errors=True)
         assert all(isinstance(o, FixedPointOverflowError) for o in outcomes), outcomes
-        results = await asyncio.gather(*(c.allreduce_int64(x, timeout=T) for c, x in zip(coll, xs)))
+        results = await reduce_all(coll, xs)
         assert all(np.array_equal(r.total, exact_sum(xs)) for r in results)
     run(body())
 
@@ -163,8 +164,7 @@ def test_a_peer_admitted_by_the_leader_takes_part_from_the_next_collective():
                              seq=coll[0].seq)
         everyone = [*coll, late]
         xs = vectors(3, 77)
-        results = await asyncio.gather(*(c.allreduce_int64(x, timeout=T)
-                                         for c, x in zip(everyone, xs)))
+        results = await reduce_all(everyone, xs)
         assert all(np.array_equal(r.total, exact_sum(xs)) for r in results)
         assert all(r.contributors == (0, 1, 2) for r in results)
     run(body())
@@ -181,7 +181,7 @@ def test_frames_of_another_group_on_the_same_mesh_are_ignored():
         new = [await connect(m, ["p0", "p1"], group=2) for m in router_meshes]
         router_meshes[0].send("p1", stale)
         xs = vectors(2, 8)
-        results = await asyncio.gather(*(c.allreduce_int64(x, timeout=T) for c, x in zip(new, xs)))
+        results = await reduce_all(new, xs)
         assert all(np.array_equal(r.total, xs[0] + xs[1]) for r in results)
     run(body())
 
@@ -210,4 +210,4 @@ def test_chunk_bounds_cover_the_vector_once():
     for length in (0, 1, 7, 100):
         for parts in (1, 2, 3, 8):
             b = chunk_bounds(length, parts)
-            assert b[0] == 0 and b[-1] == length and all(x <= y for x, y in zip(b, b[1:]))
+            assert b[0] == 0 and b[-1] == length and b == sorted(b)

@@ -147,7 +147,7 @@ def test_bad_config_or_busy_peer_starts_nothing(checks):
             await pages[0].peer.start({**CONFIG, "heads": 3})
         with pytest.raises(ConfigError):
             await pages[0].peer.start({**CONFIG, "bogus": 1})
-        assert pages[0].reports == [] and pages[1].reports == []
+        assert not pages[0].kinds("run") and not pages[1].kinds("run")
         await pages[0].peer.start({**CONFIG, "steps": 2})
         with pytest.raises(RoomError):
             await pages[1].peer.start(CONFIG)
@@ -161,8 +161,69 @@ def test_a_peer_that_never_said_ready_is_left_out(checks, reference):
         pages = [Page(net, f"tab{i}", checks) for i in range(2)]
         net.join("failed-gate")  # reachable, but no room peer answers: it never says hello
         await asyncio.sleep(0.05)
+        assert pages[0].kinds("peers")[-1] == {"tab1": "ready"}
         ranks = await pages[0].peer.start({**CONFIG, "steps": 2})
         assert "failed-gate" not in ranks
         await settle(pages)
         assert pages[1].hashes() == {1: reference[0], 2: reference[1]}
+    run(body())
+
+
+def corrupting(checks: Checks, at_step: int):
+    """make_trainer whose trainer flips one weight after step `at_step`: a broken peer."""
+    def make(cfg, coll, resume):
+        trainer = checks.make_trainer(cfg, coll, resume)
+
+        def flip(t):
+            if t.state.step == at_step:
+                name = next(iter(t.state.params))
+                t.state.params[name] = t.state.params[name].copy()
+                t.state.params[name].reshape(-1)[0] += 1.0
+        trainer.fault_hook = flip
+        return trainer
+    return make
+
+
+def test_a_fork_between_two_peers_stops_both_with_a_clear_message(checks, reference):
+    async def body():
+        net = MemoryNetwork()
+        pages = [Page(net, f"tab{i}", checks) for i in range(2)]
+        pages[1].peer.make_trainer = corrupting(checks, 2)
+        await asyncio.sleep(0.05)
+        await pages[0].peer.start({**CONFIG, "steps": 5})
+        await settle(pages)
+        for page in pages:
+            assert "fork detected" in page.kinds("failed")[0]["error"]
+            assert max(page.hashes()) == 1, "nobody may report a step past the fork"
+    run(body())
+
+
+def test_a_diverged_minority_is_resynced_from_the_majority(checks, reference):
+    async def body():
+        net = MemoryNetwork()
+        pages = [Page(net, f"tab{i}", checks) for i in range(3)]
+        pages[2].peer.make_trainer = corrupting(checks, 2)
+        await asyncio.sleep(0.05)
+        await pages[0].peer.start({**CONFIG, "steps": 4})
+        await settle(pages)
+        for page in pages:
+            assert page.kinds("done")[0]["hash"] == reference[3]
+    run(body())
+
+
+def test_allreduce_benchmark_over_the_room(checks):
+    async def body():
+        net = MemoryNetwork()
+        pages = [Page(net, f"tab{i}", checks) for i in range(3)]
+        await asyncio.sleep(0.05)
+        result = await pages[0].peer.bench(10_000, 3)
+        assert result["members"] == 3 and result["exact"] and len(result["seconds"]) == 3
+        await asyncio.sleep(0.2)
+        for page in pages[1:]:
+            assert page.kinds("bench")[0]["exact"]
+        with pytest.raises(ConfigError):
+            await pages[0].peer.bench(0, 3)
+        ranks = await pages[1].peer.start({**CONFIG, "steps": 1})
+        assert len(ranks) == 3, "peers are free again after a benchmark"
+        await settle(pages)
     run(body())

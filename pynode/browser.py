@@ -6,6 +6,7 @@ pyodide_app/worker.js calls, in order:
     peer = BrowserPeer(bridge, self_id, checks) once the checks passed and signaling named us
     peer.opened(id) / peer.deliver(id, ArrayBuffer) / peer.gone(id)     mesh events
     await peer.start(config_json)               this tab leads a run (a Promise in JS)
+    await peer.bench(size, repeats)             this tab leads an all-reduce benchmark
 
 `bridge` is a JS object: `send(peer, Uint8Array)` hands a message to the main thread (which
 fragments it onto the peer's data channel), `post(kind, json)` reports to the page. Each
@@ -190,3 +191,11 @@ class BrowserPeer:
         except (DaisyError, ValueError, TypeError) as exc:
             return json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
         return json.dumps({"ok": True, "ranks": ranks})
+
+    async def bench(self, size: int, repeats: int) -> str:
+        """Lead an all-reduce benchmark; JSON {ok, size, members, seconds, ...} or an error."""
+        try:
+            result = await self.room.bench(int(size), int(repeats))
+        except (DaisyError, ValueError, TypeError) as exc:
+            return json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+        return json.dumps({"ok": True, **result})

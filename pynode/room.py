@@ -11,9 +11,10 @@ Messages on channel b"R": tag, u32 length, JSON header, then an optional blob.
 
     hello   {state, run}            on every new channel and on each change; `run` is
                                     {id, leader, step, steps} or null
-    propose {run, config}           leader -> ready idle peers
+    propose {run, config | bench}   leader -> ready idle peers (bench: {size, repeats}, an
+                                    all-reduce benchmark instead of a run)
     accept / refuse {run, reason}   -> leader
-    go      {run, config, ranks, group}   leader -> accepted peers: train
+    go      {run, config | bench, ranks, group}   leader -> accepted peers: start
     cancel  {run}                   leader -> accepted peers left out
     join    {run, open}             idle ready peer -> leader (`open`: peers it reaches)
     sync    {run, config, ranks, members, seq, group, hash, capacities} + checkpoint
@@ -26,9 +27,12 @@ import json
 import logging
 import secrets
 import struct
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from pynode.comm import webrtc
 from pynode.comm.base import PeerLost
@@ -44,6 +48,7 @@ TAG = b"R"
 _LEN = struct.Struct("<I")
 PROPOSE_WAIT_S = 5.0  # how long the leader waits for answers to a proposal
 PENDING_S = 15.0  # a peer that accepted waits this long for `go` before it is free again
+BENCH_TIMEOUT_S = 120.0  # per collective of an all-reduce benchmark
 
 # make_trainer(cfg, collective, resume checkpoint or None) -> Trainer
 TrainerFactory = Callable[[RunConfig, Any, "checkpoint.CheckpointState | None"], Trainer]
@@ -87,6 +92,8 @@ class RoomPeer:
       done    {step, hash}                              the run reached its last step
       failed  {error}                                   this peer stopped (fork, lost leader)
       event   {level, text}                             peer lost, peer joined, ...
+      peers   {peer id: "ready" | "training"}           peers whose Python said hello
+      bench   {size, members, seconds, bytes_sent, exact}   an all-reduce benchmark's timing
     """
 
     def __init__(self, mesh: Mesh, make_trainer: TrainerFactory, report: Reporter) -> None:
@@ -101,6 +108,7 @@ class RoomPeer:
         self.pending: tuple[str, str, float] | None = None  # (run, leader, until) accepted
         self.answers: dict[str, dict[str, str]] = {}  # run -> peer -> "accept"/"refuse"
         self.task: asyncio.Task | None = None
+        self.benching = False
 
     # ----------------------------------------------------------------- messages
     async def serve(self) -> None:
@@ -111,6 +119,7 @@ class RoomPeer:
             try:
                 if data is None:
                     self.hellos.pop(peer, None)
+                    self.report_peers()
                 elif not data:
                     self.send(peer, "hello", **self.hello())
                     self.maybe_join()
@@ -131,6 +140,10 @@ class RoomPeer:
                                          "step": run.trainer.state.step, "steps": run.cfg.steps}
         return {"state": "training" if run else "ready", "run": info}
 
+    def report_peers(self) -> None:
+        """Which peers' Python said hello, and in what state: who a run can be started with."""
+        self.report("peers", {p: h.get("state") for p, h in sorted(self.hellos.items())})
+
     def announce(self) -> None:
         for peer in self.chan.peers:
             self.send(peer, "hello", **self.hello())
@@ -139,15 +152,20 @@ class RoomPeer:
         kind, run_id = head["t"], head.get("run")
         if kind == "hello":
             self.hellos[peer] = head
+            self.report_peers()
             self.maybe_join()
         elif kind == "propose":
-            self.on_propose(peer, run_id, head["config"])
+            self.on_propose(peer, run_id, head)
         elif kind in ("accept", "refuse"):
             self.answers.get(run_id, {}).setdefault(peer, kind)
         elif kind == "go" and self.pending and self.pending[:2] == (run_id, peer):
             self.pending = None
-            cfg = RunConfig.from_dict(head["config"])
             coll = await webrtc.connect(self.coll_chan, head["ranks"], group=head["group"])
+            if "bench" in head:
+                size, repeats = int(head["bench"]["size"]), int(head["bench"]["repeats"])
+                self.task = asyncio.ensure_future(self.run_bench(coll, size, repeats))
+                return
+            cfg = RunConfig.from_dict(head["config"])
             self.launch(Run(run_id, peer, cfg, self.make_trainer(cfg, coll, None), coll))
         elif kind == "cancel" and self.pending and self.pending[:2] == (run_id, peer):
             self.pending = None
@@ -165,7 +183,22 @@ class RoomPeer:
         """
         cfg = RunConfig.from_dict(config)
         check_task(cfg)
-        if self.run is not None or self.pending is not None:
+        run_id, ranks, coll = await self.gather({"config": json.loads(cfg.to_json())})
+        self.launch(Run(run_id, self.id, cfg, self.make_trainer(cfg, coll, None), coll))
+        return ranks
+
+    async def bench(self, size: int, repeats: int) -> dict[str, Any]:
+        """Lead an all-reduce benchmark with every ready idle peer: `repeats` reductions of
+        `size` int64 each; returns (and reports as "bench") the seconds of each."""
+        if not (isinstance(size, int) and isinstance(repeats, int) and size > 0 and repeats > 0):
+            raise ConfigError(f"bench needs positive integers, got size {size!r}, "
+                              f"repeats {repeats!r}")
+        _, _, coll = await self.gather({"bench": {"size": size, "repeats": repeats}})
+        return await self.run_bench(coll, size, repeats)
+
+    async def gather(self, plan: dict[str, Any]) -> tuple[str, list[str], webrtc.MeshCollective]:
+        """Propose `plan` to every ready idle peer; ranks are this peer and those that accept."""
+        if self.run is not None or self.pending is not None or self.benching:
             raise RoomError("this peer is already in a run")
         run_id = secrets.token_hex(6)
         asked = sorted(p for p, h in self.hellos.items()
@@ -173,7 +206,7 @@ class RoomPeer:
                        and p in self.chan.peers)
         self.answers[run_id] = {}
         for peer in asked:
-            self.send(peer, "propose", run=run_id, config=json.loads(cfg.to_json()))
+            self.send(peer, "propose", run=run_id, **plan)
         loop = asyncio.get_running_loop()
         until = loop.time() + PROPOSE_WAIT_S
         self.pending = (run_id, self.id, until)
@@ -186,22 +219,40 @@ class RoomPeer:
         ranks = [self.id, *sorted(p for p, a in answers.items() if a == "accept")]
         group = secrets.randbits(32)
         for peer in ranks[1:]:
-            self.send(peer, "go", run=run_id, config=json.loads(cfg.to_json()), ranks=ranks,
-                      group=group)
-        coll = await webrtc.connect(self.coll_chan, ranks, group=group)
-        self.launch(Run(run_id, self.id, cfg, self.make_trainer(cfg, coll, None), coll))
-        return ranks
+            self.send(peer, "go", run=run_id, ranks=ranks, group=group, **plan)
+        return run_id, ranks, await webrtc.connect(self.coll_chan, ranks, group=group)
 
-    def on_propose(self, leader: str, run_id: str, config: dict[str, Any]) -> None:
+    async def run_bench(self, coll: webrtc.MeshCollective, size: int, repeats: int) -> dict:
+        self.benching = True
+        try:
+            x = np.full(size, coll.rank + 1, np.int64)  # (size,) int64
+            await coll.barrier(timeout=BENCH_TIMEOUT_S)
+            seconds, exact = [], True
+            for _ in range(repeats):
+                started = time.perf_counter()
+                result = await coll.allreduce_int64(x, timeout=BENCH_TIMEOUT_S)
+                seconds.append(time.perf_counter() - started)
+                want = sum(r + 1 for r in result.contributors)
+                exact = exact and bool(np.all(result.total == want))
+            report = {"size": size, "members": len(coll.members), "seconds": seconds,
+                      "bytes_sent": coll.bytes_sent, "exact": exact}
+            self.report("bench", report)
+            return report
+        finally:
+            await coll.close()
+            self.benching = False
+
+    def on_propose(self, leader: str, run_id: str, head: dict[str, Any]) -> None:
         now = asyncio.get_running_loop().time()
         if self.pending is not None and self.pending[2] < now:
             self.pending = None
         reason = ""
         try:
-            check_task(RunConfig.from_dict(config))
+            if "bench" not in head:
+                check_task(RunConfig.from_dict(head["config"]))
         except (ConfigError, DaisyError, TypeError) as exc:
             reason = f"cannot train this config: {exc}"
-        if self.run is not None or self.pending is not None:
+        if self.run is not None or self.pending is not None or self.benching:
             reason = "busy in another run"
         if reason:
             self.send(leader, "refuse", run=run_id, reason=reason)

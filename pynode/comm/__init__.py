@@ -6,6 +6,8 @@ star.py       what a hub computes from its members' frames (pure)
 streams.py    asyncio stream links (native only)
 loopback.py   processes on one machine in a star around rank 0
 gloo.py       torch.distributed gloo across machines (torch imported lazily)
+mesh.py       Mesh: whole messages between peer ids (WebRTC in the page, in-memory in tests)
+webrtc.py     a Collective over a Mesh: reduce-scatter + all-gather, leader-committed members
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ __all__ = [
 _TRANSPORTS = {
     "loopback": "pynode.comm.loopback",
     "gloo": "pynode.comm.gloo",
+    "webrtc": "pynode.comm.webrtc",
 }
 
 

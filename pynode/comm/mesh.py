@@ -109,6 +109,12 @@ class MeshRouter:
             self._task = asyncio.ensure_future(self._pump())
 
     async def _pump(self) -> None:
+        try:
+            await self._pump_forever()
+        except asyncio.CancelledError:
+            pass  # stopped; ending normally keeps Pyodide's loop from reporting the cancel
+
+    async def _pump_forever(self) -> None:
         while True:
             peer, data = await self.mesh.recv()
             if not data:  # reachable / gone: every channel hears it

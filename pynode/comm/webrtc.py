@@ -67,7 +67,6 @@ class Op(IntEnum):
     BYE = 7  # leaving the group
 
 
-# --------------------------------------------------------------------------- collective
 class _Msg:
     __slots__ = ("status", "arg", "payload", "chunk")
 
@@ -131,7 +130,7 @@ class MeshCollective(Collective):
         """Leader only: `peer_id` becomes a member after the next collective; returns its rank.
 
         The joiner must then `connect` with `ranks`, `members` and `seq` as they are after
-        that collective (the leader sends them; see pynode.browser).
+        that collective (the leader sends them; see pynode.room).
         """
         if self.rank != 0:
             raise CollectiveUsageError("only the leader (rank 0) admits peers")
@@ -143,6 +142,12 @@ class MeshCollective(Collective):
 
     # ----------------------------------------------------------------- the mailbox
     async def _read(self) -> None:
+        try:
+            await self._read_forever()
+        except asyncio.CancelledError:
+            pass  # closed; ending normally keeps Pyodide's loop from reporting the cancel
+
+    async def _read_forever(self) -> None:
         while True:
             peer, data = await self.mesh.recv()
             if data is None:

@@ -1,0 +1,68 @@
+"""What the browser tests share: tabs in their own contexts, waiting on `daisychain.status()`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+ARTIFACTS = REPO / "artifacts" / "e2e"
+CHROMIUM_FLAGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+    # Host candidates as plain addresses: mDNS names would need a resolver in the namespace.
+    "--disable-features=WebRtcHideLocalIpsWithMdns",
+]
+BOOT_TIMEOUT_MS = 180_000  # Pyodide + numpy + checks per tab, several tabs on 2 shared cores
+
+
+class Tabs:
+    """Opens pages, each in a fresh context, and keeps their console for failure reports."""
+
+    def __init__(self, browser: Any, base: str, name: str) -> None:
+        self.browser, self.base, self.name = browser, base, name
+        self.contexts: list[Any] = []
+        self.console: list[str] = []
+
+    def open(self, query: str) -> Any:
+        context = self.browser.new_context(viewport={"width": 1280, "height": 1100})
+        self.contexts.append(context)
+        page = context.new_page()
+        n = len(self.contexts)
+        page.on("console", lambda m: self.console.append(f"[tab {n}] {m.type}: {m.text}"))
+        page.on("pageerror", lambda e: self.console.append(f"[tab {n}] page error: {e}"))
+        page.goto(f"{self.base}/{query}")
+        page.wait_for_function("() => window.daisychain && daisychain.status().peerId",
+                               timeout=30_000)
+        return page
+
+    def shot(self, page: Any, label: str) -> Path:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        path = ARTIFACTS / f"{self.name}-{label}.png"
+        page.screenshot(path=str(path), full_page=True)
+        return path
+
+    def close(self) -> None:
+        for context in self.contexts:
+            context.close()
+
+
+def status(page: Any) -> dict:
+    return page.evaluate("() => daisychain.status()")
+
+
+def wait(page: Any, predicate: str, timeout_ms: int = 60_000, arg: Any = None) -> None:
+    """Wait until `predicate` (a JS function of (status, arg)) is true on `page`."""
+    page.wait_for_function(f"(arg) => ({predicate})(daisychain.status(), arg)", arg=arg,
+                           timeout=timeout_ms)
+
+
+def wait_booted(*pages: Any) -> None:
+    for page in pages:
+        wait(page, "s => ['ready', 'failed'].includes(s.state)", BOOT_TIMEOUT_MS)
+
+
+def wait_trainable(host: Any, peer_ids: list[str]) -> None:
+    """Until the host's Python greeted every peer in `peer_ids` (a run can include them)."""
+    wait(host, "(s, ids) => ids.every(id => s.peers.some(p => p.id === id && p.trainable))",
+         60_000, peer_ids)

@@ -1,0 +1,103 @@
+"""A private network namespace for browser tests: WebRTC between tabs with no traffic outside.
+
+Chromium gathers no ICE candidates on loopback, so tabs on one machine only connect over a
+real interface. `PrivateNet` makes a namespace with loopback up, a veth pair, 10.77.0.1/24
+on one end and a default route through it (Chromium picks its candidate address by
+routing towards a public address). The server and the browser run inside it; this test
+process stays outside and talks to the browser over Playwright's pipe.
+
+    with PrivateNet() as net:
+        net.popen([sys.executable, "-m", "server", "--host", net.address])
+        chromium = net.wrapper(tmp_path / "chromium", shutil.which("chromium"))
+
+Needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN) and iproute2; `NetnsUnavailable` says why not.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ADDRESS = "10.77.0.1"
+
+
+class NetnsUnavailable(RuntimeError):
+    """This machine or user cannot build a private network namespace."""
+
+
+class PrivateNet:
+    def __init__(self) -> None:
+        token = secrets.token_hex(3)
+        self.name = f"dc-e2e-{token}"
+        self.address = ADDRESS
+        self._procs: list[subprocess.Popen] = []
+        self._made = False
+
+    def __enter__(self) -> PrivateNet:
+        if not sys.platform.startswith("linux"):
+            raise NetnsUnavailable("network namespaces are Linux-only")
+        if shutil.which("ip") is None:
+            raise NetnsUnavailable("`ip` (iproute2) is not installed")
+        if os.geteuid() != 0:
+            raise NetnsUnavailable("building a network namespace needs root")
+        try:
+            _ip("netns", "add", self.name)
+            self._made = True
+            ns = ("-n", self.name)
+            _ip(*ns, "link", "set", "lo", "up")
+            _ip(*ns, "link", "add", "dce0", "type", "veth", "peer", "name", "dce1")
+            _ip(*ns, "addr", "add", f"{ADDRESS}/24", "dev", "dce0")
+            _ip(*ns, "link", "set", "dce0", "up")
+            _ip(*ns, "link", "set", "dce1", "up")
+            _ip(*ns, "route", "add", "default", "dev", "dce0")
+        except NetnsUnavailable:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def command(self, argv: Sequence[str]) -> list[str]:
+        """`argv` wrapped to run inside the namespace."""
+        return ["ip", "netns", "exec", self.name, *argv]
+
+    def popen(self, argv: Sequence[str], **kw: Any) -> subprocess.Popen:
+        proc = subprocess.Popen(self.command(argv), **kw)
+        self._procs.append(proc)
+        return proc
+
+    def wrapper(self, path: Path, program: str) -> Path:
+        """An executable at `path` that runs `program` with its arguments inside the namespace
+        (what Playwright launches as the browser; the pipes it talks over are inherited)."""
+        path.write_text(f"#!/bin/sh\nexec ip netns exec {shlex.quote(self.name)} "
+                        f"{shlex.quote(program)} \"$@\"\n")
+        path.chmod(0o755)
+        return path
+
+    def close(self) -> None:
+        for proc in self._procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        self._procs.clear()
+        if self._made:
+            subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
+            self._made = False
+
+    def exists(self) -> bool:
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        return any(line.split()[0] == self.name for line in listed.splitlines() if line.strip())
+
+
+def _ip(*args: str) -> None:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        raise NetnsUnavailable(f"`ip {' '.join(args)}` failed: {done.stderr.strip()}")

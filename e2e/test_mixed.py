@@ -1,0 +1,198 @@
+"""Native peers (`python -m pynode join`, aiortc) and browser tabs train in one room.
+
+Everything runs inside the private network namespace of conftest.py (WebRTC gathers no
+loopback candidates): the server, Chromium and every native peer. Each test opens its own
+private room. Every finished step's state hash of every peer, native or tab, must equal
+`python -m pynode train` alone with the same config, whoever leads, whoever dies.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+from browser_helpers import Tabs, status, wait, wait_booted, wait_trainable
+from mixed_helpers import REPO, NativeJoin, config_flags, reference_rows
+
+pytestmark = [pytest.mark.slow, pytest.mark.netns]
+
+SMALL = {"task": "gpt", "width": 32, "layers": 1, "heads": 2, "seq": 16, "microbatch_size": 2,
+         "microbatches": 4, "steps": 3, "lr": 0.003, "seed": 21}
+RUN_END = "s => ['done', 'failed'].includes(s.state)"
+
+
+@pytest.fixture
+def natives(net, server_url, tmp_path):
+    """start(name, *flags, env=, server=) -> a NativeJoin; every one is killed at the end."""
+    started: list[NativeJoin] = []
+
+    def start(name: str, *args: str, env: dict | None = None,
+              server: str | None = None) -> NativeJoin:
+        peer = NativeJoin(net, server or server_url, tmp_path, name, *args, env=env)
+        started.append(peer)
+        return peer
+
+    yield start
+    for peer in started:
+        peer.kill()
+
+
+def approve(host, *peer_ids: str) -> None:
+    for peer_id in peer_ids:
+        wait(host, "(s, id) => s.peers.some(p => p.id === id)", 30_000, peer_id)
+        host.evaluate("(id) => daisychain.approve(id)", peer_id)
+
+
+def history_hashes(page) -> dict[int, str]:
+    return {h["step"]: h["hash"] for h in status(page)["history"]}
+
+
+def hashes(rows: list[dict]) -> dict[int, str]:
+    return {row["step"]: row["hash"] for row in rows}
+
+
+def test_a_native_peer_and_a_tab_train_the_native_hashes(tabs, natives, native_reference):
+    host = tabs.open("?create=1")
+    native = natives("native", "--room", status(host)["room"])
+    approve(host, native.peer_id)
+    native.wait_for("the host approved this peer")
+    wait_booted(host)
+    wait_trainable(host, [native.peer_id])
+    ranks = host.evaluate("(c) => daisychain.start(c)", SMALL)["ranks"]
+    assert ranks == [status(host)["peerId"], native.peer_id]
+    wait(host, RUN_END, 120_000)
+    assert native.finish(60) == 0, native.messages()
+    expected = hashes(native_reference(SMALL))
+    assert status(host)["state"] == "done", status(host)["error"]
+    assert history_hashes(host) == expected
+    assert native.hashes() == expected
+    assert native.stdout().split() == [expected[SMALL["steps"]]]
+    assert f"led by {ranks[0]}" in native.messages()
+
+
+def test_two_native_peers_and_two_tabs_then_a_resumed_run_and_refused_files(
+    tabs, natives, native_reference, tmp_path
+):
+    config = {**SMALL, "seed": 22}
+    host = tabs.open("?create=1")
+    code = status(host)["room"]
+    tab = tabs.open(f"?room={code}")
+    saved = tmp_path / "group.pt"
+    saver = natives("saver", "--room", code, "--save", str(saved))
+    leader = natives("leader", "--room", code, "--start", "--min-peers", "4",
+                     *config_flags(config))
+    approve(host, status(tab)["peerId"], saver.peer_id, leader.peer_id)
+    wait_booted(host, tab)
+    assert leader.finish(240) == 0, leader.messages()
+    assert saver.finish(60) == 0, saver.messages()
+    for page in (host, tab):
+        wait(page, RUN_END, 60_000)
+    expected = hashes(native_reference(config))
+    leader.wait_for("leading the run with 4 peer")
+    for got in (leader.hashes(), saver.hashes(), history_hashes(host), history_hashes(tab)):
+        assert got == expected
+
+    torch = pytest.importorskip("torch")
+    state = torch.load(saved, weights_only=True)
+    assert state["step"] == config["steps"] and state["state_hash"] == expected[3]
+    bad_value = tmp_path / "nan.pt"
+    state["params"][next(iter(state["params"]))].view(-1)[0] = float("nan")
+    torch.save(state, bad_value)
+    steps = config["steps"] + 3
+    resumed = hashes(reference_rows({}, tmp_path, "--resume", str(saved), f"--steps={steps}"))
+
+    resumer = natives("resumer", "--room", code, "--start", "--resume", str(saved),
+                      f"--steps={steps}", "--min-peers", "3")
+    approve(host, resumer.peer_id)
+    refused = {
+        "nan": (["--resume", str(bad_value)], r"CheckpointError: .*(finite|NaN)"),
+        "dims": (["--resume", str(saved), "--width=64"], r"CheckpointError: .*(shape|width)"),
+    }
+    for name, (flags, reason) in refused.items():
+        bad = natives(f"bad-{name}", "--room", code, "--start", *flags)
+        assert bad.finish(60) == 2
+        assert re.search(reason, bad.messages()), bad.messages()
+        assert "joined" not in bad.messages(), "a refused file must not reach the room"
+    assert resumer.finish(240) == 0, resumer.messages()
+    for page in (host, tab):
+        wait(page, f"s => s.state === 'done' && s.step === {steps}", 60_000)
+        assert history_hashes(page) == {**expected, **resumed}
+    assert resumer.hashes() == resumed
+    assert "valid" in resumer.messages() and "leading the run with 3 peer" in resumer.messages()
+
+
+def test_faults_across_the_mesh_cost_time_not_bits(tabs, natives, native_reference):
+    """A native peer SIGKILLed in step 3, a tab closed in step 5, a native whose training
+    loop stalls in step 7 (its links stay up, its messages stop): the survivors end on the
+    reference hashes of every step."""
+    config = {**SMALL, "steps": 9, "seed": 23}
+    host = tabs.open("?create=1")
+    code = status(host)["room"]
+    tab = tabs.open(f"?room={code}")
+    killed = natives("killed", "--room", code, env={"PYNODE_JOIN_FAULT": "3:kill"})
+    stalled = natives("stalled", "--room", code, env={"PYNODE_JOIN_FAULT": "7:stall"})
+    leader = natives("leader", "--room", code, "--start", "--min-peers", "5",
+                     *config_flags(config))
+    approve(host, status(tab)["peerId"], killed.peer_id, stalled.peer_id, leader.peer_id)
+    wait_booted(host, tab)
+    leader.wait_for("leading the run with 5 peer", 120)
+    assert killed.finish(120) == -9
+    wait(tab, "s => s.step >= 4", 120_000)
+    tab_id = status(tab)["peerId"]
+    tab.close()
+    assert leader.finish(240) == 0, leader.messages()
+    wait(host, RUN_END, 60_000)
+    expected = hashes(native_reference(config))
+    assert leader.hashes() == expected
+    assert history_hashes(host) == expected
+    assert stalled.proc.poll() is None and max(stalled.hashes()) == 6
+    lost = re.findall(r"lost peer (\S+) at step (\d+)", leader.messages())
+    assert {peer for peer, _ in lost} == {killed.peer_id, stalled.peer_id, tab_id}, \
+        leader.messages()
+
+
+def test_the_signaling_server_restarts_mid_run_and_training_goes_on(
+    net, browser, natives, native_reference, tmp_path, request
+):
+    """A native peer hosts the room (--create approves who opens its link) and leads; the
+    server is killed at step 3 and started again on the same port and data folder: the run
+    goes on over the data channels, both peers sign in again with their resume tokens, and
+    the native host approves the tab again."""
+    config = {**SMALL, "steps": 24, "seed": 24}
+    data_dir = tmp_path / "server-data"
+    data_dir.mkdir()
+    server, url = start_server(net, data_dir, 0)
+    tabs = Tabs(browser, url, request.node.name)
+    try:
+        native = natives("host", "--create", "--start", "--min-peers", "2",
+                         *config_flags(config), server=url)
+        link = native.wait_for(r"share this link: (\S+)").group(1)
+        tab = tabs.open(link[len(url) + 1 :])
+        native.wait_step(3, 180)
+        server.kill()
+        server.wait()
+        server, _ = start_server(net, data_dir, int(url.rsplit(":", 1)[1]))
+        native.wait_for("signaling connection lost")
+        assert max(native.hashes()) < config["steps"], "the restart must fall inside the run"
+        assert native.finish(240) == 0, native.messages()
+        wait(tab, RUN_END, 60_000)
+        expected = hashes(native_reference(config))
+        assert native.hashes() == expected and history_hashes(tab) == expected
+        wait(tab, "s => s.approved && s.peers.some(p => !p.self && p.approved)", 30_000)
+        assert len(re.findall(r"approved peer " + status(tab)["peerId"],
+                              native.messages())) >= 2, native.messages()
+    finally:
+        tabs.close()
+        server.kill()
+
+
+def start_server(net, data_dir, port: int) -> tuple[subprocess.Popen, str]:
+    proc = net.popen([sys.executable, "-m", "server", "--host", net.address, "--port",
+                      str(port), "--data-dir", str(data_dir), "--log-level", "WARNING"],
+                     cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    line = proc.stdout.readline()
+    found = re.search(r"http://[\d.]+:(\d+)/", line)
+    assert found, f"the server did not start: {line}"
+    return proc, f"http://{net.address}:{found.group(1)}"

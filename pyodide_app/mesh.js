@@ -1,0 +1,211 @@
+// The WebRTC mesh between approved peers of a room (main thread).
+//
+// One RTCPeerConnection per pair, offered by the peer with the smaller id, with two
+// pre-negotiated ordered, reliable data channels: "data" carries the Python peers' messages
+// (fragmented, see fragments.js) and "ui" small JSON the pages show (state, step, hashes).
+// Sends are queued per link and fed to the channel while its bufferedAmount stays below
+// HIGH_WATER, resuming on `bufferedamountlow`, so a large gradient never floods memory.
+//
+// Events: open {peer}, gone {peer}, message {peer, data: ArrayBuffer}, ui {peer, msg},
+// error {peer, text}.
+
+import { FragmentError, Reassembler, fragment, fragmentCount } from "./fragments.js";
+
+// Host candidates only: peers on one network reach each other without any third party.
+// A deployment across NATs adds its own STUN/TURN servers here.
+export const ICE_SERVERS = [];
+const HIGH_WATER = 4 << 20;
+const LOW_WATER = 1 << 20;
+
+class Link {
+  constructor(mesh, peer) {
+    this.mesh = mesh;
+    this.peer = peer;
+    this.pc = new RTCPeerConnection({ iceServers: ICE_SERVERS });
+    this.data = this.pc.createDataChannel("data", { negotiated: true, id: 0, ordered: true });
+    this.ui = this.pc.createDataChannel("ui", { negotiated: true, id: 1, ordered: true });
+    this.data.binaryType = "arraybuffer";
+    this.data.bufferedAmountLowThreshold = LOW_WATER;
+    this.queue = []; // {bytes: Uint8Array, id, next}
+    this.nextId = 1;
+    this.reassembler = new Reassembler();
+    this.pendingIce = [];
+    this.isOpen = false;
+    this.isGone = false;
+    this.wire();
+  }
+
+  wire() {
+    const { pc, data, ui, mesh, peer } = this;
+    pc.onicecandidate = (e) => {
+      const c = e.candidate;
+      mesh.signaling.send("ice", c ? {
+        to: peer, candidate: c.candidate, sdpMid: c.sdpMid, sdpMLineIndex: c.sdpMLineIndex,
+        usernameFragment: c.usernameFragment,
+      } : { to: peer, candidate: "" });
+    };
+    pc.onconnectionstatechange = () => {
+      if (pc.connectionState === "failed" || pc.connectionState === "closed") this.close();
+    };
+    const maybeOpen = () => {
+      if (!this.isOpen && data.readyState === "open" && ui.readyState === "open") {
+        this.isOpen = true;
+        mesh.emit("open", { peer });
+      }
+    };
+    data.onopen = maybeOpen;
+    ui.onopen = maybeOpen;
+    data.onclose = () => this.close();
+    ui.onclose = () => this.close();
+    data.onbufferedamountlow = () => this.pump();
+    data.onmessage = (e) => this.receive(e.data);
+    ui.onmessage = (e) => {
+      try {
+        mesh.emit("ui", { peer, msg: JSON.parse(e.data) });
+      } catch {
+        /* a page that sends junk on the ui channel only loses its own row */
+      }
+    };
+  }
+
+  async offer() {
+    await this.pc.setLocalDescription(await this.pc.createOffer());
+    this.mesh.signaling.send("offer", { to: this.peer, sdp: this.pc.localDescription.sdp });
+  }
+
+  async onOffer(sdp) {
+    await this.pc.setRemoteDescription({ type: "offer", sdp });
+    await this.flushIce();
+    await this.pc.setLocalDescription(await this.pc.createAnswer());
+    this.mesh.signaling.send("answer", { to: this.peer, sdp: this.pc.localDescription.sdp });
+  }
+
+  async onAnswer(sdp) {
+    await this.pc.setRemoteDescription({ type: "answer", sdp });
+    await this.flushIce();
+  }
+
+  async onIce(msg) {
+    if (!msg.candidate) return; // end of candidates
+    const init = { candidate: msg.candidate, sdpMid: msg.sdpMid,
+      sdpMLineIndex: msg.sdpMLineIndex, usernameFragment: msg.usernameFragment };
+    if (!this.pc.remoteDescription) this.pendingIce.push(init);
+    else await this.pc.addIceCandidate(init);
+  }
+
+  async flushIce() {
+    for (const init of this.pendingIce.splice(0)) await this.pc.addIceCandidate(init);
+  }
+
+  send(buffer) {
+    this.queue.push({ bytes: new Uint8Array(buffer), id: this.nextId++, next: 0 });
+    this.pump();
+  }
+
+  pump() {
+    const dc = this.data;
+    while (this.queue.length && dc.readyState === "open" && dc.bufferedAmount < HIGH_WATER) {
+      const msg = this.queue[0];
+      dc.send(fragment(msg.bytes, msg.id, msg.next));
+      msg.next += 1;
+      if (msg.next >= fragmentCount(msg.bytes.byteLength)) this.queue.shift();
+    }
+  }
+
+  receive(buffer) {
+    let whole;
+    try {
+      whole = this.reassembler.push(buffer);
+    } catch (err) {
+      if (!(err instanceof FragmentError)) throw err;
+      this.mesh.emit("error", { peer: this.peer, text: `broken data channel: ${err.message}` });
+      this.close();
+      return;
+    }
+    if (whole) this.mesh.emit("message", { peer: this.peer, data: whole });
+  }
+
+  sendUi(obj) {
+    if (this.ui.readyState === "open") this.ui.send(JSON.stringify(obj));
+  }
+
+  close() {
+    if (this.isGone) return;
+    this.isGone = true;
+    this.queue = [];
+    try {
+      this.pc.close();
+    } catch {
+      /* already closed */
+    }
+    this.mesh.links.delete(this.peer);
+    if (this.isOpen) this.mesh.emit("gone", { peer: this.peer });
+  }
+}
+
+export class Mesh extends EventTarget {
+  constructor(signaling, selfId) {
+    super();
+    this.signaling = signaling;
+    this.selfId = selfId;
+    this.links = new Map();
+    for (const type of ["offer", "answer", "ice"]) {
+      signaling.addEventListener(type, (e) => this.onSignal(type, e.detail));
+    }
+  }
+
+  emit(type, detail) {
+    this.dispatchEvent(new CustomEvent(type, { detail }));
+  }
+
+  // Connect to every approved peer in `ids` (the roster); the smaller id offers. A peer
+  // missing from a roster keeps its link: after a server restart the rosters refill while
+  // the channels, which never touch the server, carry on. A channel that closes is the
+  // signal that a peer is gone.
+  connect(ids) {
+    for (const peer of ids) {
+      if (peer === this.selfId) continue;
+      if (!this.links.has(peer) && this.selfId < peer) {
+        const link = new Link(this, peer);
+        this.links.set(peer, link);
+        link.offer().catch((err) => this.fail(link, err));
+      }
+    }
+  }
+
+  onSignal(type, msg) {
+    const peer = msg.from;
+    let link = this.links.get(peer);
+    if (type === "offer") {
+      if (link) link.close(); // the other side restarted: start over
+      link = new Link(this, peer);
+      this.links.set(peer, link);
+    }
+    if (!link) return;
+    const step = type === "offer" ? link.onOffer(msg.sdp)
+      : type === "answer" ? link.onAnswer(msg.sdp) : link.onIce(msg);
+    step.catch((err) => this.fail(link, err));
+  }
+
+  fail(link, err) {
+    this.emit("error", { peer: link.peer, text: `WebRTC: ${err.message || err}` });
+    link.close();
+  }
+
+  send(peer, buffer) {
+    const link = this.links.get(peer);
+    if (link && link.isOpen) link.send(buffer);
+  }
+
+  sendUi(obj, peer = null) {
+    for (const link of this.links.values()) if (link.isOpen && (!peer || link.peer === peer)) link.sendUi(obj);
+  }
+
+  openPeers() {
+    return [...this.links.values()].filter((l) => l.isOpen).map((l) => l.peer);
+  }
+
+  close() {
+    for (const link of [...this.links.values()]) link.close();
+  }
+}

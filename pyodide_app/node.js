@@ -1,0 +1,275 @@
+// One browser peer, main thread: signaling, the WebRTC mesh and the compute worker glued
+// together, and the state the page shows (and `window.daisychain.status()` returns).
+//
+// The mesh's messages go to the worker and back as transferred ArrayBuffers (no copies);
+// the worker's Python decides everything about runs (pynode/room.py). This file only
+// routes, keeps the record and tells the other pages our state on the "ui" channel.
+
+import { Mesh } from "./mesh.js";
+import { Signaling } from "./signaling.js";
+
+const STATUS_EVERY_MS = 250; // at most this often to the server (its rate limit is 50/s)
+const KEPT_MESSAGES = 200;
+
+export class PageNode extends EventTarget {
+  // target: {room} / {create: true} / {} (auto room); flags: {break_gate}
+  constructor(target, flags = {}) {
+    super();
+    this.flags = flags;
+    this.state = {
+      room: null, peerId: null, role: null, approved: false, private: false,
+      state: "booting", step: 0, loss: null, hash: null, probe: null, leader: null,
+      run: null, steps: null, members: [], error: null, checks: [], history: [], messages: [],
+      uiLatencyMs: [], bench: null, verified: false,
+    };
+    this.roster = new Map(); // id -> {id, role, approved, status}
+    this.info = new Map(); // id -> what that page told us on the ui channel
+    this.trainable = {}; // id -> "ready" | "training": that page's Python said so to ours
+    this.starts = new Map(); // start request id -> {resolve, reject}
+    this.nextStart = 1;
+    this.lastStatusSent = 0;
+    this.signaling = new Signaling(target);
+    this.mesh = null;
+    this.worker = new Worker("/app/worker.js");
+    this.worker.onmessage = (e) => this.onWorker(e.data);
+    this.worker.onerror = (e) => this.fail(`compute worker crashed: ${e.message}`);
+    this.wireSignaling();
+  }
+
+  boot() {
+    this.worker.postMessage({ type: "boot", flags: this.flags });
+    this.signaling.connect();
+  }
+
+  changed() {
+    this.dispatchEvent(new Event("change"));
+  }
+
+  say(level, text) {
+    this.state.messages.push({ level, text, at: new Date().toISOString() });
+    if (this.state.messages.length > KEPT_MESSAGES) this.state.messages.shift();
+    this.changed();
+  }
+
+  fail(text) {
+    this.state.state = "failed";
+    this.state.error = text;
+    this.say("error", text);
+    this.tellPeers();
+  }
+
+  leave(text) {
+    if (this.mesh) this.mesh.close();
+    this.fail(text);
+  }
+
+  // ------------------------------------------------------------------ signaling
+  wireSignaling() {
+    const on = (type, fn) => this.signaling.addEventListener(type, (e) => fn(e.detail));
+    on("joined", (m) => {
+      Object.assign(this.state, { room: m.room, peerId: m.peer, role: m.role,
+        approved: m.state === "approved", private: m.private });
+      this.say("info", m.state === "approved" ? `joined as ${m.role}`
+        : "waiting for the host to approve this page");
+      this.ensureMesh(m.peer);
+      this.dispatchEvent(new CustomEvent("joined", { detail: m }));
+    });
+    on("approved", () => {
+      this.state.approved = true;
+      this.say("info", "the host approved this page");
+    });
+    on("roster", (m) => this.onRoster(m));
+    on("status", (m) => {
+      const entry = this.roster.get(m.from);
+      if (entry) entry.status = m;
+      this.changed();
+    });
+    on("denied", (m) => this.leave(`the host declined this page: ${m.reason}`));
+    on("removed", (m) => this.leave(`removed from the room: ${m.reason}`));
+    on("error", (m) => this.say("error", `server: ${m.message} (${m.code})`));
+    on("socket", (m) => { if (!m.open) this.say("warn", "signaling connection lost; reconnecting"); });
+  }
+
+  onRoster(m) {
+    this.roster = new Map(m.peers.map((p) => [p.id, {
+      id: p.id, role: p.role, approved: p.state === "approved", status: p.status || null,
+      resumed: Boolean(p.resumed),
+    }]));
+    const me = this.roster.get(this.state.peerId);
+    if (me) Object.assign(this.state, { role: me.role, approved: me.approved });
+    if (this.mesh && this.state.approved) {
+      this.mesh.connect([...this.roster.values()].filter((p) => p.approved).map((p) => p.id));
+      // After a server restart members come back pending; a peer still in our live mesh
+      // was approved before (a removed one is not), so the host lets it back in at once.
+      if (this.state.role === "host") {
+        const live = new Set(this.mesh.openPeers());
+        for (const p of this.roster.values()) {
+          if (p.resumed && !p.approved && live.has(p.id)) this.signaling.send("approve", { peer: p.id });
+        }
+      }
+    }
+    this.changed();
+  }
+
+  ensureMesh(selfId) {
+    if (this.mesh) return;
+    this.mesh = new Mesh(this.signaling, selfId);
+    this.worker.postMessage({ type: "self", id: selfId });
+    this.mesh.addEventListener("open", (e) => {
+      this.worker.postMessage({ type: "open", peer: e.detail.peer });
+      this.tellPeers(e.detail.peer);
+      this.changed();
+    });
+    this.mesh.addEventListener("gone", (e) => {
+      this.worker.postMessage({ type: "gone", peer: e.detail.peer });
+      this.info.delete(e.detail.peer);
+      this.changed();
+    });
+    this.mesh.addEventListener("message", (e) => {
+      this.worker.postMessage({ type: "message", peer: e.detail.peer, data: e.detail.data },
+        [e.detail.data]);
+    });
+    this.mesh.addEventListener("ui", (e) => {
+      this.info.set(e.detail.peer, e.detail.msg);
+      this.changed();
+    });
+    this.mesh.addEventListener("error", (e) => this.say("warn", `peer ${e.detail.peer}: ${e.detail.text}`));
+  }
+
+  // Our state for the other pages' tables, on the ui channel (and a status frame to the server).
+  tellPeers(peer = null) {
+    const s = this.state;
+    if (this.mesh) {
+      this.mesh.sendUi({ state: s.state, step: s.step, loss: s.loss, hash: s.hash, probe: s.probe,
+        leader: s.leader, run: s.run, error: s.error }, peer);
+    }
+    const now = performance.now();
+    if (s.approved && s.hash && now - this.lastStatusSent > STATUS_EVERY_MS) {
+      this.lastStatusSent = now;
+      this.signaling.send("status", { step: s.step, loss: Number.isFinite(s.loss) ? s.loss : null,
+        hash: s.hash, probe: s.probe || "" });
+    }
+  }
+
+  // ------------------------------------------------------------------ worker
+  onWorker(msg) {
+    const s = this.state;
+    if (msg.type === "send") {
+      if (this.mesh) this.mesh.send(msg.peer, msg.data);
+    } else if (msg.type === "state") {
+      if (msg.state === "failed") this.fail(`could not start Python: ${msg.error}`);
+      else s.state = msg.state;
+      this.tellPeers();
+      this.changed();
+    } else if (msg.type === "checks") {
+      s.checks = msg.rows;
+      if (msg.ready) {
+        s.state = "ready";
+        s.verified = true;
+        this.say("info", `verified: ${msg.rows.length} checks passed`);
+        this.tellPeers();
+      } else {
+        const bad = msg.rows.filter((r) => !r.passed).map((r) => `${r.check}: ${r.result}`);
+        this.fail(`gate failed, this page will not train: ${bad.join("; ")}`);
+      }
+    } else if (msg.type === "report") {
+      this.onReport(msg.kind, msg.fields);
+    } else if (msg.type === "started") {
+      const waiter = this.starts.get(msg.id);
+      this.starts.delete(msg.id);
+      if (waiter) (msg.ok ? waiter.resolve(msg) : waiter.reject(new Error(msg.error)));
+    }
+  }
+
+  onReport(kind, f) {
+    const s = this.state;
+    if (kind === "run") {
+      Object.assign(s, { state: "training", run: f.run, leader: f.leader, steps: f.config.steps,
+        config: f.config, error: null });
+      this.say("info", f.joined_at === null ? `training started by ${f.leader}`
+        : `joined the run of ${f.leader} at step ${f.joined_at}; state verified by hash`);
+    } else if (kind === "step") {
+      Object.assign(s, { step: f.step, loss: f.loss, hash: f.hash, probe: f.probe,
+        members: f.members });
+      s.history.push({ step: f.step, loss: f.loss, hash: f.hash, seconds: f.seconds });
+    } else if (kind === "done") {
+      s.state = "done";
+      this.say("info", `run finished at step ${f.step}, hash ${f.hash.slice(0, 16)}`);
+    } else if (kind === "failed") {
+      this.fail(f.error);
+      return;
+    } else if (kind === "event") {
+      this.say(f.level, f.text);
+    } else if (kind === "bench") {
+      s.bench = f;
+      this.say("info", `all-reduce of ${f.size} int64 over ${f.members} peers: ` +
+        `${(Math.min(...f.seconds) * 1000).toFixed(1)} ms at best, exact ${f.exact}`);
+    } else if (kind === "peers") {
+      this.trainable = f;
+      this.changed();
+      return;
+    }
+    this.tellPeers();
+    this.changed();
+  }
+
+  // ------------------------------------------------------------------ actions
+  // Lead a run of `config`; resolves to {ranks} or rejects with the reason (bad config, ...).
+  start(config) {
+    return this.request({ type: "start", config });
+  }
+
+  // Lead `repeats` all-reduces of `size` int64 with every ready peer; resolves to the timing.
+  benchAllreduce(size, repeats) {
+    return this.request({ type: "bench", size, repeats });
+  }
+
+  request(msg) {
+    const id = this.nextStart++;
+    return new Promise((resolve, reject) => {
+      this.starts.set(id, { resolve, reject });
+      this.worker.postMessage({ ...msg, id });
+    });
+  }
+
+  approve(peerId) {
+    return this.hostAction("approve", peerId);
+  }
+
+  deny(peerId) {
+    return this.hostAction("deny", peerId);
+  }
+
+  hostAction(type, peerId) {
+    if (this.state.role !== "host") throw new Error(`only the host may ${type}`);
+    if (!this.roster.has(peerId)) throw new Error(`no peer ${peerId} in this room`);
+    return this.signaling.send(type, { peer: peerId });
+  }
+
+  status() {
+    const s = this.state;
+    const rows = [...this.roster.values()];
+    if (s.peerId && !this.roster.has(s.peerId)) {
+      rows.unshift({ id: s.peerId, role: s.role, approved: s.approved, status: null });
+    }
+    const peers = rows.map((p) => {
+      const info = p.id === s.peerId ? s : (this.info.get(p.id) || {});
+      const fromServer = p.status || {};
+      // A page is "ready" for us once its Python greeted ours: only then can a run include it.
+      let state = info.state || null;
+      const pythonUp = !["booting", "verifying", "failed"].includes(s.state);
+      if (p.id !== s.peerId && pythonUp && state === "ready" && !this.trainable[p.id]) {
+        state = "connecting";
+      }
+      return {
+        id: p.id, self: p.id === s.peerId, role: p.role, approved: p.approved,
+        connected: p.id === s.peerId || Boolean(this.mesh && this.mesh.openPeers().includes(p.id)),
+        state, trainable: p.id === s.peerId ? s.state === "ready" : Boolean(this.trainable[p.id]),
+        step: info.step ?? fromServer.step ?? 0,
+        loss: info.loss ?? fromServer.loss ?? null, hash: info.hash ?? fromServer.hash ?? null,
+        probe: info.probe ?? fromServer.probe ?? null, error: info.error || null,
+      };
+    });
+    return JSON.parse(JSON.stringify({ ...s, peers }));
+  }
+}

@@ -1,0 +1,80 @@
+// The page's websocket to the server (/ws): join or create a room, host actions, relaying
+// WebRTC offers/answers/ICE, status. Frames are {"v": 1, "type": ...} as docs/SERVER.md and
+// server/protocol.py define them. Every server frame is dispatched as an event of its type.
+//
+// A dropped socket is reopened with the resume token the server issued on `joined`, so a
+// page keeps its peer id and role (host included) across a server restart or a network blip.
+
+const PROTOCOL_VERSION = 1;
+const RECONNECT_MS = [500, 1000, 2000, 5000];
+
+export class Signaling extends EventTarget {
+  // target: {room: CODE} joins that private room, {create: true} makes one, {} the auto room.
+  constructor(target) {
+    super();
+    this.target = target;
+    this.token = null;
+    this.ws = null;
+    this.closed = false;
+    this.attempt = 0;
+  }
+
+  connect() {
+    const scheme = location.protocol === "https:" ? "wss" : "ws";
+    const ws = new WebSocket(`${scheme}://${location.host}/ws`);
+    this.ws = ws;
+    ws.onopen = () => {
+      this.attempt = 0;
+      if (this.target.create && !this.token) this.send("create", {});
+      else this.send("join", this.joinFields());
+    };
+    ws.onmessage = (event) => this.onFrame(event.data);
+    ws.onclose = (event) => {
+      if (this.ws !== ws) return;
+      this.dispatch("socket", { open: false, code: event.code, reason: event.reason });
+      if (this.closed || event.code === 4403 || event.code === 4409) return;
+      const wait = RECONNECT_MS[Math.min(this.attempt++, RECONNECT_MS.length - 1)];
+      setTimeout(() => this.closed || this.connect(), wait);
+    };
+  }
+
+  joinFields() {
+    const fields = {};
+    if (this.target.room) fields.room = this.target.room;
+    if (this.token) fields.token = this.token;
+    return fields;
+  }
+
+  onFrame(raw) {
+    let msg;
+    try {
+      msg = JSON.parse(raw);
+    } catch {
+      return;
+    }
+    if (!msg || msg.v !== PROTOCOL_VERSION || typeof msg.type !== "string") return;
+    if (msg.type === "joined") {
+      this.token = msg.token;
+      if (msg.room) this.target = { room: msg.room };
+    }
+    this.dispatch(msg.type, msg);
+  }
+
+  dispatch(type, detail) {
+    this.dispatchEvent(new CustomEvent(type, { detail }));
+  }
+
+  send(type, fields) {
+    if (!this.ws || this.ws.readyState !== WebSocket.OPEN) return false;
+    this.ws.send(JSON.stringify({ v: PROTOCOL_VERSION, type, ...fields }));
+    return true;
+  }
+
+  close() {
+    this.closed = true;
+    if (this.ws) {
+      this.send("leave", {});
+      this.ws.close(1000, "bye");
+    }
+  }
+}

@@ -1,0 +1,108 @@
+// The compute side of a page: Pyodide, numpy and pynode in a Web Worker, so the page stays
+// responsive while a step computes. Everything is loaded from our own server: the runtime
+// from /runtime/ (numpy from the wheel beside it), pynode from /bundle/pynode.zip, checked
+// against the sha256 the server sends with it.
+//
+// main -> worker: boot {flags}, self {id}, open {peer}, gone {peer},
+//                 message {peer, data: ArrayBuffer (transferred)}, start {id, config},
+//                 bench {id, size, repeats}
+// worker -> main: state {state, error}, checks {ready, rows}, send {peer, data (transferred)},
+//                 report {kind, fields}, started {id, ok, ranks | error}
+
+importScripts("/runtime/pyodide.js");
+
+const BUNDLE_DIR = "/home/pyodide/bundle";
+let pyodide = null;
+let browser = null; // the pynode.browser module
+let checks = null; // its Checks, once run
+let peer = null; // its BrowserPeer, once checks passed and signaling named us
+let selfId = null;
+const early = []; // mesh events that came before `peer` existed, in order
+
+function post(msg, transfer = []) {
+  self.postMessage(msg, transfer);
+}
+
+// What Python calls: `send` gets a Uint8Array that owns its ArrayBuffer (pyodide's to_js
+// copied it out of the wasm heap), so the buffer is transferred, not copied, to the page.
+const bridge = {
+  send(peerId, bytes) {
+    post({ type: "send", peer: peerId, data: bytes.buffer }, [bytes.buffer]);
+  },
+  post(kind, json) {
+    post({ type: "report", kind, fields: JSON.parse(json) });
+  },
+};
+
+async function fetchBundle() {
+  const response = await fetch("/bundle/pynode.zip", { cache: "no-cache" });
+  if (!response.ok) throw new Error(`/bundle/pynode.zip answered ${response.status}`);
+  const expected = response.headers.get("X-Content-SHA256");
+  const zip = new Uint8Array(await response.arrayBuffer());
+  // SubtleCrypto needs a secure context, which a LAN address over http is not: hash in Python.
+  const sha256 = pyodide.runPython(
+    "import hashlib\nlambda b: hashlib.sha256(b.to_py()).hexdigest()");
+  const digest = sha256(zip);
+  sha256.destroy();
+  if (expected && digest !== expected) {
+    throw new Error(`pynode bundle hashes to ${digest}, the server announced ${expected}`);
+  }
+  return { zip, digest };
+}
+
+async function boot(flags) {
+  post({ type: "state", state: "booting" });
+  pyodide = await loadPyodide({ indexURL: "/runtime/" });
+  await pyodide.loadPackage("numpy", { messageCallback: () => {}, checkIntegrity: true });
+  const { zip, digest } = await fetchBundle();
+  pyodide.unpackArchive(zip, "zip", { extractDir: BUNDLE_DIR });
+  pyodide.runPython(`import sys\nsys.path.insert(0, ${JSON.stringify(BUNDLE_DIR)})`);
+  post({ type: "state", state: "verifying", bundle: digest });
+  browser = pyodide.pyimport("pynode.browser");
+  checks = browser.run_checks(Boolean(flags.break_gate));
+  const result = JSON.parse(checks.to_json());
+  post({ type: "checks", ...result });
+  makePeer();
+}
+
+function makePeer() {
+  if (peer || !selfId || !checks || !checks.ready) return;
+  peer = browser.BrowserPeer(bridge, selfId, checks);
+  for (const [kind, id, data] of early.splice(0)) meshEvent(kind, id, data);
+}
+
+function meshEvent(kind, id, data) {
+  if (!peer) {
+    if (checks && !checks.ready) return; // this peer must not train: it takes part in nothing
+    early.push([kind, id, data]);
+    return;
+  }
+  if (kind === "open") peer.opened(id);
+  else if (kind === "gone") peer.gone(id);
+  else peer.deliver(id, data);
+}
+
+// A request of the page answered with {type: "started", id, ok, ...}: start a run or a bench.
+async function lead(msg) {
+  if (!peer) {
+    post({ type: "started", id: msg.id, ok: false, error: "this peer is not ready to train" });
+    return;
+  }
+  const answer = msg.type === "start" ? await peer.start(JSON.stringify(msg.config))
+    : await peer.bench(msg.size, msg.repeats);
+  post({ type: "started", id: msg.id, ...JSON.parse(answer) });
+}
+
+self.onmessage = (event) => {
+  const msg = event.data;
+  if (msg.type === "boot") {
+    boot(msg.flags || {}).catch((err) => post({ type: "state", state: "failed", error: String(err.message || err) }));
+  } else if (msg.type === "self") {
+    selfId = msg.id;
+    if (checks) makePeer();
+  } else if (msg.type === "open" || msg.type === "gone" || msg.type === "message") {
+    meshEvent(msg.type, msg.peer, msg.data);
+  } else if (msg.type === "start" || msg.type === "bench") {
+    lead(msg).catch((err) => post({ type: "started", id: msg.id, ok: false, error: String(err) }));
+  }
+};

@@ -1,0 +1,179 @@
+// The join page: renders one PageNode (pyodide_app/node.js) and exposes `window.daisychain`.
+//
+//   /                 joins the automatic room of this network
+//   /?create=1        makes a private room; this page is its host (the URL becomes ?room=CODE)
+//   /?room=CODE       asks to join a private room; its host approves
+//   &break_gate=1     test hook: corrupt the GEMM backends so the exact gate fails
+
+import { PageNode } from "/app/node.js";
+
+const params = new URLSearchParams(location.search);
+const target = params.get("create") ? { create: true }
+  : params.get("room") ? { room: params.get("room") } : {};
+const node = new PageNode(target, { break_gate: params.get("break_gate") === "1" });
+const $ = (id) => document.getElementById(id);
+const NUMBER_FIELDS = { width: parseInt, layers: parseInt, heads: parseInt, seq: parseInt,
+  microbatch_size: parseInt, microbatches: parseInt, steps: parseInt, lr: parseFloat, seed: parseInt };
+
+window.daisychain = {
+  status: () => node.status(),
+  start: (config) => node.start(config),
+  benchAllreduce: (size, repeats) => node.benchAllreduce(size, repeats),
+  approve: (peerId) => node.approve(peerId),
+  deny: (peerId) => node.deny(peerId),
+};
+
+const escape = (text) => String(text ?? "").replace(/[&<>"']/g,
+  (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+const short = (hash) => (hash ? `<code title="${escape(hash)}">${escape(hash.slice(0, 12))}</code>` : "–");
+const fmtLoss = (loss) => (Number.isFinite(loss) ? loss.toFixed(4) : "–");
+
+// A UI action's delay between the input event and the end of its handler: the page must
+// answer within 100 ms even while a step computes (the compute is in the worker).
+function timed(handler) {
+  return (event) => {
+    handler(event);
+    const latency = node.state.uiLatencyMs;
+    latency.push(performance.now() - event.timeStamp);
+    if (latency.length > 50) latency.shift();
+  };
+}
+
+node.addEventListener("joined", (e) => {
+  const room = e.detail.room;
+  if (room && params.get("room") !== room) {
+    params.delete("create");
+    params.set("room", room);
+    history.replaceState(null, "", `?${params}`);
+  }
+});
+
+function renderRoom(s) {
+  $("state-badge").textContent = s.state;
+  $("state-badge").className = `badge state-${s.state}`;
+  $("role-badge").textContent = s.peerId ? `${s.role}${s.approved ? "" : " (pending)"}` : "joining…";
+  $("room-line").textContent = !s.peerId ? "Connecting to the server…"
+    : s.private ? `Private room, you are ${s.peerId}.` : `Automatic room of this network, you are ${s.peerId}.`;
+  $("share-line").hidden = !(s.private && s.role === "host");
+  if (s.room) $("share-link").value = `${location.origin}/?room=${s.room}`;
+  $("pending-line").hidden = !s.peerId || s.approved;
+}
+
+function renderPeers(s) {
+  const host = s.role === "host";
+  $("peers").tBodies[0].innerHTML = s.peers.map((p) => {
+    const approval = p.approved ? "approved" : host
+      ? `pending <button data-approve="${escape(p.id)}">Approve</button> <button data-deny="${escape(p.id)}">Refuse</button>`
+      : "pending";
+    const forked = p.hash && s.hash && p.step === s.step && p.hash !== s.hash ? " forked" : "";
+    return `<tr class="${p.self ? "self" : ""}${forked}"><td>${escape(p.id)}${p.self ? " (you)" : ""}</td>
+      <td>${escape(p.role)}${p.id === s.leader ? ", leader" : ""}</td><td>${approval}</td>
+      <td>${escape(p.state || (p.connected ? "" : "not connected"))}</td><td>${p.step}</td>
+      <td>${fmtLoss(p.loss)}</td><td>${short(p.hash)}</td><td>${short(p.probe)}</td></tr>`;
+  }).join("");
+}
+
+function renderProgress(s) {
+  const training = s.state === "training" || s.state === "done";
+  $("progress-line").innerHTML = training
+    ? `Step ${s.step} of ${s.steps}, loss ${fmtLoss(s.loss)}, state hash ${short(s.hash)},
+       probe ${short(s.probe)}, ${s.members.length} peer(s) computing; leader ${escape(s.leader)}.`
+    : escape(s.state === "failed" ? `Stopped: ${s.error}` : "Not training.");
+  $("history").tBodies[0].innerHTML = s.history.slice(-10).reverse().map((h) =>
+    `<tr><td>${h.step}</td><td>${fmtLoss(h.loss)}</td><td>${short(h.hash)}</td></tr>`).join("");
+  drawLoss(s.history);
+  // A verified page may lead again after a run ended, even one that failed (fork, lost leader).
+  $("start").disabled = !s.verified || !s.approved || s.state === "training";
+}
+
+function drawLoss(history) {
+  const canvas = $("loss-chart");
+  const ctx = canvas.getContext("2d");
+  ctx.clearRect(0, 0, canvas.width, canvas.height);
+  const losses = history.map((h) => h.loss).filter(Number.isFinite);
+  if (losses.length < 2) return;
+  const lo = Math.min(...losses);
+  const span = Math.max(...losses) - lo || 1;
+  ctx.beginPath();
+  losses.forEach((loss, i) => {
+    const x = (i / (losses.length - 1)) * (canvas.width - 4) + 2;
+    const y = canvas.height - 4 - ((loss - lo) / span) * (canvas.height - 8);
+    if (i) ctx.lineTo(x, y); else ctx.moveTo(x, y);
+  });
+  ctx.strokeStyle = "#2a6f4f";
+  ctx.stroke();
+}
+
+function renderChecks(s) {
+  const failed = s.checks.filter((r) => !r.passed);
+  $("checks-line").textContent = !s.checks.length ? (s.state === "failed" ? s.error : "Loading Python…")
+    : failed.length ? `FAILED: ${failed.map((r) => `${r.check} ${r.result}`).join("; ")}`
+      : `${s.checks.length} checks passed: units == lookup tables == integer ops == GEMM backend.`;
+  $("checks-line").className = failed.length ? "error" : "";
+  $("checks").tBodies[0].innerHTML = s.checks.map((r) =>
+    `<tr class="${r.passed ? "" : "error"}"><td>${escape(r.check)}</td><td>${escape(r.domain)}</td>
+      <td>${escape(r.result)}</td><td>${escape(r.backend)}</td><td>${(r.seconds * 1000).toFixed(1)}</td></tr>`).join("");
+}
+
+function renderMessages(s) {
+  $("messages").innerHTML = s.messages.slice(-30).reverse().map((m) =>
+    `<li class="${escape(m.level)}"><time>${escape(m.at.slice(11, 19))}</time> ${escape(m.text)}</li>`).join("");
+}
+
+let scheduled = false;
+function render() {
+  if (scheduled) return;
+  scheduled = true;
+  requestAnimationFrame(() => {
+    scheduled = false;
+    const s = node.status();
+    renderRoom(s);
+    renderPeers(s);
+    renderProgress(s);
+    renderChecks(s);
+    renderMessages(s);
+  });
+}
+
+node.addEventListener("change", render);
+
+$("peers").addEventListener("click", timed((event) => {
+  const approve = event.target.dataset.approve;
+  const deny = event.target.dataset.deny;
+  try {
+    if (approve) node.approve(approve);
+    if (deny) node.deny(deny);
+  } catch (err) {
+    node.say("error", err.message);
+  }
+}));
+
+$("config-form").addEventListener("submit", timed((event) => {
+  event.preventDefault();
+  const data = new FormData(event.target);
+  const config = { task: data.get("task") };
+  // The server's /data serves the same bytes to every peer that asks (pynode.datasource).
+  if (data.get("data") === "server") config.data = location.origin;
+  for (const [name, parse] of Object.entries(NUMBER_FIELDS)) config[name] = parse(data.get(name));
+  $("start").disabled = true;
+  node.start(config).catch((err) => node.say("error", `could not start: ${err.message}`));
+}));
+
+$("toggle-checks").addEventListener("click", timed(() => {
+  const table = $("checks");
+  table.hidden = !table.hidden;
+  $("toggle-checks").textContent = table.hidden ? "Show" : "Hide";
+}));
+
+$("copy-link").addEventListener("click", timed(() => {
+  $("share-link").select();
+  navigator.clipboard?.writeText($("share-link").value).catch(() => {});
+}));
+
+$("new-room").addEventListener("click", timed(() => {
+  location.href = "/?create=1";
+}));
+
+window.addEventListener("pagehide", () => node.signaling.close());
+node.boot();
+render();
