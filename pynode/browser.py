@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,27 +84,12 @@ def run_checks(break_gate: bool = False) -> Checks:
     """Units over their full domain, LUT == integer op, then the exact gate of each backend
     best first for a page (no BLAS). Never raises for a failed check."""
     from pynode.core.gemm import NO_BLAS_ORDER, make_backend, select_gemm
-    from pynode.core.units import certify_luts
-    from pynode.unitfiles import load_default_units
+    from pynode.verify import unit_checks
 
     checks = Checks()
     rows = checks.rows
-    started = time.perf_counter()
-    try:
-        units = load_default_units()
-    except DaisyError as exc:
-        rows.append(CheckRow("units", "full", f"FAIL: {exc}", "-", time.perf_counter() - started))
-        return checks
-    rows += [CheckRow(f"unit {u}", f"{d:,} inputs", r, "-", s) for u, d, r, s in
-             units.verify_report()]
-    started = time.perf_counter()
-    try:
-        certify_luts(units)
-        rows.append(CheckRow("LUT == integer op", "all cells", "pass", "-",
-                             time.perf_counter() - started))
-    except DaisyError as exc:
-        rows.append(CheckRow("LUT == integer op", "all cells", f"FAIL: {exc}", "-",
-                             time.perf_counter() - started))
+    units = unit_checks(rows)
+    if units is None:
         return checks
     order = [make_backend(name, units.mul_lut) for name in NO_BLAS_ORDER]
     if break_gate:

@@ -25,26 +25,32 @@ class CheckRow:
 
 def run_checks() -> list[CheckRow]:
     """Every start-up check a peer runs, as rows; never raises for a failed check."""
+    rows: list[CheckRow] = []
+    units = unit_checks(rows)
+    if units is not None:
+        rows.extend(gate_rows(units))
+    return rows
+
+
+def unit_checks(rows: list[CheckRow]):
+    """Append the float-environment, unit and LUT rows; the Units if all passed, else None."""
     from pynode.core.detmath import check_float_environment
     from pynode.core.errors import DaisyError
     from pynode.core.units import certify_luts
     from pynode.unitfiles import load_default_units
 
-    rows: list[CheckRow] = []
-    started = time.perf_counter()
-    try:
-        check_float_environment()
-        env_result = "pass"
-    except DaisyError as exc:
-        env_result = f"FAIL: {exc}"
-    rows.append(CheckRow("IEEE-754 environment", "rounding, subnormals", env_result, "-",
-                         time.perf_counter() - started))
-    started = time.perf_counter()
-    try:
-        units = load_default_units()
-    except DaisyError as exc:
-        rows.append(CheckRow("units", "full", f"FAIL: {exc}", "-", time.perf_counter() - started))
-        return rows
+    checks = [("IEEE-754 environment", "rounding, subnormals", check_float_environment),
+              ("units", "full domains", load_default_units)]
+    units = None
+    for name, domain, check in checks:
+        started = time.perf_counter()
+        try:
+            units = check() or units
+        except DaisyError as exc:
+            rows.append(CheckRow(name, domain, f"FAIL: {exc}", "-", time.perf_counter() - started))
+            return None
+        if name != "units":
+            rows.append(CheckRow(name, domain, "pass", "-", time.perf_counter() - started))
     for unit, domain, result, seconds in units.verify_report():
         rows.append(CheckRow(f"unit {unit}", f"{domain:,} inputs", result, "-", seconds))
     started = time.perf_counter()
@@ -55,8 +61,7 @@ def run_checks() -> list[CheckRow]:
         lut_result = f"FAIL: {exc}"
     rows.append(CheckRow("LUT == integer op", "65,536 + 65,536 + 256 cells", lut_result, "-",
                          time.perf_counter() - started))
-    rows.extend(gate_rows(units))
-    return rows
+    return units if lut_result == "pass" else None
 
 
 def gate_rows(units) -> list[CheckRow]:
