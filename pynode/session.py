@@ -6,22 +6,18 @@ starts a peer the same way and refuses the same things.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from pynode.config import RunConfig
 from pynode.core import checkpoint
 from pynode.tasks import load_task
-from pynode.trainer import StepResult, Trainer, TrainState
+from pynode.trainer import Trainer, TrainState
 
 log = logging.getLogger("pynode.session")
 
-# Tasks whose checkpoints record a vocabulary (byte-level models: 256).
-VOCAB_TASKS = {"gpt": 256, "float": 256}
 
 
 def load_units_and_gemm(backend: str | None = None) -> tuple[Any, Any]:
@@ -75,31 +71,17 @@ def load_resume(
 
 
 def checkpoint_expectations(cfg: RunConfig) -> dict:
-    model = load_task(cfg.task).build_model(cfg, None)
-    expect = {"task": cfg.task, "param_shapes": model.param_shapes()}
-    if cfg.task in VOCAB_TASKS:
-        expect["vocab"] = VOCAB_TASKS[cfg.task]
+    task = load_task(cfg.task)
+    expect = {"task": cfg.task, "param_shapes": task.build_model(cfg, None).param_shapes()}
+    vocab = getattr(task, "vocab", None)
+    if vocab is not None:
+        expect["vocab"] = vocab
     return expect
 
 
 def checkpoint_bytes(trainer: Trainer) -> bytes:
-    state = trainer.state
-    config = json.loads(trainer.cfg.to_json())
-    if trainer.cfg.task in VOCAB_TASKS:
-        config["vocab"] = VOCAB_TASKS[trainer.cfg.task]
-    return checkpoint.save_checkpoint(
-        checkpoint.CheckpointState(
-            task=trainer.cfg.task,
-            config=config,
-            step=state.step,
-            params=state.params,
-            adam_m=state.opt.m,
-            adam_v=state.opt.v,
-            adam_step=state.opt.step,
-            data_cursor=state.step,
-            state_hash=state.hash(),
-        )
-    )
+    """The trainer's current state as a .pt file (see pynode.core.checkpoint)."""
+    return trainer.state_bytes()
 
 
 def write_atomically(path: str | os.PathLike, data: bytes) -> None:
@@ -108,16 +90,3 @@ def write_atomically(path: str | os.PathLike, data: bytes) -> None:
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     tmp.write_bytes(data)
     os.replace(tmp, target)
-
-
-async def run_steps(
-    trainer: Trainer, until: int, on_step: Callable[[StepResult], Awaitable[None] | None]
-) -> None:
-    """Train until `trainer.state.step == until`, calling `on_step` after each step."""
-    while trainer.state.step < until:
-        result = await trainer.step()
-        maybe = on_step(result)
-        if maybe is not None:
-            await maybe
-
-

@@ -250,9 +250,14 @@ class Trainer:
             log.warning("%s: re-synced the diverged peer(s) from the leader", described)
 
     def state_bytes(self) -> bytes:
+        """This peer's state as .pt bytes: weights, Adam state, step, config (+ vocab)."""
         state = self.state
+        config = json.loads(self.cfg.to_json())
+        vocab = getattr(self.task, "vocab", None)
+        if vocab is not None:
+            config["vocab"] = vocab
         return checkpoint.save_checkpoint(checkpoint.CheckpointState(
-            task=self.cfg.task, config=json.loads(self.cfg.to_json()), step=state.step,
+            task=self.cfg.task, config=config, step=state.step,
             params=state.params, adam_m=state.opt.m, adam_v=state.opt.v,
             adam_step=state.opt.step, data_cursor=state.step, state_hash=state.hash(),
         ))

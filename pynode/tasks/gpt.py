@@ -13,6 +13,7 @@ from pynode.datasource import microbatch_bytes
 
 class GPTTask:
     name = "gpt"
+    vocab = 256  # byte-level; recorded in checkpoints and checked on load
 
     def build_model(self, cfg: RunConfig, gemm: Any) -> GPT:
         return GPT(gpt_config(cfg), gemm)
