@@ -78,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     peer.add_argument("--backend")
     peer.add_argument("--capacity")
 
+    from pynode.cli_join import add_join_parser
+
+    add_join_parser(sub)
+
     verify = sub.add_parser("verify", help="check units, LUTs and GEMM backends; exit 1 on failure")
     verify.add_argument("--json", action="store_true", help="print rows as JSON lines")
 
@@ -106,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
             from pynode.cli_group import peer_command
 
             return asyncio.run(peer_command(args))
+        if args.command == "join":
+            from pynode.cli_join import join_command
+
+            return asyncio.run(join_command(args))
         if args.command == "verify":
             from pynode.verify import verify_command
 

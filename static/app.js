@@ -174,6 +174,9 @@ $("new-room").addEventListener("click", timed(() => {
   location.href = "/?create=1";
 }));
 
-window.addEventListener("pagehide", () => node.signaling.close());
+window.addEventListener("pagehide", () => {
+  node.mesh?.close();
+  node.signaling.close();
+});
 node.boot();
 render();

@@ -351,7 +351,9 @@ class MeshCollective(Collective):
     ) -> dict[str, Any]:
         ids = [self._ranks[r] for r in members]
         reports = {0: own}
-        haves = await self._collect((seq, attempt, Op.HAVE, 0), ids[1:], self._deadline(timeout, 2))
+        # A member whose slice never reached the leader is dropped anyway: don't wait for it.
+        waiting = [ids[j] for j in range(1, len(ids)) if members[j] in own["got"]]
+        haves = await self._collect((seq, attempt, Op.HAVE, 0), waiting, self._deadline(timeout, 2))
         for p, m in haves.items():
             reports[members.index(self._ranks.index(p))] = json.loads(bytes(m.payload))
         missing = {members[j] for j in range(len(members)) if j not in reports}

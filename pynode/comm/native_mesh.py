@@ -1,0 +1,405 @@
+"""A native peer's WebRTC mesh (aiortc): the same links, channels and framing as the page's.
+
+Like pyodide_app/mesh.js: one RTCPeerConnection per pair, offered by the peer with the
+smaller id, with two pre-negotiated, ordered, reliable data channels, "data" (id 0: the
+Python peers' messages, cut into 48 KiB fragments with the 16-byte header of
+pyodide_app/fragments.js) and "ui" (id 1: small JSON the pages show). Sends queue per link
+and are fed to the channel while its bufferedAmount stays below HIGH_WATER, resuming on
+`bufferedamountlow`. ICE uses host candidates only (no STUN/TURN unless given).
+
+The WebRTC stack and the signaling client run on their own event loop in a daemon thread
+(`NetThread`), so ICE consent checks, SCTP acknowledgements and websocket pings go on while
+the training loop computes a step. `NativeMesh` is the training loop's side of it: the
+`Mesh` of pynode.comm.mesh, its events handed over thread-safely, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import struct
+import threading
+from collections import deque
+from collections.abc import Coroutine, Sequence
+from typing import Any
+
+from pynode.comm.base import CommError
+from pynode.comm.mesh import Mesh
+from pynode.signaling_client import SignalingClient
+
+log = logging.getLogger(__name__)
+
+FRAGMENT_BYTES = 48 * 1024
+HEADER = struct.Struct("<IIII")  # message id, fragment index, fragment count, message bytes
+MAX_MESSAGE_BYTES = 1 << 30
+HIGH_WATER = 4 << 20  # stop feeding a channel above this many buffered bytes
+LOW_WATER = 1 << 20  # ... and resume when it drains to this
+
+
+class FragmentError(CommError):
+    """A fragment stream an ordered, reliable channel cannot produce: the link is broken."""
+
+
+# ------------------------------------------------------------------------- framing
+def fragment_count(total: int) -> int:
+    return max(1, -(-total // FRAGMENT_BYTES))
+
+
+def fragment(message: bytes, msg_id: int, index: int) -> bytes:
+    """Fragment `index` of `message`: header + its slice (fragments.js `fragment`)."""
+    total = len(message)
+    start = index * FRAGMENT_BYTES
+    body = message[start : start + FRAGMENT_BYTES]
+    return HEADER.pack(msg_id & 0xFFFFFFFF, index, fragment_count(total), total) + body
+
+
+class Reassembler:
+    """Collects the fragments of one message at a time (fragments.js `Reassembler`)."""
+
+    def __init__(self, max_bytes: int = MAX_MESSAGE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._current: tuple[int, int, int] | None = None  # (id, count, total)
+        self._next = 0
+        self._bytes = bytearray()
+
+    def push(self, data: bytes) -> bytes | None:
+        """One fragment in; the whole message when complete, else None. FragmentError on
+        anything out of order, oversized or inconsistent."""
+        if len(data) < HEADER.size:
+            raise FragmentError("fragment shorter than its header")
+        msg_id, index, count, total = HEADER.unpack_from(data)
+        body = memoryview(data)[HEADER.size :]
+        if index == 0:
+            if self._current is not None:
+                raise FragmentError(f"message {msg_id} began inside message {self._current[0]}")
+            if total > self.max_bytes:
+                raise FragmentError(f"message of {total} bytes exceeds {self.max_bytes}")
+            if count != fragment_count(total):
+                raise FragmentError(f"message {msg_id}: {count} fragments cannot hold {total} "
+                                    "bytes")
+            self._current, self._next, self._bytes = (msg_id, count, total), 0, bytearray()
+        if self._current != (msg_id, count, total) or index != self._next:
+            raise FragmentError(f"unexpected fragment {index}/{count} of message {msg_id}")
+        if len(body) != min(FRAGMENT_BYTES, total - index * FRAGMENT_BYTES):
+            raise FragmentError(f"fragment {index} of message {msg_id} has {len(body)} bytes")
+        self._bytes += body
+        self._next += 1
+        if self._next < count:
+            return None
+        self._current = None
+        whole, self._bytes = bytes(self._bytes), bytearray()
+        return whole
+
+
+# ------------------------------------------------------------------------- the thread
+class NetThread:
+    """An event loop in a daemon thread for aiortc and signaling."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="pynode-net",
+                                        daemon=True)
+        self._thread.start()
+
+    def call(self, fn: Any, *args: Any) -> None:
+        """Run `fn(*args)` on the network loop soon (from any thread)."""
+        self.loop.call_soon_threadsafe(fn, *args)
+
+    async def run(self, coro: Coroutine) -> Any:
+        """Await `coro` on the network loop from another loop."""
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+
+    def stop(self) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
+
+
+# ------------------------------------------------------------------------- one link
+class _Link:
+    """One peer connection; lives on the network loop."""
+
+    def __init__(self, mesh: NativeMesh, peer: str) -> None:
+        from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection
+
+        self.mesh, self.peer = mesh, peer
+        servers = [RTCIceServer(urls=u) for u in mesh.ice_servers]
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=servers))
+        self.data = self.pc.createDataChannel("data", negotiated=True, id=0, ordered=True)
+        self.ui = self.pc.createDataChannel("ui", negotiated=True, id=1, ordered=True)
+        self.data.bufferedAmountLowThreshold = LOW_WATER
+        self.queue: deque[list[Any]] = deque()  # [message bytes, id, next fragment]
+        self.next_id = 1
+        self.reassembler = Reassembler()
+        self.pending_ice: list[Any] = []
+        self.candidates_ended = False
+        self.is_open = self.is_gone = False
+        self._wire()
+
+    def _wire(self) -> None:
+        pc, data, ui = self.pc, self.data, self.ui
+
+        @pc.on("connectionstatechange")
+        def _state() -> None:
+            log.debug("peer %s: connection %s", self.peer, pc.connectionState)
+            if pc.connectionState in ("failed", "closed"):
+                self.close()
+
+        def maybe_open() -> None:
+            if not self.is_open and data.readyState == "open" and ui.readyState == "open":
+                self.is_open = True
+                log.debug("peer %s: data channels open", self.peer)
+                self.mesh._opened(self.peer)
+                self.pump()
+
+        data.on("open", maybe_open)
+        ui.on("open", maybe_open)
+        data.on("close", self.close)
+        ui.on("close", self.close)
+        data.on("bufferedamountlow", self.pump)
+        data.on("message", self.receive)
+        ui.on("message", lambda m: self.mesh._ui_message(self.peer, m))
+
+    async def offer(self) -> None:
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        self.mesh.signaling.send("offer", to=self.peer, sdp=self.pc.localDescription.sdp)
+
+    async def on_offer(self, sdp: str) -> None:
+        from aiortc import RTCSessionDescription
+
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+        await self._flush_ice()
+        await self.pc.setLocalDescription(await self.pc.createAnswer())
+        self.mesh.signaling.send("answer", to=self.peer, sdp=self.pc.localDescription.sdp)
+
+    async def on_answer(self, sdp: str) -> None:
+        from aiortc import RTCSessionDescription
+
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="answer"))
+        await self._flush_ice()
+
+    async def on_ice(self, frame: dict[str, Any]) -> None:
+        candidate = _candidate(frame)
+        if candidate is False or (candidate is None and self.candidates_ended):
+            return  # a kind aiortc cannot use (TCP, unparsable), or a repeated end
+        if candidate is None:
+            self.candidates_ended = True
+        if self.pc.remoteDescription is None:
+            self.pending_ice.append(candidate)
+        else:
+            await self.pc.addIceCandidate(candidate)
+
+    async def _flush_ice(self) -> None:
+        for candidate in self.pending_ice:
+            await self.pc.addIceCandidate(candidate)
+        self.pending_ice = []
+
+    def send(self, message: bytes) -> None:
+        self.queue.append([message, self.next_id, 0])
+        self.next_id = (self.next_id + 1) & 0xFFFFFFFF
+        self.pump()
+
+    def pump(self) -> None:
+        """Feed queued fragments while the channel's buffer is below HIGH_WATER."""
+        data = self.data
+        while self.queue and data.readyState == "open" and data.bufferedAmount < HIGH_WATER:
+            entry = self.queue[0]
+            message, msg_id, index = entry
+            data.send(fragment(message, msg_id, index))
+            entry[2] = index + 1
+            if entry[2] >= fragment_count(len(message)):
+                self.queue.popleft()
+
+    def receive(self, data: bytes | str) -> None:
+        if isinstance(data, str):
+            data = data.encode()
+        try:
+            whole = self.reassembler.push(data)
+        except FragmentError as exc:
+            log.warning("peer %s: broken data channel: %s", self.peer, exc)
+            self.close()
+            return
+        if whole is not None:
+            self.mesh._message(self.peer, whole)
+
+    def send_ui(self, text: str) -> None:
+        if self.ui.readyState == "open":
+            self.ui.send(text)
+
+    def close(self) -> None:
+        if self.is_gone:
+            return
+        self.is_gone = True
+        log.debug("peer %s: link closed", self.peer)
+        self.queue.clear()
+        asyncio.ensure_future(self.pc.close())
+        if self.mesh.links.get(self.peer) is self:
+            del self.mesh.links[self.peer]
+        if self.is_open:
+            self.mesh._gone(self.peer)
+
+
+def _candidate(frame: dict[str, Any]) -> Any:
+    """The aiortc candidate of an `ice` frame; None marks the end of candidates, False a
+    candidate to skip."""
+    from aiortc.sdp import candidate_from_sdp
+
+    text = frame.get("candidate") or ""
+    if not text:
+        return None
+    try:
+        candidate = candidate_from_sdp(text.split(":", 1)[1] if text.startswith("candidate:")
+                                       else text)
+    except (AssertionError, IndexError, ValueError):
+        return False
+    if candidate.protocol.lower() != "udp":
+        return False
+    candidate.sdpMid = frame.get("sdpMid")
+    candidate.sdpMLineIndex = frame.get("sdpMLineIndex")
+    return candidate
+
+
+# ------------------------------------------------------------------------- the mesh
+class NativeMesh(Mesh):
+    """Data channels to every approved peer of the room, as the training loop sees them.
+
+    Build it on the training loop before `signaling` starts, so that no offer finds it
+    missing; it connects to approved peers from every roster (the smaller id offers) and
+    answers their offers. `ui` holds each page's last message on the "ui" channel.
+    """
+
+    def __init__(self, signaling: SignalingClient, net: NetThread,
+                 ice_servers: Sequence[str] = ()) -> None:
+        self.signaling, self.net, self.ice_servers = signaling, net, tuple(ice_servers)
+        self.links: dict[str, _Link] = {}  # network loop only
+        self.ui: dict[str, dict[str, Any]] = {}
+        self.sent_bytes = 0
+        self._shown = ""  # the last `show`, as JSON
+        self._open: frozenset[str] = frozenset()
+        self._main = asyncio.get_running_loop()
+        self._events: asyncio.Queue[tuple[str, bytes | None]] = asyncio.Queue()
+        net.call(self._attach)
+
+    # ----------------------------------------------------------------- Mesh
+    @property
+    def self_id(self) -> str:  # type: ignore[override]
+        """The id signaling assigned ("" until the server answered the join)."""
+        return self.signaling.peer_id or ""
+
+    @property
+    def peers(self) -> frozenset[str]:
+        return self._open
+
+    def send(self, peer: str, data: bytes) -> None:
+        if peer in self._open:
+            self.sent_bytes += len(data)
+            self.net.call(self._send_net, peer, bytes(data))
+
+    async def recv(self) -> tuple[str, bytes | None]:
+        return await self._events.get()
+
+    def show(self, state: dict[str, Any]) -> None:
+        """What the pages' peer tables show for this peer ({state, step, loss, hash, probe,
+        leader, run, error}): sent on the "ui" channel now and to every peer that opens."""
+        self.net.call(self._show_net, json.dumps(state, separators=(",", ":")))
+
+    async def flush(self, timeout: float = 5.0) -> None:
+        """Wait (at most `timeout`) until every queued message went to the wire."""
+        await self.net.run(self._flush_net(timeout))
+
+    async def close(self) -> None:
+        """Close every link (the others see this peer gone at once)."""
+        await self.net.run(self._close_net())
+
+    # ----------------------------------------------------------------- network loop
+    def _attach(self) -> None:
+        for kind in ("offer", "answer", "ice"):
+            self.signaling.on(kind, self._on_signal)
+        self.signaling.on("roster", lambda _frame: self._connect_roster())
+        self._connect_roster()
+
+    def _connect_roster(self) -> None:
+        """Connect to every approved peer in the roster; the smaller id offers. A peer missing
+        from a roster keeps its link: after a server restart rosters refill while the
+        channels, which never touch the server, carry on."""
+        if not (self.signaling.approved and self.self_id):
+            return
+        for entry in self.signaling.roster:
+            peer = entry.get("id")
+            if entry.get("state") != "approved" or peer == self.self_id or peer in self.links:
+                continue
+            if self.self_id < peer:
+                link = self.links[peer] = _Link(self, peer)
+                self._guard(link, link.offer())
+
+    def _on_signal(self, frame: dict[str, Any]) -> None:
+        kind, peer = frame.get("type"), frame.get("from")
+        if not isinstance(peer, str) or not self.self_id:
+            return
+        link = self.links.get(peer)
+        if kind == "offer":
+            if link is not None:
+                link.close()  # the other side restarted: start over
+            link = self.links[peer] = _Link(self, peer)
+            self._guard(link, link.on_offer(str(frame.get("sdp", ""))))
+        elif link is not None and kind == "answer":
+            self._guard(link, link.on_answer(str(frame.get("sdp", ""))))
+        elif link is not None and kind == "ice":
+            self._guard(link, link.on_ice(frame))
+
+    def _guard(self, link: _Link, step: Coroutine) -> None:
+        async def guarded() -> None:
+            try:
+                await step
+            except Exception as exc:  # a failed negotiation costs this link only
+                log.warning("peer %s: WebRTC: %s: %s", link.peer, type(exc).__name__, exc)
+                link.close()
+        asyncio.ensure_future(guarded())
+
+    def _send_net(self, peer: str, data: bytes) -> None:
+        link = self.links.get(peer)
+        if link is not None and link.is_open:
+            link.send(data)
+
+    def _show_net(self, text: str) -> None:
+        self._shown = text
+        for link in list(self.links.values()):
+            if link.is_open:
+                link.send_ui(text)
+
+    def _ui_message(self, peer: str, text: str | bytes) -> None:
+        with contextlib.suppress(ValueError, TypeError):
+            message = json.loads(text)
+            if isinstance(message, dict):
+                self.ui[peer] = message
+
+    def _opened(self, peer: str) -> None:
+        self._open = self._open | {peer}
+        link = self.links.get(peer)
+        if link is not None and self._shown:
+            link.send_ui(self._shown)
+        self._main.call_soon_threadsafe(self._events.put_nowait, (peer, b""))
+
+    def _message(self, peer: str, data: bytes) -> None:
+        if data:  # an empty message would read as "reachable"; the page drops them too
+            self._main.call_soon_threadsafe(self._events.put_nowait, (peer, data))
+
+    def _gone(self, peer: str) -> None:
+        self._open = self._open - {peer}
+        self.ui.pop(peer, None)
+        self._main.call_soon_threadsafe(self._events.put_nowait, (peer, None))
+
+    async def _flush_net(self, timeout: float) -> None:
+        until = asyncio.get_running_loop().time() + timeout
+        while asyncio.get_running_loop().time() < until and any(
+            link.queue or link.data.bufferedAmount for link in self.links.values()
+        ):
+            await asyncio.sleep(0.02)
+
+    async def _close_net(self) -> None:
+        links = list(self.links.values())
+        for link in links:
+            link.close()
+        await asyncio.gather(*(link.pc.close() for link in links), return_exceptions=True)

@@ -1,0 +1,224 @@
+"""The server's signaling protocol from a native peer: join a room, wait for approval, relay
+WebRTC offers/answers/ICE, follow the roster (docs/SERVER.md, server/protocol.py).
+
+It mirrors the page's pyodide_app/signaling.js: every server frame is handed to the
+listeners of its type (`on("roster", fn)`), and a dropped socket is reopened with the resume
+token of `joined`, so this peer keeps its id (and its role) across a server restart or a
+network blip. The data channels never touch the server, so training goes on meanwhile.
+Native only (the `websockets` package); all of it runs on one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from pynode.core.errors import DaisyError
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 1
+RECONNECT_S = (0.5, 1.0, 2.0, 5.0)  # waits before successive reconnects, then the last again
+FINAL_CLOSE_CODES = frozenset({4403, 4409})  # denied/removed, replaced: never reconnect
+OPEN_TIMEOUT_S = 10.0
+
+Listener = Callable[[dict[str, Any]], None]
+
+
+class SignalingError(DaisyError):
+    """The server cannot be reached, or refused this peer (declined, removed, bad room)."""
+
+
+def ws_url(server: str) -> str:
+    """The /ws address of a server given as http(s)://HOST:PORT (or already ws(s)://.../ws)."""
+    parts = urlsplit(server.strip())
+    scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme)
+    if scheme is None or not parts.netloc:
+        raise SignalingError(f"--server must look like http://HOST:PORT, got {server!r}")
+    path = parts.path.rstrip("/")
+    if not path.endswith("/ws"):
+        path += "/ws"
+    return urlunsplit((scheme, parts.netloc, path, "", ""))
+
+
+class SignalingClient:
+    """One peer's websocket to the server. `await start()` once, then `send` and listen.
+
+    State kept from the frames, as the page keeps it: `peer_id`, `room` (code, None for an
+    automatic room), `role` ("host"/"member"), `approved`, `roster` (the last peer list).
+    `closed_reason` is set once the server turned this peer away for good.
+    """
+
+    def __init__(self, server: str, *, room: str | None = None, create: bool = False) -> None:
+        self.url = ws_url(server)
+        self.room, self.create = room, create
+        self.token: str | None = None
+        self.peer_id: str | None = None
+        self.role: str | None = None
+        self.approved = False
+        self.roster: list[dict[str, Any]] = []
+        self.closed_reason: str | None = None
+        self.connected = False
+        self._listeners: dict[str, list[Listener]] = {}
+        self._outbox: asyncio.Queue[str] | None = None
+        self._task: asyncio.Task | None = None
+        self.closing = False  # close() was called: no more reconnects
+
+    # ----------------------------------------------------------------- listeners
+    def on(self, kind: str, listener: Listener) -> None:
+        """Call `listener(frame)` for every server frame of type `kind` (after this client
+        updated its own state). "socket" {open: bool, code, reason} reports the connection."""
+        self._listeners.setdefault(kind, []).append(listener)
+
+    def _dispatch(self, kind: str, frame: dict[str, Any]) -> None:
+        for listener in list(self._listeners.get(kind, ())):
+            try:
+                listener(frame)
+            except Exception:  # one listener's bug must not cost the connection
+                log.exception("signaling: %s listener failed", kind)
+
+    # ----------------------------------------------------------------- connection
+    async def start(self, timeout: float = OPEN_TIMEOUT_S) -> dict[str, Any]:
+        """Connect and join (or create) the room; returns the `joined` frame.
+
+        SignalingError if the server cannot be reached within `timeout` or refuses the join.
+        """
+        if self._task is not None:
+            raise SignalingError("this signaling client is already started")
+        joined: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+
+        def first(frame: dict[str, Any]) -> None:
+            if not joined.done():
+                joined.set_result(frame)
+
+        def refused(frame: dict[str, Any]) -> None:
+            if not joined.done() and frame.get("type") in ("error", "denied", "removed"):
+                text = frame.get("message") or frame.get("reason") or frame.get("code")
+                joined.set_exception(SignalingError(f"the server refused to join: {text}"))
+
+        self.on("joined", first)
+        for kind in ("error", "denied", "removed"):
+            self.on(kind, refused)
+        self._task = asyncio.ensure_future(self._run(joined))
+        try:
+            return await asyncio.wait_for(asyncio.shield(joined), timeout)
+        except asyncio.TimeoutError:
+            await self.close()
+            raise SignalingError(f"no answer from {self.url} within {timeout:g} s") from None
+        except SignalingError:
+            await self.close()
+            raise
+
+    async def _run(self, joined: asyncio.Future) -> None:
+        attempt = 0
+        while not self.closing:
+            code, reason = await self._session()
+            if self.closing or code in FINAL_CLOSE_CODES:
+                break
+            if not joined.done() and self.token is None and attempt >= len(RECONNECT_S):
+                joined.set_exception(SignalingError(f"cannot reach {self.url}: {reason}"))
+                break
+            wait = RECONNECT_S[min(attempt, len(RECONNECT_S) - 1)]
+            attempt = 0 if self.connected else attempt + 1
+            self.connected = False
+            await asyncio.sleep(wait)
+
+    async def _session(self) -> tuple[int | None, str]:
+        """One websocket's life: join, read frames until it closes; (close code, reason)."""
+        from websockets.asyncio.client import connect
+        from websockets.exceptions import ConnectionClosed, InvalidHandshake
+
+        try:
+            ws = await connect(self.url, proxy=None, compression=None,
+                               open_timeout=OPEN_TIMEOUT_S, max_size=2**20)
+        except (OSError, InvalidHandshake, asyncio.TimeoutError) as exc:
+            return None, f"{type(exc).__name__}: {exc}"
+        self._outbox = asyncio.Queue()
+        writer = asyncio.ensure_future(self._write(ws, self._outbox))
+        self.connected = True
+        self._dispatch("socket", {"type": "socket", "open": True})
+        if self.create and self.token is None:
+            self.send("create")
+        else:
+            self.send("join", **self._join_fields())
+        code, reason = None, "closed"
+        try:
+            async for raw in ws:
+                self._on_frame(raw)
+        except ConnectionClosed:
+            pass
+        finally:
+            writer.cancel()
+            self._outbox = None
+            with contextlib.suppress(Exception):
+                await ws.close()
+            if ws.close_code is not None:
+                code, reason = ws.close_code, ws.close_reason or ""
+        self._dispatch("socket", {"type": "socket", "open": False, "code": code,
+                                  "reason": reason})
+        return code, reason
+
+    async def _write(self, ws: Any, outbox: asyncio.Queue[str]) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        with contextlib.suppress(ConnectionClosed, asyncio.CancelledError):
+            while True:
+                await ws.send(await outbox.get())
+
+    def _join_fields(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {}
+        if self.room:
+            fields["room"] = self.room
+        if self.token:
+            fields["token"] = self.token
+        return fields
+
+    def _on_frame(self, raw: str | bytes) -> None:
+        try:
+            frame = json.loads(raw)
+        except (TypeError, ValueError):
+            return
+        if not isinstance(frame, dict) or frame.get("v") != PROTOCOL_VERSION:
+            return
+        kind = frame.get("type")
+        if not isinstance(kind, str):
+            return
+        if kind == "joined":
+            self.token, self.peer_id = frame.get("token"), frame.get("peer")
+            self.role, self.approved = frame.get("role"), frame.get("state") == "approved"
+            if frame.get("room"):
+                self.room = frame["room"]
+        elif kind == "approved":
+            self.approved = True
+        elif kind == "roster":
+            self.roster = list(frame.get("peers") or [])
+            me = next((p for p in self.roster if p.get("id") == self.peer_id), None)
+            if me is not None:
+                self.role, self.approved = me.get("role"), me.get("state") == "approved"
+        elif kind in ("denied", "removed"):
+            self.closed_reason = frame.get("reason") or kind
+        self._dispatch(kind, frame)
+
+    def send(self, kind: str, **fields: Any) -> bool:
+        """Queue a client frame; False (nothing sent) while the socket is down."""
+        if self._outbox is None:
+            return False
+        self._outbox.put_nowait(json.dumps({"v": PROTOCOL_VERSION, "type": kind, **fields},
+                                           separators=(",", ":")))
+        return True
+
+    async def close(self) -> None:
+        """Say `leave` and stop reconnecting. Safe to call twice."""
+        self.closing = True
+        if self._outbox is not None:
+            self.send("leave")
+            await asyncio.sleep(0.05)  # let the writer hand `leave` to the socket
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task

@@ -1,0 +1,388 @@
+"""The native peer's parts that need no browser: fragment framing (checked against the page's
+fragments.js under Node), the signaling client against a real server process, the `join`
+command's refusals, and that numpy alone (no torch) runs it.
+
+WebRTC itself needs a non-loopback interface: native peers over aiortc, with and without
+tabs, are tested in e2e/test_mixed.py inside a private network namespace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from comm_helpers import REPO
+
+from pynode.comm.native_mesh import (
+    FRAGMENT_BYTES,
+    HEADER,
+    FragmentError,
+    Reassembler,
+    fragment,
+    fragment_count,
+)
+from pynode.signaling_client import SignalingClient, SignalingError, ws_url
+
+SIZES = [0, 1, FRAGMENT_BYTES - 1, FRAGMENT_BYTES, FRAGMENT_BYTES + 1, 3 * FRAGMENT_BYTES,
+         (1 << 20) + 3]
+
+
+def message(n: int, seed: int) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
+
+
+def fragments_of(data: bytes, msg_id: int) -> list[bytes]:
+    return [fragment(data, msg_id, i) for i in range(fragment_count(len(data)))]
+
+
+# ----------------------------------------------------------------------------- framing
+@pytest.mark.parametrize("n", SIZES)
+def test_fragments_round_trip(n):
+    data = message(n, n)
+    frags = fragments_of(data, 7)
+    assert all(len(f) <= FRAGMENT_BYTES + HEADER.size for f in frags)
+    reassembler = Reassembler()
+    got = [reassembler.push(f) for f in frags]
+    assert got[:-1] == [None] * (len(frags) - 1) and got[-1] == data
+    assert reassembler.push(fragments_of(b"next", 8)[0]) == b"next", "ready for the next one"
+
+
+def test_reassembler_refuses_what_an_ordered_reliable_channel_cannot_produce():
+    two = fragments_of(message(FRAGMENT_BYTES + 5, 1), 3)
+    head = bytearray(two[0])
+    cases = {
+        "short": [b"\x00" * 15],
+        "second begins inside first": [two[0], fragments_of(b"x", 4)[0]],
+        "out of order": [two[1]],
+        "skipped index": [two[0], two[0]],
+        "wrong count": [HEADER.pack(1, 0, 5, 10) + b"x" * 10],
+        "body too short": [bytes(head[:-1])],
+        "other message id": [two[0], HEADER.pack(9, 1, 2, FRAGMENT_BYTES + 5) + b"x" * 5],
+    }
+    for name, stream in cases.items():
+        reassembler = Reassembler()
+        with pytest.raises(FragmentError):
+            for frag in stream:
+                reassembler.push(frag)
+            pytest.fail(f"{name}: accepted")
+    with pytest.raises(FragmentError, match="exceeds"):
+        Reassembler(max_bytes=100).push(HEADER.pack(1, 0, 1, 101) + b"x" * 101)
+
+
+NODE_CHECK = """
+import { readFileSync } from "node:fs";
+const F = await import(process.argv[1]);
+const input = JSON.parse(readFileSync(0, "utf8"));
+const r = new F.Reassembler();
+let whole = null;
+for (const b64 of input.fragments) {
+  whole = r.push(new Uint8Array(Buffer.from(b64, "base64")).buffer);
+}
+const mine = new Uint8Array(Buffer.from(input.message, "base64"));
+const out = [];
+for (let i = 0; i < F.fragmentCount(mine.byteLength); i++) {
+  out.push(Buffer.from(F.fragment(mine, 99, i)).toString("base64"));
+}
+console.log(JSON.stringify({ whole: Buffer.from(whole).toString("base64"), fragments: out }));
+"""
+
+
+def test_fragments_match_the_pages_fragments_js_both_ways():
+    if shutil.which("node") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("node is not installed (CI=true: the JS checks must run)")
+        pytest.skip("node is not installed")
+    ours = message(2 * FRAGMENT_BYTES + 11, 5)
+    theirs = message(3 * FRAGMENT_BYTES, 6)
+    payload = {"fragments": [base64.b64encode(f).decode() for f in fragments_of(ours, 42)],
+               "message": base64.b64encode(theirs).decode()}
+    module = (REPO / "pyodide_app" / "fragments.js").as_uri()
+    done = subprocess.run(["node", "--input-type=module", "-e", NODE_CHECK, module],
+                          input=json.dumps(payload), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert base64.b64decode(answer["whole"]) == ours, "fragments.js reassembled ours"
+    js_fragments = [base64.b64decode(f) for f in answer["fragments"]]
+    assert js_fragments == fragments_of(theirs, 99), "byte-identical fragments"
+    reassembler = Reassembler()
+    assert [reassembler.push(f) for f in js_fragments][-1] == theirs
+
+
+# ----------------------------------------------------------------------------- signaling
+def test_ws_url_of_a_server_address():
+    assert ws_url("http://10.0.0.5:8000") == "ws://10.0.0.5:8000/ws"
+    assert ws_url("https://example.org/") == "wss://example.org/ws"
+    assert ws_url("ws://h:1/ws") == "ws://h:1/ws"
+    for bad in ("10.0.0.5:8000", "ftp://h/", "http://"):
+        with pytest.raises(SignalingError, match="--server"):
+            ws_url(bad)
+
+
+class ServerProcess:
+    """`python -m server` on loopback, restartable on the same port and data folder."""
+
+    def __init__(self, data_dir: Path, port: int = 0) -> None:
+        self.data_dir = data_dir
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port),
+             "--data-dir", str(data_dir), "--log-level", "WARNING"],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        line = self.proc.stdout.readline()
+        found = re.search(r"http://[\d.]+:(\d+)/", line)
+        assert found, f"the server did not start: {line}"
+        self.port = int(found.group(1))
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture
+def server(tmp_path):
+    started = [ServerProcess(tmp_path / "state")]
+    yield started
+    for proc in started:
+        proc.stop()
+
+
+async def eventually(predicate, timeout: float = 10.0) -> None:
+    until = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < until, "timed out"
+        await asyncio.sleep(0.02)
+
+
+def test_join_approval_relay_and_resume_after_a_server_restart(server):
+    async def body():
+        host = SignalingClient(server[0].url, create=True)
+        joined = await host.start()
+        assert joined["role"] == "host" and host.approved and host.room
+        member = SignalingClient(server[0].url, room=host.room)
+        offers: list[dict] = []
+        member.on("offer", offers.append)
+        assert (await member.start())["state"] == "pending" and not member.approved
+        await eventually(lambda: any(p["id"] == member.peer_id for p in host.roster))
+        host.send("approve", peer=member.peer_id)
+        await eventually(lambda: member.approved and len(member.roster) == 2)
+        host.send("offer", to=member.peer_id, sdp="v=0 test")
+        await eventually(lambda: offers)
+        assert offers[0]["from"] == host.peer_id and offers[0]["sdp"] == "v=0 test"
+
+        ids = (host.peer_id, member.peer_id)
+        server[0].stop()
+        await eventually(lambda: not host.connected and not member.connected)
+        server.append(ServerProcess(server[0].data_dir, server[0].port))
+        await eventually(lambda: host.connected and member.connected, 20)
+        await eventually(lambda: host.role == "host" and len(host.roster) == 2, 20)
+        assert (host.peer_id, member.peer_id) == ids, "resume tokens keep the ids"
+        pending = next(p for p in host.roster if p["id"] == member.peer_id)
+        assert pending["state"] == "pending" and pending.get("resumed")
+        host.send("approve", peer=member.peer_id)
+        await eventually(lambda: member.approved)
+        await member.close()
+        await host.close()
+        assert not host.connected or host.closing
+    asyncio.run(asyncio.wait_for(body(), 60))
+
+
+def test_a_declined_peer_learns_why_and_an_absent_server_is_a_named_error(server):
+    async def body():
+        host = SignalingClient(server[0].url, create=True)
+        await host.start()
+        member = SignalingClient(server[0].url, room=host.room)
+        seen: list[dict] = []
+        member.on("denied", seen.append)
+        await member.start()
+        await eventually(lambda: any(p["id"] == member.peer_id for p in host.roster))
+        host.send("deny", peer=member.peer_id)
+        await eventually(lambda: seen)
+        assert member.closed_reason == "the host declined"
+        await member.close()
+        await host.close()
+        nobody = SignalingClient(f"http://127.0.0.1:{server[0].port + 1}")
+        with pytest.raises(SignalingError):
+            await nobody.start(timeout=3)
+    asyncio.run(asyncio.wait_for(body(), 60))
+
+
+# ----------------------------------------------------------------------------- the command
+def join(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pynode.cli_join", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
+
+
+def test_join_refuses_bad_input_before_it_connects(tmp_path):
+    nowhere = "http://127.0.0.1:9"  # discard port: a refused connection if it ever got there
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"PK\x03\x04 not really a checkpoint")
+    cases = [
+        (["--steps", "5"], "need --start"),
+        (["--start", "--heads", "3", "--width", "32"], "heads"),
+        (["--start", "--resume", str(bad)], "CheckpointError"),
+        (["--start", "--resume", str(tmp_path / "missing.pt")], "missing.pt"),
+        (["--save", str(tmp_path / "no" / "such" / "x.pt")], "does not exist"),
+        (["--save-every", "2"], "--save-every needs --save"),
+    ]
+    for flags, reason in cases:
+        done = join("--server", nowhere, *flags)
+        assert done.returncode == 2, (flags, done.stderr)
+        assert reason in done.stderr and "joined" not in done.stderr, (flags, done.stderr)
+
+
+BLOCK_TORCH = """
+import asyncio, sys
+sys.modules["torch"] = None  # any `import torch` now fails, as on a numpy-only install
+from pynode.cli_join import add_join_parser, join_command  # noqa: F401
+import aiortc, websockets  # noqa: F401
+from pynode.comm.native_mesh import NativeMesh  # noqa: F401
+from pynode.config import RunConfig
+from pynode.session import load_units_and_gemm
+from pynode.trainer import Trainer
+from pynode.tasks import load_task
+units, gemm = load_units_and_gemm()
+cfg = RunConfig(width=32, layers=1, heads=2, seq=16, microbatch_size=2, steps=1)
+print(asyncio.run(Trainer(cfg, load_task("gpt"), gemm).step()).hash, gemm.backend_name)
+"""
+
+
+def test_the_native_peer_runs_without_torch():
+    done = subprocess.run([sys.executable, "-c", BLOCK_TORCH], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert re.fullmatch(r"[0-9a-f]{64} \w+\n", done.stdout), done.stdout
+
+
+# ----------------------------------------------------------------------------- the bridge
+CONFIG = {"task": "gpt", "width": 32, "layers": 1, "heads": 2, "seq": 16,
+          "microbatch_size": 2, "microbatches": 5, "steps": 6, "lr": 0.003, "seed": 9}
+
+
+@pytest.fixture(scope="module")
+def checks():
+    from pynode.browser import run_checks
+
+    result = run_checks()
+    assert result.ready, result.rows
+    return result
+
+
+@pytest.fixture(scope="module")
+def reference(checks) -> list[str]:
+    from pynode.config import RunConfig
+    from pynode.tasks import load_task
+    from pynode.trainer import Trainer
+
+    trainer = Trainer(RunConfig.from_dict(CONFIG), load_task("gpt"), checks.gemm)
+
+    async def steps():
+        return [(await trainer.step()).hash for _ in range(CONFIG["steps"])]
+
+    return asyncio.run(steps())
+
+
+async def bridged_room(checks, cluster_size: int, late: bool):
+    """A tab-like peer leads; a cluster of `cluster_size` ranks is one more room peer, from
+    the start or synced in after step 2. Returns {who: {step: hash}}."""
+    from pynode.comm import webrtc
+    from pynode.comm.bridge import ClusterBridge, follow_bridge
+    from pynode.comm.mesh import MemoryNetwork
+    from pynode.config import RunConfig
+    from pynode.core import checkpoint
+    from pynode.native_peer import verified_trainer
+    from pynode.room import RoomPeer
+
+    room, cluster = MemoryNetwork(), MemoryNetwork()
+    names = [f"rank{i}" for i in range(cluster_size)]
+    ends = [cluster.join(n) for n in names]
+    inner = [await webrtc.connect(end, names, group=77) for end in ends]
+    bridge = ClusterBridge(inner[0])
+    bridge.start()
+    seen: dict[str, dict[int, str]] = {"leader": {}, "bridge": {}}
+    finished = {"leader": asyncio.Event(), "bridge": asyncio.Event()}
+
+    def reporter(who):
+        def report(kind, fields):
+            if kind == "step":
+                seen[who][fields["step"]] = fields["hash"]
+            if kind in ("done", "failed"):
+                seen[who]["end"] = fields.get("hash") or fields["error"]
+                finished[who].set()
+        return report
+
+    def bridge_trainer(cfg, coll, resume):
+        state = None if resume is None else checkpoint.save_checkpoint(resume)
+        return verified_trainer(checks.units, checks.gemm, cfg,
+                                bridge.wrap(coll, cfg.to_json(), state), resume, cluster=True)
+
+    def follower_trainer(config, coll, state):
+        cfg = RunConfig.from_dict(config)
+        ckpt = None if state is None else checkpoint.load_checkpoint(state)
+        return verified_trainer(checks.units, checks.gemm, cfg, coll, ckpt, cluster=True)
+
+    followers = []
+    for i in range(1, cluster_size):
+        seen[f"rank{i}"] = {}
+        log = seen[f"rank{i}"]
+
+        def note(result, log=log):
+            log[result.step] = result.hash
+        followers.append(asyncio.ensure_future(follow_bridge(
+            inner[i], follower_trainer, lambda line: None, note)))
+    def leader_trainer(cfg, coll, resume):
+        """In a late test, step 3 waits until the bridge asked to join: admitted before it."""
+        trainer = checks.make_trainer(cfg, coll, resume)
+        step = trainer.step
+
+        async def gated_step():
+            while late and trainer.state.step == 2 and "bridge" not in leader.run.joins:
+                await asyncio.sleep(0.01)
+            return await step()
+        trainer.step = gated_step
+        return trainer
+
+    leader = RoomPeer(room.join("leader"), leader_trainer, reporter("leader"))
+    tasks = [asyncio.ensure_future(leader.serve())]
+
+    def join_bridge():
+        peer = RoomPeer(room.join("bridge"), bridge_trainer, reporter("bridge"))
+        tasks.append(asyncio.ensure_future(peer.serve()))
+
+    if not late:
+        join_bridge()
+    await asyncio.sleep(0.05)
+    await leader.start(CONFIG)
+    if late:
+        while len(seen["leader"]) < 2:
+            await asyncio.sleep(0.01)
+        join_bridge()
+    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in finished.values())), 60)
+    await bridge.end_run()
+    await bridge.stop()
+    await asyncio.wait_for(asyncio.gather(*followers), 10)
+    for task in tasks:
+        task.cancel()
+    return seen
+
+
+@pytest.mark.parametrize("cluster_size,late", [(3, False), (2, True)])
+def test_a_cluster_in_a_room_through_one_rank_changes_no_bit(checks, reference, cluster_size,
+                                                            late):
+    seen = asyncio.run(asyncio.wait_for(bridged_room(checks, cluster_size, late), 120))
+    want = {s + 1: h for s, h in enumerate(reference)}
+    assert seen["leader"] == {**want, "end": reference[-1]}
+    joined = {s: h for s, h in seen["bridge"].items() if s != "end"}
+    assert joined and all(want[s] == h for s, h in joined.items())
+    assert (min(joined) > 2) == late and seen["bridge"]["end"] == reference[-1]
+    for rank in range(1, cluster_size):
+        assert seen[f"rank{rank}"] == joined, f"cluster rank {rank} follows the bridge's bits"
