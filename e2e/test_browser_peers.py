@@ -7,6 +7,8 @@ step are compared with `python -m pynode train` run natively with the same confi
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from browser_helpers import status, wait, wait_booted, wait_trainable
 
@@ -163,3 +165,41 @@ def test_a_tab_that_fails_its_gate_stays_out_of_training(tabs, native_reference)
     assert status(broken)["history"] == [] and status(broken)["state"] == "failed"
     host_row = next(p for p in status(host)["peers"] if p["id"] == broken_id)
     assert host_row["state"] == "failed" and not host_row["trainable"]
+
+
+PAGE_CHECKPOINT_BASE64 = """async () => {
+  const bytes = new Uint8Array(await daisychain.checkpoint());
+  let text = "";
+  for (let i = 0; i < bytes.length; i += 8192) {
+    text += String.fromCharCode(...bytes.subarray(i, i + 8192));
+  }
+  return btoa(text);
+}"""
+
+
+def test_a_checkpoint_downloaded_from_a_tab_resumes_natively(tabs, native_reference, tmp_path):
+    """The page's .pt loads with torch.load(weights_only=True); resuming it natively gives
+    the hashes of an uninterrupted native run (steps inside the warm-up: same schedule)."""
+    import base64
+    import subprocess
+    import sys
+
+    import torch
+    from conftest import REPO
+
+    host, (tab,) = open_room(tabs, "")
+    approve(host, tab)
+    wait_booted(host, tab)
+    train(host, [tab], SMALL)
+    path = tmp_path / "from-tab.pt"
+    path.write_bytes(base64.b64decode(tab.evaluate(PAGE_CHECKPOINT_BASE64)))
+    loaded = torch.load(path, weights_only=True)
+    assert loaded["step"] == SMALL["steps"] and loaded["state_hash"] == status(tab)["hash"]
+    longer = {**SMALL, "steps": SMALL["steps"] + 2}
+    log = tmp_path / "resumed.jsonl"
+    done = subprocess.run([sys.executable, "-m", "pynode", "train", "--resume", str(path),
+                           "--steps", str(longer["steps"]), "--log", str(log), "--no-progress"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    resumed = [json.loads(line)["hash"] for line in log.read_text().splitlines()]
+    assert resumed == [row["hash"] for row in native_reference(longer)][SMALL["steps"]:]

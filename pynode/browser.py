@@ -176,6 +176,13 @@ class BrowserPeer:
             return json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
         return json.dumps({"ok": True, "ranks": ranks})
 
+    def checkpoint(self) -> Any:
+        """The current state as .pt bytes, or a JSON error string (never raises into JS)."""
+        try:
+            return self.room.checkpoint()
+        except DaisyError as exc:
+            return json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+
     async def bench(self, size: int, repeats: int) -> str:
         """Lead an all-reduce benchmark; JSON {ok, size, members, seconds, ...} or an error."""
         try:

@@ -105,6 +105,7 @@ class RoomPeer:
         self.report = report
         self.hellos: dict[str, dict[str, Any]] = {}  # peer -> its last hello
         self.run: Run | None = None
+        self.last_trainer: Trainer | None = None  # of the run that ended last (checkpoints)
         self.pending: tuple[str, str, float] | None = None  # (run, leader, until) accepted
         self.answers: dict[str, dict[str, str]] = {}  # run -> peer -> "accept"/"refuse"
         self.task: asyncio.Task | None = None
@@ -316,6 +317,13 @@ class RoomPeer:
         trainer.capacities = {int(r): float(v) for r, v in head["capacities"].items()}
         self.launch(Run(head["run"], leader, cfg, trainer, coll), joined=True)
 
+    def checkpoint(self) -> bytes:
+        """The .pt bytes of the running (or last finished) run's state, at a step boundary."""
+        trainer = self.run.trainer if self.run is not None else self.last_trainer
+        if trainer is None:
+            raise RoomError("no run has started on this peer yet: nothing to save")
+        return trainer.state_bytes()
+
     # ----------------------------------------------------------------- training
     def launch(self, run: Run, joined: bool = False) -> None:
         self.run = run
@@ -346,6 +354,7 @@ class RoomPeer:
             self.report("failed", {"error": f"{type(exc).__name__}: {exc}"})
         finally:
             await coll.close()
+            self.last_trainer = trainer
             self.run = None
             self.announce()
 

@@ -220,6 +220,11 @@ export class PageNode extends EventTarget {
   }
 
   // Lead `repeats` all-reduces of `size` int64 with every ready peer; resolves to the timing.
+  // Resolves to the current state as .pt bytes (an ArrayBuffer).
+  async checkpoint() {
+    return (await this.request({ type: "checkpoint" })).data;
+  }
+
   benchAllreduce(size, repeats) {
     return this.request({ type: "bench", size, repeats });
   }

@@ -93,6 +93,18 @@ async function lead(msg) {
   post({ type: "started", id: msg.id, ...JSON.parse(answer) });
 }
 
+// The state as a .pt file, transferred to the page without a copy: {type: "started", data}.
+function checkpoint(msg) {
+  const answer = peer ? peer.checkpoint() : JSON.stringify({ ok: false, error: "not ready" });
+  if (typeof answer === "string") {
+    post({ type: "started", id: msg.id, ...JSON.parse(answer) });
+    return;
+  }
+  const bytes = answer.toJs();
+  answer.destroy();
+  post({ type: "started", id: msg.id, ok: true, data: bytes.buffer }, [bytes.buffer]);
+}
+
 self.onmessage = (event) => {
   const msg = event.data;
   if (msg.type === "boot") {
@@ -102,6 +114,8 @@ self.onmessage = (event) => {
     if (checks) makePeer();
   } else if (msg.type === "open" || msg.type === "gone" || msg.type === "message") {
     meshEvent(msg.type, msg.peer, msg.data);
+  } else if (msg.type === "checkpoint") {
+    checkpoint(msg);
   } else if (msg.type === "start" || msg.type === "bench") {
     lead(msg).catch((err) => post({ type: "started", id: msg.id, ok: false, error: String(err) }));
   }

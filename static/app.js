@@ -19,6 +19,7 @@ window.daisychain = {
   status: () => node.status(),
   start: (config) => node.start(config),
   benchAllreduce: (size, repeats) => node.benchAllreduce(size, repeats),
+  checkpoint: () => node.checkpoint(),
   approve: (peerId) => node.approve(peerId),
   deny: (peerId) => node.deny(peerId),
 };
@@ -173,6 +174,19 @@ $("copy-link").addEventListener("click", timed(() => {
 $("new-room").addEventListener("click", timed(() => {
   location.href = "/?create=1";
 }));
+
+$("download").addEventListener("click", async () => {
+  try {
+    const url = URL.createObjectURL(new Blob([await node.checkpoint()]));
+    const link = document.createElement("a");
+    link.href = url;
+    link.download = `daisychain-step${node.state.step}.pt`;
+    link.click();
+    setTimeout(() => URL.revokeObjectURL(url), 10_000);
+  } catch (err) {
+    node.say("error", `no checkpoint to download: ${err.message}`);
+  }
+});
 
 window.addEventListener("pagehide", () => {
   node.mesh?.close();
