@@ -203,3 +203,61 @@ def test_a_checkpoint_downloaded_from_a_tab_resumes_natively(tabs, native_refere
     assert done.returncode == 0, done.stderr
     resumed = [json.loads(line)["hash"] for line in log.read_text().splitlines()]
     assert resumed == [row["hash"] for row in native_reference(longer)][SMALL["steps"]:]
+
+
+PAGE_RESUME_BASE64 = """async (text) => {
+  const raw = atob(text);
+  const bytes = new Uint8Array(raw.length);
+  for (let i = 0; i < raw.length; i++) bytes[i] = raw.charCodeAt(i);
+  try {
+    return await daisychain.resume(bytes.buffer);
+  } catch (err) {
+    return { ok: false, error: err.message };
+  }
+}"""
+
+MAKE_CHECKPOINT = """
+import asyncio, json, sys
+from pynode.config import RunConfig
+from pynode.session import build_trainer
+cfg, steps, path = RunConfig.from_dict(json.loads(sys.argv[1])), int(sys.argv[2]), sys.argv[3]
+trainer = build_trainer(cfg)
+for _ in range(steps):
+    asyncio.run(trainer.step())
+open(path, "wb").write(trainer.state_bytes())
+"""
+
+
+def test_an_uploaded_checkpoint_is_validated_then_resumed_by_the_whole_group(
+    tabs, native_reference, tmp_path
+):
+    import base64
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    longer = {**SMALL, "steps": 5}
+    path = tmp_path / "native-step2.pt"
+    made = subprocess.run([sys.executable, "-c", MAKE_CHECKPOINT, json.dumps(longer), "2",
+                           str(path)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+    good = path.read_bytes()
+    bad = bytearray(good)
+    bad[len(bad) // 2] ^= 0xFF
+    host, (tab,) = open_room(tabs, "")
+    approve(host, tab)
+    wait_booted(host, tab)
+    wait_trainable(host, [status(tab)["peerId"]])
+    refused = host.evaluate(PAGE_RESUME_BASE64, base64.b64encode(bytes(bad)).decode())
+    assert not refused["ok"] and "Checkpoint" in refused["error"], refused
+    assert status(host)["state"] == "ready" and status(host)["history"] == []
+    answer = host.evaluate(PAGE_RESUME_BASE64, base64.b64encode(good).decode())
+    assert answer["ok"] and answer["step"] == 2, answer
+    for page in (host, tab):
+        wait(page, "s => ['done', 'failed'].includes(s.state)", 240_000)
+    expected = {row["step"]: row["hash"] for row in native_reference(longer)[2:]}
+    for page in (host, tab):
+        assert status(page)["state"] == "done", status(page)["error"]
+        got = history_hashes(page)
+        assert {k: got[k] for k in expected} == expected, got

@@ -26,6 +26,7 @@ import numpy as np
 
 from pynode.comm.mesh import Mesh
 from pynode.config import RunConfig
+from pynode.core.checkpoint import load_checkpoint
 from pynode.core.errors import DaisyError, GateError
 from pynode.room import RoomPeer
 from pynode.trainer import Trainer
@@ -175,6 +176,23 @@ class BrowserPeer:
         except (DaisyError, ValueError, TypeError) as exc:
             return json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
         return json.dumps({"ok": True, "ranks": ranks})
+
+    async def resume(self, buffer: Any) -> str:
+        """Lead a run continuing the uploaded .pt (a JS ArrayBuffer): validated whole first
+        (magic, version, dims, vocab, finiteness, hash), then broadcast to every ready peer
+        as their sync. JSON {ok, ranks} or {ok: false, error}; a bad file changes nothing."""
+        from pynode.session import checkpoint_expectations
+
+        try:
+            data = buffer.to_bytes() if hasattr(buffer, "to_bytes") else bytes(buffer)
+            stored = load_checkpoint(data)
+            config = {k: v for k, v in stored.config.items() if k != "vocab"}
+            cfg = RunConfig.from_dict(config)
+            ckpt = load_checkpoint(data, expect=checkpoint_expectations(cfg))
+            ranks = await self.room.start_resumed(cfg, ckpt)
+        except (DaisyError, ValueError, TypeError) as exc:
+            return json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+        return json.dumps({"ok": True, "ranks": ranks, "step": ckpt.step})
 
     def checkpoint(self) -> Any:
         """The current state as .pt bytes, or a JSON error string (never raises into JS)."""

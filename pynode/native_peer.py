@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import json
 import os
-import secrets
 import signal
 import sys
 import time
@@ -187,25 +186,8 @@ class NativePeer:
         if resume is None:
             ranks = await room.start(json.loads(cfg.to_json()))
         else:
-            ranks = await self.lead_resumed(cfg, resume, ready())
+            ranks = await room.start_resumed(cfg, resume, JOIN_WAIT_S)
         say(f"leading the run with {len(ranks)} peer(s): {', '.join(ranks)}")
-
-    async def lead_resumed(self, cfg: RunConfig, ckpt: Any, ready: list[str]) -> list[str]:
-        """Start the run alone from `ckpt`, and admit every ready peer before the first step:
-        each receives the checkpoint in its `sync`, validates it and checks its hash."""
-        from pynode.comm import webrtc
-        from pynode.room import Run
-
-        room = self.room
-        coll = await webrtc.connect(room.coll_chan, [room.id], group=secrets.randbits(32))
-        run = Run(secrets.token_hex(6), room.id, cfg, self.make_trainer(cfg, coll, ckpt), coll)
-        room.run = run  # peers hear of the run in our hello and ask to join it
-        room.announce()
-        # Who asks in time joins at the first step, anyone later at a later one.
-        await self.until(lambda: set(ready) <= set(run.joins), JOIN_WAIT_S)
-        room.run = None
-        room.launch(run)
-        return [room.id, *sorted(run.joins)]
 
     # ----------------------------------------------------------------- training
     def make_trainer(self, cfg: RunConfig, collective: Any, resume: Any) -> Trainer:

@@ -56,6 +56,9 @@ TrainerFactory = Callable[[RunConfig, Any, "checkpoint.CheckpointState | None"],
 Reporter = Callable[[str, dict], None]
 
 
+RESUME_WAIT_S = 10.0  # a resumed run waits this long for the ready peers to ask to join
+
+
 class RoomError(DaisyError):
     """A room action that cannot be done now (a run is going, no peer is ready, ...)."""
 
@@ -187,6 +190,28 @@ class RoomPeer:
         run_id, ranks, coll = await self.gather({"config": json.loads(cfg.to_json())})
         self.launch(Run(run_id, self.id, cfg, self.make_trainer(cfg, coll, None), coll))
         return ranks
+
+    async def start_resumed(
+        self, cfg: RunConfig, ckpt: checkpoint.CheckpointState, wait_s: float = RESUME_WAIT_S
+    ) -> list[str]:
+        """Lead a run continuing the validated checkpoint `ckpt`: start alone from it and
+        admit every ready idle peer before the first step; each receives the checkpoint in
+        its `sync`, validates it and checks its hash. Returns the ranks (peer ids)."""
+        if self.run is not None or self.pending is not None or self.benching:
+            raise RoomError("this peer is already in a run")
+        check_task(cfg)
+        ready = {p for p, h in self.hellos.items()
+                 if h.get("state") == "ready" and h.get("run") is None and p in self.chan.peers}
+        coll = await webrtc.connect(self.coll_chan, [self.id], group=secrets.randbits(32))
+        run = Run(secrets.token_hex(6), self.id, cfg, self.make_trainer(cfg, coll, ckpt), coll)
+        self.run = run  # peers hear of the run in our hello and ask to join it
+        self.announce()
+        deadline = time.monotonic() + wait_s
+        while not ready <= set(run.joins) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        self.run = None
+        self.launch(run)  # who asked in time joins at the first step, anyone later later
+        return [self.id, *sorted(run.joins)]
 
     async def bench(self, size: int, repeats: int) -> dict[str, Any]:
         """Lead an all-reduce benchmark with every ready idle peer: `repeats` reductions of

@@ -220,6 +220,11 @@ export class PageNode extends EventTarget {
   }
 
   // Lead `repeats` all-reduces of `size` int64 with every ready peer; resolves to the timing.
+  // Lead a run continuing an uploaded .pt (ArrayBuffer): validated, then sent to every peer.
+  resume(data) {
+    return this.request({ type: "resume", data });
+  }
+
   // Resolves to the current state as .pt bytes (an ArrayBuffer).
   async checkpoint() {
     return (await this.request({ type: "checkpoint" })).data;

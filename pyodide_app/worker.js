@@ -88,8 +88,10 @@ async function lead(msg) {
     post({ type: "started", id: msg.id, ok: false, error: "this peer is not ready to train" });
     return;
   }
-  const answer = msg.type === "start" ? await peer.start(JSON.stringify(msg.config))
-    : await peer.bench(msg.size, msg.repeats);
+  let answer;
+  if (msg.type === "start") answer = await peer.start(JSON.stringify(msg.config));
+  else if (msg.type === "resume") answer = await peer.resume(msg.data);
+  else answer = await peer.bench(msg.size, msg.repeats);
   post({ type: "started", id: msg.id, ...JSON.parse(answer) });
 }
 
@@ -116,7 +118,7 @@ self.onmessage = (event) => {
     meshEvent(msg.type, msg.peer, msg.data);
   } else if (msg.type === "checkpoint") {
     checkpoint(msg);
-  } else if (msg.type === "start" || msg.type === "bench") {
+  } else if (msg.type === "start" || msg.type === "resume" || msg.type === "bench") {
     lead(msg).catch((err) => post({ type: "started", id: msg.id, ok: false, error: String(err) }));
   }
 };

@@ -20,6 +20,7 @@ window.daisychain = {
   start: (config) => node.start(config),
   benchAllreduce: (size, repeats) => node.benchAllreduce(size, repeats),
   checkpoint: () => node.checkpoint(),
+  resume: (data) => node.resume(data),
   approve: (peerId) => node.approve(peerId),
   deny: (peerId) => node.deny(peerId),
 };
@@ -186,6 +187,18 @@ $("download").addEventListener("click", async () => {
   } catch (err) {
     node.say("error", `no checkpoint to download: ${err.message}`);
   }
+});
+
+$("upload").addEventListener("change", async (event) => {
+  const file = event.target.files[0];
+  if (!file) return;
+  try {
+    const answer = await node.resume(await file.arrayBuffer());
+    node.say("info", `resumed ${file.name} at step ${answer.step} with ${answer.ranks.length} peer(s)`);
+  } catch (err) {
+    node.say("error", `checkpoint refused: ${err.message}`);
+  }
+  event.target.value = "";
 });
 
 window.addEventListener("pagehide", () => {
