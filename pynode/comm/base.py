@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -71,6 +71,15 @@ def refusal_error(code: int, message: str, ranks: Iterable[int] = ()) -> DaisyEr
     if cls is PeerLost:
         return PeerLost(ranks, message)
     return cls(message)
+
+
+def payload_or_refusal(check: Callable[..., bytes], *args: Any) -> bytes | DaisyError:
+    """`check(*args)`, or the DaisyError it raised: a member with bad input still takes part
+    and hands the group its refusal, so that every member raises the same error."""
+    try:
+        return check(*args)
+    except DaisyError as exc:
+        return exc
 
 
 def check_headroom(x: np.ndarray, world_size: int) -> None:

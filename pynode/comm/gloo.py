@@ -30,6 +30,7 @@ from pynode.comm.base import (
     check_contribution,
     check_rank,
     check_timeout,
+    payload_or_refusal,
     refusal_code,
     refusal_error,
 )
@@ -76,19 +77,12 @@ class GlooCollective(Collective):
 
     async def broadcast_bytes(self, data: bytes | None, *, root: int = 0, timeout: float) -> bytes:
         root = check_rank(root, self.world_size, "root")
-        payload: bytes | DaisyError = b""
-        if self.rank == root:
-            try:
-                payload = check_bytes(data, "broadcast_bytes at the root")
-            except DaisyError as exc:
-                payload = exc
+        payload = (payload_or_refusal(check_bytes, data, "broadcast_bytes at the root")
+                   if self.rank == root else b"")
         return await self._run(self._broadcast, payload, root, timeout=timeout, ops=2)
 
     async def allgather_bytes(self, data: bytes, *, timeout: float) -> list[bytes | None]:
-        try:
-            payload: bytes | DaisyError = check_bytes(data, "allgather_bytes")
-        except DaisyError as exc:
-            payload = exc
+        payload = payload_or_refusal(check_bytes, data, "allgather_bytes")
         return await self._run(self._allgather, payload, timeout=timeout, ops=2)
 
     async def barrier(self, *, timeout: float) -> None:

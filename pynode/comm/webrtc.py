@@ -41,6 +41,7 @@ from pynode.comm.base import (
     check_contribution,
     check_rank,
     check_timeout,
+    payload_or_refusal,
     refusal_code,
     refusal_error,
 )
@@ -227,20 +228,13 @@ class MeshCollective(Collective):
     async def broadcast_bytes(self, data: bytes | None, *, root: int = 0, timeout: float) -> bytes:
         timeout = check_timeout(timeout)
         root = check_rank(root, self.world_size, "root")
-        payload: bytes | DaisyError = b""
-        if self.rank == root:
-            try:
-                payload = check_bytes(data, "broadcast_bytes at the root")
-            except DaisyError as exc:
-                payload = exc
+        payload = (payload_or_refusal(check_bytes, data, "broadcast_bytes at the root")
+                   if self.rank == root else b"")
         return await self._star(Kind.BROADCAST, root, payload, timeout)
 
     async def allgather_bytes(self, data: bytes, *, timeout: float) -> list[bytes | None]:
         timeout = check_timeout(timeout)
-        try:
-            payload: bytes | DaisyError = check_bytes(data, "allgather_bytes")
-        except DaisyError as exc:
-            payload = exc
+        payload = payload_or_refusal(check_bytes, data, "allgather_bytes")
         return await self._star(Kind.ALLGATHER, 0, payload, timeout)
 
     async def barrier(self, *, timeout: float) -> None:
