@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from browser_helpers import status, wait, wait_booted, wait_trainable
+from browser_helpers import REPO, status, wait, wait_booted, wait_trainable
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
@@ -185,7 +185,6 @@ def test_a_checkpoint_downloaded_from_a_tab_resumes_natively(tabs, native_refere
     import sys
 
     import torch
-    from conftest import REPO
 
     host, (tab,) = open_room(tabs, "")
     approve(host, tab)
@@ -235,7 +234,6 @@ def test_an_uploaded_checkpoint_is_validated_then_resumed_by_the_whole_group(
     import subprocess
     import sys
 
-    from conftest import REPO
 
     longer = {**SMALL, "steps": 5}
     path = tmp_path / "native-step2.pt"
