@@ -8,18 +8,11 @@ resumes starts as soon as the run that writes its checkpoint has ended.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
-import threading
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from comm_helpers import REPO, free_port
+from comm_helpers import free_port
+from pynode_runs import Done, Launched
 
 CONFIG = ["--width", "32", "--layers", "1", "--heads", "2", "--seq", "16",
           "--microbatch-size", "2", "--microbatches", "8", "--no-progress"]
@@ -28,72 +21,6 @@ GLOO_TIMEOUT_S = 10
 # A surviving gloo rank waits at most --timeout for the dead one; the rest is slack for a
 # loaded machine (the first checkpoint write, interpreter exit).
 STOP_BOUND_S = GLOO_TIMEOUT_S + 12
-LIMIT_S = 240
-# Many interpreters share 2 cores: BLAS / OpenMP pools that spin-wait would slow all of them.
-ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-
-@dataclass
-class Done:
-    rc: int
-    out: str
-    err: str
-    log: list[dict]
-    ended: float  # time.monotonic() when the process exited
-
-    @property
-    def final_hash(self) -> str:
-        return self.out.strip().splitlines()[-1]
-
-    @property
-    def hashes(self) -> list[str]:
-        return [row["hash"] for row in self.log]
-
-
-class Launched:
-    """One `python -m pynode ...` process; output in files, exit time noted by a watcher."""
-
-    def __init__(self, folder: Path, name: str, args: list[str], env: dict | None = None):
-        self.folder, self.name = folder, name
-        self.log = folder / f"{name}.jsonl"
-        if args[0] in ("train", "cluster"):
-            args = [*args, "--log", str(self.log)]
-        inherited = {k: v for k, v in os.environ.items() if not k.startswith("PYNODE_")}
-        full_env = {**inherited, "PYTHONPATH": str(REPO), **ONE_THREAD, **(env or {})}
-        with open(folder / f"{name}.out", "w") as out, open(folder / f"{name}.err", "w") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "pynode", *args], cwd=REPO, env=full_env,
-                stdin=subprocess.DEVNULL, stdout=out, stderr=err, text=True,
-                start_new_session=True,
-            )
-        self.ended = 0.0
-        self.watcher = threading.Thread(target=self._watch, daemon=True)
-        self.watcher.start()
-
-    def _watch(self) -> None:
-        self.proc.wait()
-        self.ended = time.monotonic()
-
-    def wait(self) -> Done:
-        self.watcher.join(timeout=LIMIT_S)
-        if self.proc.poll() is None:
-            kill_group(self.proc)
-            self.watcher.join()
-        rows = []
-        if self.log.exists():
-            rows = [json.loads(line) for line in self.log.read_text().splitlines()]
-        return Done(
-            self.proc.returncode, (self.folder / f"{self.name}.out").read_text(),
-            (self.folder / f"{self.name}.err").read_text(), rows, self.ended,
-        )
-
-
-def kill_group(proc: subprocess.Popen) -> None:
-    """Kill a run we started and the loopback peers it spawned (its own session)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def gloo_pair(folder: Path, name: str, args: list[str], fault: str | None = None) -> list:

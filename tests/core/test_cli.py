@@ -9,75 +9,21 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the run harness
+from pynode_runs import ONE_THREAD, REPO, Done, Launched  # noqa: E402
+
 TRAIN = ["train", "--steps", "3", "--seed", "1", "--no-progress"]
-LIMIT_S = 300
-# Many interpreters share 2 cores here; BLAS / OpenMP pools that spin-wait for idle cores
-# would make each run 3-4x slower. One run ("again") keeps the default pools: the bits must
-# not depend on the thread count.
-ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-
-@dataclass
-class Done:
-    rc: int
-    out: str
-    err: str
-    log: list[dict]
-
-    @property
-    def final_hash(self) -> str:
-        return self.out.strip().splitlines()[-1]
-
-    @property
-    def hashes(self) -> list[str]:
-        return [row["hash"] for row in self.log]
-
-
-class Launched:
-    """One `python -m pynode ...` process, its output in files (no pipe can fill up)."""
-
-    def __init__(self, folder: Path, name: str, args: list[str], env: dict | None = None):
-        self.folder, self.name = folder, name
-        self.log = folder / f"{name}.jsonl"
-        if args[0] == "train":
-            args = [*args, "--log", str(self.log)]
-        inherited = {k: v for k, v in os.environ.items() if not k.startswith("PYNODE_")}
-        full_env = {**inherited, "PYTHONPATH": str(REPO), **ONE_THREAD, **(env or {})}
-        full_env = {k: v for k, v in full_env.items() if v is not None}
-        with open(folder / f"{name}.out", "w") as out, open(folder / f"{name}.err", "w") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "pynode", *args], cwd=REPO, env=full_env,
-                stdin=subprocess.DEVNULL, stdout=out, stderr=err, text=True,
-            )
-
-    def wait(self) -> Done:
-        try:
-            self.proc.wait(timeout=LIMIT_S)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-        rows = []
-        if self.log.exists():
-            rows = [json.loads(line) for line in self.log.read_text().splitlines()]
-        return Done(
-            self.proc.returncode, (self.folder / f"{self.name}.out").read_text(),
-            (self.folder / f"{self.name}.err").read_text(), rows,
-        )
 
 
 def simd_off_env() -> dict[str, str]:
