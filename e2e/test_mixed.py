@@ -186,7 +186,8 @@ def test_the_signaling_server_restarts_mid_run_and_training_goes_on(
     server is killed at step 3 and started again on the same port and data folder: the run
     goes on over the data channels, both peers sign in again with their resume tokens, and
     the native host approves the tab again."""
-    config = {**SMALL, "steps": 150, "seed": 24}
+    # Long enough to outlast the restart and both reconnect back-offs on a fast machine.
+    config = {**SMALL, "steps": 600, "seed": 24}
     data_dir = tmp_path / "server-data"
     data_dir.mkdir()
     server, url = start_server(net, data_dir, 0)
