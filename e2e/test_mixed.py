@@ -9,6 +9,7 @@ private room. Every finished step's state hash of every peer, native or tab, mus
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import sys
 
@@ -76,10 +77,12 @@ def test_a_gloo_cluster_joins_through_one_rank_and_changes_no_bit(natives, nativ
     leader = natives("leader", "--create", "--start", "--min-peers", "2",
                      *config_flags(config))
     code = leader.wait_for(r"\?room=(\S+)").group(1)
+    port = str(free_port())
     ranks = [natives(f"rank{r}", "--room", code, "--cluster", env={
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29533", "WORLD_SIZE": "2", "RANK": str(r)})
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2", "RANK": str(r)})
         for r in range(2)]
-    assert leader.finish(180) == 0, leader.messages()
+    assert leader.finish(180) == 0, "\n".join(
+        [leader.messages(), *(f"{r.name}: {r.messages()}" for r in ranks)])
     for rank in ranks:
         assert rank.finish(60) == 0, rank.messages()
     expected = hashes(native_reference(config))
@@ -214,6 +217,13 @@ def test_the_signaling_server_restarts_mid_run_and_training_goes_on(
     finally:
         tabs.close()
         server.kill()
+
+
+def free_port() -> int:
+    """A port nothing listens on now (the namespace's loopback starts empty as well)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def start_server(net, data_dir, port: int) -> tuple[subprocess.Popen, str]:
