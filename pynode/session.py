@@ -20,27 +20,34 @@ log = logging.getLogger("pynode.session")
 
 
 
-def load_units_and_gemm(backend: str | None = None) -> tuple[Any, Any]:
-    """Verified units (full-domain check) and the best gated GEMM backend (or `backend`)."""
+def load_units_and_gemm(
+    backend: str | None = None, kernels: str | None = None
+) -> tuple[Any, Any]:
+    """Verified units (full-domain check), the best gated GEMM backend (or `backend`) and
+    the fastest gated hot kernels (or `kernels`: "numpy" forces the reference)."""
     from pynode.core.detmath import check_float_environment
     from pynode.core.gemm import select_gemm
+    from pynode.core.rng import check_bit_generator
+    from pynode.native_kernels import select_kernels
     from pynode.unitfiles import load_default_units
     from pynode.verify import backend_order
 
     check_float_environment()
+    check_bit_generator()
     units = load_default_units()
-    return units, select_gemm(units, prefer=backend, order=backend_order())
+    ops, _ = select_kernels(kernels)
+    return units, select_gemm(units, prefer=backend, order=backend_order(), kernels=ops)
 
 
 def build_trainer(
     cfg: RunConfig, backend: str | None = None, collective: Any = None,
-    resume: checkpoint.CheckpointState | None = None,
+    resume: checkpoint.CheckpointState | None = None, kernels: str | None = None,
 ) -> Trainer:
     task = load_task(cfg.task)
     gemm = None
     units = None
     if getattr(task, "uses_units", True):
-        units, gemm = load_units_and_gemm(backend)
+        units, gemm = load_units_and_gemm(backend, kernels)
     state = None if resume is None else state_from_checkpoint(resume)
     trainer = Trainer(cfg, task, gemm, collective=collective, state=state)
     trainer.units = units

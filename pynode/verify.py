@@ -36,10 +36,12 @@ def unit_checks(rows: list[CheckRow]):
     """Append the float-environment, unit and LUT rows; the Units if all passed, else None."""
     from pynode.core.detmath import check_float_environment
     from pynode.core.errors import DaisyError
+    from pynode.core.rng import check_bit_generator
     from pynode.core.units import certify_luts
     from pynode.unitfiles import load_default_units
 
     checks = [("IEEE-754 environment", "rounding, subnormals", check_float_environment),
+              ("bit generator", "numpy Philox4x64 == own", check_bit_generator),
               ("units", "full domains", load_default_units)]
     units = None
     for name, domain, check in checks:
@@ -81,7 +83,21 @@ def gate_rows(units) -> list[CheckRow]:
         result = "pass" if report.passed else f"FAIL at {report.failing_case}: {report.detail}"
         rows.append(CheckRow("exact gate", f"{report.cases} cases x2", result, name,
                              report.seconds))
-    return rows
+    return rows + kernel_rows()
+
+
+def kernel_rows() -> list[CheckRow]:
+    """The gate of the native fused kernels against the numpy reference (if numba imports)."""
+    from pynode import native_kernels
+
+    if not native_kernels.available():
+        return [CheckRow("kernel gate", "-", "skipped: numba is not installed (the numpy "
+                         "reference serves; pip install 'daisychain[fast]')", "numba", 0.0)]
+    started = time.perf_counter()
+    report = native_kernels.gate_kernels(native_kernels.NumbaKernels())
+    result = "pass" if report.passed else f"FAIL at {report.failing_case}"
+    return [CheckRow("kernel gate", f"{report.cases} cases == numpy", result, "numba",
+                     time.perf_counter() - started)]
 
 
 def backend_order() -> tuple[str, ...]:

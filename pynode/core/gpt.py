@@ -105,6 +105,7 @@ class GPT:
     def __init__(self, cfg: GPTConfig, gemm: Any) -> None:
         self.cfg = cfg
         self.gemm = gemm
+        self.ops = nn.kernels_of(gemm)  # quantize, epilogue, GELU, softmax, row sums
         self._shapes = gpt_param_shapes(cfg)
 
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -131,7 +132,7 @@ class GPT:
         key = nn.check_key(key)
         tokens = check_tokens(tokens, self.cfg, extra=1)
         logits, caches = self._forward(params, tokens[:, :-1])  # (M, V) f32
-        loss, ce = nn.cross_entropy_forward(logits, tokens[:, 1:].reshape(-1))
+        loss, ce = nn.cross_entropy_forward(logits, tokens[:, 1:].reshape(-1), self.ops)
         grads = self._backward(params, tokens[:, :-1], caches, nn.cross_entropy_backward(ce), key)
         return loss, {name: grads[name] for name in self._shapes}
 
@@ -143,20 +144,20 @@ class GPT:
         for i in range(cfg.layers):
             x, cache = self._block_forward(params, i, x, b)
             blocks.append(cache)
-        h, lnf = nn.rmsnorm_forward(x, params["lnf.g"])  # (M, D) f32
+        h, lnf = nn.rmsnorm_forward(x, params["lnf.g"], self.ops)  # (M, D) f32
         logits, head = nn.linear_forward(gemm, h, params["wte"].T)  # (M, V) f32
         return logits, (blocks, lnf, head)
 
     def _block_forward(self, params, i, x, b):
         gemm, p = self.gemm, f"h.{i}."
-        h, ln1 = nn.rmsnorm_forward(x, params[p + "ln1.g"])  # (M, D) f32
+        h, ln1 = nn.rmsnorm_forward(x, params[p + "ln1.g"], self.ops)  # (M, D) f32
         qkv, qkv_c = nn.linear_forward(gemm, h, params[p + "attn.qkv"])  # (M, 3D) f32
         a, attn_c = nn.attention_forward(gemm, qkv.reshape(b, -1, qkv.shape[-1]), self.cfg.heads)
         y, aproj_c = nn.linear_forward(gemm, a.reshape(x.shape), params[p + "attn.proj"])
         x = x + y  # (M, D) f32
-        h, ln2 = nn.rmsnorm_forward(x, params[p + "ln2.g"])
+        h, ln2 = nn.rmsnorm_forward(x, params[p + "ln2.g"], self.ops)
         u, fc_c = nn.linear_forward(gemm, h, params[p + "mlp.fc"])  # (M, 4D) f32
-        g, gelu_c = nn.gelu_forward(u)
+        g, gelu_c = nn.gelu_forward(u, self.ops)
         y, mproj_c = nn.linear_forward(gemm, g, params[p + "mlp.proj"])  # (M, D) f32
         return x + y, (ln1, qkv_c, attn_c, aproj_c, ln2, fc_c, gelu_c, mproj_c)
 
@@ -165,7 +166,7 @@ class GPT:
         blocks, lnf, head = caches
         grads: dict[str, np.ndarray] = {}
         dh, dwte_t, _ = nn.linear_backward(gemm, head, dlogits, key, 1 + SLOTS * cfg.layers)
-        dx, grads["lnf.g"] = nn.rmsnorm_backward(lnf, dh)  # (M, D) f32
+        dx, grads["lnf.g"] = nn.rmsnorm_backward(lnf, dh, self.ops)  # (M, D) f32
         for i in reversed(range(cfg.layers)):
             dx = self._block_backward(i, blocks[i], dx, key, grads)
         b, t = tokens.shape
@@ -179,7 +180,7 @@ class GPT:
         dg, grads[p + "mlp.proj"], _ = nn.linear_backward(gemm, mproj_c, dx, key, base + MLP_PROJ)
         du = nn.gelu_backward(gelu_c, dg)  # (M, 4D) f32
         dh, grads[p + "mlp.fc"], _ = nn.linear_backward(gemm, fc_c, du, key, base + FC)
-        dres, grads[p + "ln2.g"] = nn.rmsnorm_backward(ln2, dh)
+        dres, grads[p + "ln2.g"] = nn.rmsnorm_backward(ln2, dh, self.ops)
         dx = dx + dres  # (M, D) f32
         da, grads[p + "attn.proj"], _ = nn.linear_backward(gemm, aproj_c, dx, key, base + ATTN_PROJ)
         da = da.reshape(attn_c.q.shape[0] // attn_c.heads, -1, da.shape[-1])  # (B, T, D) f32
@@ -187,5 +188,5 @@ class GPT:
         dh, grads[p + "attn.qkv"], _ = nn.linear_backward(
             gemm, qkv_c, dqkv.reshape(dx.shape[0], -1), key, base + QKV
         )
-        dres, grads[p + "ln1.g"] = nn.rmsnorm_backward(ln1, dh)
+        dres, grads[p + "ln1.g"] = nn.rmsnorm_backward(ln1, dh, self.ops)
         return dx + dres

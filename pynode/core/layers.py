@@ -21,8 +21,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from pynode.core import detmath, quant, rng
+from pynode.core import detmath, rng
 from pynode.core.errors import NonFiniteError, ShapeError
+from pynode.core.kernels import REFERENCE, Kernels
 
 RMS_EPS = np.float32(1e-5)
 
@@ -37,16 +38,9 @@ def _c(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x)
 
 
-def _quantize_left(x: np.ndarray, key: tuple[int, ...] | None):
-    if key is None:
-        return quant.quantize_rows(_c(x))
-    return quant.quantize_rows_stochastic(_c(x), key)
-
-
-def _quantize_right(x: np.ndarray, key: tuple[int, ...] | None):
-    if key is None:
-        return quant.quantize_cols(_c(x))
-    return quant.quantize_cols_stochastic(_c(x), key)
+def kernels_of(gemm: Any) -> Kernels:
+    """The hot kernels that go with a gated GEMM (the numpy reference by default)."""
+    return getattr(gemm, "kernels", REFERENCE)
 
 
 def int8_matmul(
@@ -62,9 +56,10 @@ def int8_matmul(
     `a` is quantized per row, `b` per column; a key switches that operand from
     round-to-nearest to stochastic rounding (used for incoming gradients only).
     """
-    qa, sa = _quantize_left(a, a_key)  # (M, K) int8, (M,) f32
-    qb, sb = _quantize_right(b, b_key)  # (K, N) int8, (N,) f32
-    return quant.epilogue(gemm.matmul(qa, qb), sa, sb)  # (M, N) f32
+    ops = kernels_of(gemm)
+    qa, sa = ops.quantize(a, -1, a_key)  # (M, K) int8, (M,) f32
+    qb, sb = ops.quantize(b, -2, b_key)  # (K, N) int8, (N,) f32
+    return ops.epilogue(gemm.matmul(qa, qb), sa, sb)  # (M, N) f32
 
 
 def int8_bmm(
@@ -76,9 +71,10 @@ def int8_bmm(
     b_key: tuple[int, ...] | None = None,
 ) -> np.ndarray:
     """Batched `int8_matmul`: a (G, M, K) f32, b (G, K, N) f32 -> (G, M, N) f32."""
-    qa, sa = _quantize_left(a, a_key)  # (G, M, K) int8, (G, M) f32
-    qb, sb = _quantize_right(b, b_key)  # (G, K, N) int8, (G, N) f32
-    return quant.epilogue(gemm.bmm(qa, qb), sa, sb)  # (G, M, N) f32
+    ops = kernels_of(gemm)
+    qa, sa = ops.quantize(a, -1, a_key)  # (G, M, K) int8, (G, M) f32
+    qb, sb = ops.quantize(b, -2, b_key)  # (G, K, N) int8, (G, N) f32
+    return ops.epilogue(gemm.bmm(qa, qb), sa, sb)  # (G, M, N) f32
 
 
 # ---------------------------------------------------------------- embedding
@@ -134,20 +130,24 @@ class RMSNormCache(NamedTuple):
     g: np.ndarray  # (D,) f32
 
 
-def rmsnorm_forward(x: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, RMSNormCache]:
+def rmsnorm_forward(
+    x: np.ndarray, g: np.ndarray, ops: Kernels = REFERENCE
+) -> tuple[np.ndarray, RMSNormCache]:
     """y = x / sqrt(mean(x**2) + eps) * g over the last axis: x (M, D), g (D,) -> (M, D)."""
     d = F32(x.shape[-1])
-    r = detmath.rsqrt(detmath.psum(x * x, axis=-1) / d + RMS_EPS)  # (M,) f32
+    r = detmath.rsqrt(ops.psum_rows(x * x) / d + RMS_EPS)  # (M,) f32
     xhat = x * r[:, None]  # (M, D) f32
     return xhat * g, RMSNormCache(xhat, r, g)
 
 
-def rmsnorm_backward(cache: RMSNormCache, dy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def rmsnorm_backward(
+    cache: RMSNormCache, dy: np.ndarray, ops: Kernels = REFERENCE
+) -> tuple[np.ndarray, np.ndarray]:
     """dy (M, D) -> dx (M, D), dg (D,)."""
     d = F32(dy.shape[-1])
     dxhat = dy * cache.g  # (M, D) f32
     dg = detmath.psum(dy * cache.xhat, axis=0)  # (D,) f32, pinned sum over positions
-    proj = detmath.psum(dxhat * cache.xhat, axis=-1) / d  # (M,) f32
+    proj = ops.psum_rows(dxhat * cache.xhat) / d  # (M,) f32
     dx = (dxhat - cache.xhat * proj[:, None]) * cache.r[:, None]  # (M, D) f32
     return dx, dg
 
@@ -185,13 +185,13 @@ def linear_backward(
 # ---------------------------------------------------------------- GELU
 
 
-def gelu_forward(u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Exact (erf) GELU, elementwise; the cache is the input."""
-    return detmath.gelu(u), u
+def gelu_forward(u: np.ndarray, ops: Kernels = REFERENCE) -> tuple[np.ndarray, np.ndarray]:
+    """Exact (erf) GELU, elementwise; the cache is its derivative at u (one pass for both)."""
+    return ops.gelu_with_grad(u)
 
 
-def gelu_backward(u: np.ndarray, dy: np.ndarray) -> np.ndarray:
-    return dy * detmath.gelu_grad(u)
+def gelu_backward(grad: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    return dy * grad
 
 
 # ---------------------------------------------------------------- causal self-attention
@@ -216,18 +216,13 @@ def _merge_heads(x: np.ndarray, batch: int) -> np.ndarray:
     return _c(x.reshape(batch, heads, t, dh).transpose(0, 2, 1, 3).reshape(batch, t, heads * dh))
 
 
-def causal_softmax(s: np.ndarray) -> np.ndarray:
+def causal_softmax(s: np.ndarray, ops: Kernels = REFERENCE) -> np.ndarray:
     """Softmax over keys <= query of s (G, T, T); exact zeros above the diagonal.
 
     Masked entries never enter a reduction with a value of their own, so the weights of
     position t are the same bits whatever the later tokens are.
     """
-    t = s.shape[-1]
-    mask = np.tri(t, dtype=bool)  # (T, T) key <= query
-    m = detmath.pmax(np.where(mask, s, F32(-np.inf)), axis=-1)  # (G, T) f32
-    z = np.where(mask, s - m[..., None], F32(0))  # (G, T, T) f32, <= 0
-    e = np.where(mask, detmath.exp(z), F32(0))  # (G, T, T) f32
-    return e / detmath.psum(e, axis=-1)[..., None]
+    return ops.softmax_rows(s, np.tri(s.shape[-1], dtype=bool))  # key <= query
 
 
 def attend_values(gemm: Any, p: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -238,10 +233,11 @@ def attend_values(gemm: Any, p: np.ndarray, v: np.ndarray) -> np.ndarray:
     that scale is folded into p's columns before p is quantized per query row: every
     scale then depends on positions <= the query only, and the product stays one GEMM.
     """
-    qv, sv = quant.quantize_rows(_c(v))  # (G, T, Dh) int8, (G, T) f32
-    qp, sp = quant.quantize_rows(_c(p * sv[:, None, :]))  # (G, T, T) int8, (G, T) f32
+    ops = kernels_of(gemm)
+    qv, sv = ops.quantize(v, -1, None)  # (G, T, Dh) int8, (G, T) f32
+    qp, sp = ops.quantize(p * sv[:, None, :], -1, None)  # (G, T, T) int8, (G, T) f32
     ones = np.ones(v.shape[::2], F32)  # (G, Dh) f32
-    return quant.epilogue(gemm.bmm(qp, qv), sp, ones)  # (G, T, Dh) f32
+    return ops.epilogue(gemm.bmm(qp, qv), sp, ones)  # (G, T, Dh) f32
 
 
 def attention_forward(gemm: Any, qkv: np.ndarray, heads: int) -> tuple[np.ndarray, AttentionCache]:
@@ -250,7 +246,7 @@ def attention_forward(gemm: Any, qkv: np.ndarray, heads: int) -> tuple[np.ndarra
     q, k, v = (_split_heads(part, heads) for part in np.split(qkv, 3, axis=-1))  # (G, T, Dh)
     scale = F32(1.0 / math.sqrt(q.shape[-1]))
     s = int8_bmm(gemm, q, k.transpose(0, 2, 1)) * scale  # (G, T, T) f32
-    p = causal_softmax(s)  # (G, T, T) f32
+    p = causal_softmax(s, kernels_of(gemm))  # (G, T, T) f32
     o = attend_values(gemm, p, v)  # (G, T, Dh) f32
     return _merge_heads(o, b), AttentionCache(q, k, v, p, heads)
 
@@ -266,7 +262,7 @@ def attention_backward(
     dp = int8_bmm(gemm, do, v.transpose(0, 2, 1), a_key=kk + (ATTN_DP,))  # (G, T, T) f32
     dv = int8_bmm(gemm, p.transpose(0, 2, 1), do, b_key=kk + (ATTN_DV,))  # (G, T, Dh) f32
     scale = F32(1.0 / math.sqrt(q.shape[-1]))
-    row = detmath.psum(p * dp, axis=-1)  # (G, T) f32
+    row = kernels_of(gemm).psum_rows(p * dp)  # (G, T) f32
     ds = p * (dp - row[..., None]) * scale  # (G, T, T) f32, zero above the diagonal
     dq = int8_bmm(gemm, ds, k, a_key=kk + (ATTN_DQ,))  # (G, T, Dh) f32
     dk = int8_bmm(gemm, ds.transpose(0, 2, 1), q, a_key=kk + (ATTN_DK,))  # (G, T, Dh) f32
@@ -277,25 +273,25 @@ def attention_backward(
 
 
 class CrossEntropyCache(NamedTuple):
-    logits: np.ndarray  # (N, V) f32
+    probs: np.ndarray  # (N, V) f32, softmax of the logits
     targets: np.ndarray  # (N,) int
 
 
 def cross_entropy_forward(
-    logits: np.ndarray, targets: np.ndarray
+    logits: np.ndarray, targets: np.ndarray, ops: Kernels = REFERENCE
 ) -> tuple[np.float32, CrossEntropyCache]:
     """Mean cross-entropy of logits (N, V) f32 against targets (N,) int -> float32."""
     n = logits.shape[0]
-    lse = detmath.logsumexp(logits, axis=-1)  # (N,) f32
+    probs, lse = ops.log_softmax_parts(logits)  # (N, V), (N,) f32
     picked = logits[np.arange(n), targets]  # (N,) f32
     loss = detmath.psum(lse - picked, axis=-1) / F32(n)
-    return F32(loss), CrossEntropyCache(logits, targets)
+    return F32(loss), CrossEntropyCache(probs, targets)
 
 
 def cross_entropy_backward(cache: CrossEntropyCache) -> np.ndarray:
     """Gradient of the mean loss with respect to the logits: (N, V) f32."""
-    n = cache.logits.shape[0]
-    grad = detmath.softmax(cache.logits, axis=-1)  # (N, V) f32
+    n = cache.probs.shape[0]
+    grad = cache.probs.copy()  # (N, V) f32
     grad[np.arange(n), cache.targets] -= F32(1)
     return grad / F32(n)
 

@@ -4,10 +4,13 @@ Format (symmetric, no zero point):
   scale s = absmax / 127 of the row (quantize_rows) or column (quantize_cols), float32;
   an all-zero row gets s = 1.0 (q = 0), and a subnormal absmax whose s underflows to 0
   gets the smallest subnormal instead, so x / s never divides by zero.
-  round-to-nearest:  q = clip(rint(x / s), -127, 127)       (ties to even)
-  stochastic:        q = clip(floor(x / s + u), -127, 127)  u ~ U[0, 1) from rng.uniform(key)
+  round-to-nearest:  q = rint(clip(x / s, -127, 127))       (ties to even)
+  stochastic:        q = floor(clip(x / s, -127, 127) + u)  u ~ U[0, 1) from rng.uniform16(key)
 Both roundings divide by s (one correctly rounded op) rather than multiplying by 1 / s,
-so E[q] = x / s for the stochastic one and no double rounding shifts a tie.
+so E[q] = x / s for the stochastic one and no double rounding shifts a tie. Clipping
+before rounding gives the same q as after (127 is an integer, |u| < 1), and keeps the
+rounded value inside int8 so it is written there directly. u is a multiple of 2**-16,
+so the stochastic rounding resolves x / s to 1/65536 of a step.
 epilogue: y = (float32(acc) * sa[:, None]) * sb[None, :], in that order.
 
 Every function accepts leading batch dims: (..., M, K) in, (..., M) scales out.
@@ -33,11 +36,23 @@ def _check_float(x: np.ndarray, what: str) -> None:
         raise ShapeError(f"{what}: expected a float32 array, got {got}")
     if x.ndim < 2:
         raise ShapeError(f"{what}: expected at least 2 dims (..., M, K), got shape {x.shape}")
-    bad = x.size - np.count_nonzero(np.isfinite(x))
-    if bad:
+
+
+def _absmax(x: np.ndarray, axis: int, what: str) -> np.ndarray:
+    """max |x| along `axis`, (...,) f32; NonFiniteError if x holds a NaN or an Inf.
+
+    max(max(x), -min(x)) is max(|x|) without an |x| temporary, and a NaN or Inf anywhere
+    along the axis makes that row's result non-finite: one check covers the input.
+    """
+    if x.shape[axis] == 0:
+        return np.zeros(x.shape[:axis % x.ndim] + x.shape[axis % x.ndim + 1 :], np.float32)
+    absmax = np.maximum(np.max(x, axis=axis), -np.min(x, axis=axis))  # (...,) f32
+    if not np.isfinite(absmax).all():
+        bad = x.size - np.count_nonzero(np.isfinite(x))
         raise NonFiniteError(
             f"{what}: {bad} of {x.size} values are NaN or Inf; refusing to quantize"
         )
+    return absmax
 
 
 def _scales(absmax: np.ndarray) -> np.ndarray:
@@ -46,22 +61,23 @@ def _scales(absmax: np.ndarray) -> np.ndarray:
     return np.where(scale == 0, _TINY, scale).astype(np.float32, copy=False)
 
 
-def _to_int8(t: np.ndarray) -> np.ndarray:
+def _row_ratio(x: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray]:
+    scale = _scales(_absmax(x, -1, what))  # (..., M) f32
+    t = np.divide(x, scale[..., :, None])  # (..., M, K) f32
     # A rounded |x / s| can land just above 127 when s itself was rounded down.
-    np.clip(t, -QMAX, QMAX, out=t)
-    return t.astype(np.int8)
+    return np.clip(t, -QMAX, QMAX, out=t), scale
 
 
-def _row_ratio(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    absmax = np.max(np.abs(x), axis=-1, initial=np.float32(0))  # (..., M) f32
-    scale = _scales(absmax)  # (..., M) f32
-    return x / scale[..., :, None], scale  # (..., M, K) f32
+def _col_ratio(x: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray]:
+    scale = _scales(_absmax(x, -2, what))  # (..., N) f32
+    t = np.divide(x, scale[..., None, :])  # (..., K, N) f32
+    return np.clip(t, -QMAX, QMAX, out=t), scale
 
 
-def _col_ratio(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    absmax = np.max(np.abs(x), axis=-2, initial=np.float32(0))  # (..., N) f32
-    scale = _scales(absmax)  # (..., N) f32
-    return x / scale[..., None, :], scale  # (..., K, N) f32
+def _round_into_int8(fn: np.ufunc, t: np.ndarray) -> np.ndarray:
+    q = np.empty(t.shape, np.int8)  # t is integral after fn and within [-127, 127]
+    fn(t, out=q, casting="unsafe")
+    return q
 
 
 def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -71,8 +87,8 @@ def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     with x ~= q * scale[..., None].
     """
     _check_float(x, "quantize_rows")
-    t, scale = _row_ratio(x)
-    return _to_int8(np.rint(t, out=t)), scale
+    t, scale = _row_ratio(x, "quantize_rows")
+    return _round_into_int8(np.rint, t), scale
 
 
 def quantize_cols(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -82,13 +98,13 @@ def quantize_cols(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     with x ~= q * scale[..., None, :].
     """
     _check_float(x, "quantize_cols")
-    t, scale = _col_ratio(x)
-    return _to_int8(np.rint(t, out=t)), scale
+    t, scale = _col_ratio(x, "quantize_cols")
+    return _round_into_int8(np.rint, t), scale
 
 
 def _stochastic_round(t: np.ndarray, key: tuple[int, ...]) -> np.ndarray:
-    t += rng.uniform(key, t.shape)  # (..., R, C) f32, u in [0, 1)
-    return _to_int8(np.floor(t, out=t))
+    t += rng.uniform16(key, t.shape)  # (..., R, C) f32, u in [0, 1)
+    return _round_into_int8(np.floor, t)
 
 
 def quantize_rows_stochastic(x: np.ndarray, key: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -98,7 +114,7 @@ def quantize_rows_stochastic(x: np.ndarray, key: tuple[int, ...]) -> tuple[np.nd
     Returns q (..., M, K) int8 and scale (..., M) float32; E[q * scale] = x.
     """
     _check_float(x, "quantize_rows_stochastic")
-    t, scale = _row_ratio(x)
+    t, scale = _row_ratio(x, "quantize_rows_stochastic")
     return _stochastic_round(t, key), scale
 
 
@@ -109,7 +125,7 @@ def quantize_cols_stochastic(x: np.ndarray, key: tuple[int, ...]) -> tuple[np.nd
     Returns q (..., K, N) int8 and scale (..., N) float32; E[q * scale] = x.
     """
     _check_float(x, "quantize_cols_stochastic")
-    t, scale = _col_ratio(x)
+    t, scale = _col_ratio(x, "quantize_cols_stochastic")
     return _stochastic_round(t, key), scale
 
 

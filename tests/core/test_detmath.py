@@ -537,11 +537,15 @@ def test_source_uses_only_allowed_numpy_calls():
                  "sin", "cos", "tan", "arctan", "power", "float_power", "sum", "mean", "dot",
                  "matmul", "einsum", "polyval", "prod", "cumsum", "nansum", "vdot", "inner",
                  "random", "frexp", "ldexp", "hypot", "logaddexp"}
-    for module in ("detmath.py", "rng.py"):
+    for module in ("detmath.py", "rng.py", "fastmath.py"):
         path = Path(detmath.__file__).with_name(module)
         tree = ast.parse(path.read_text())
+        # np.random.Philox is allowed: its raw words are algorithm-defined (checked at start-up).
+        philox = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+                  and n.attr == "Philox"}
         bad = [n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
-               and isinstance(n.value, ast.Name) and n.value.id == "np" and n.attr in forbidden]
+               and isinstance(n.value, ast.Name) and n.value.id == "np" and n.attr in forbidden
+               and id(n) not in philox]
         bad += ["@" for n in ast.walk(tree) if isinstance(n, ast.BinOp)
                 and isinstance(n.op, ast.MatMult)]
         assert not bad, (module, bad)

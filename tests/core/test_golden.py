@@ -1,4 +1,4 @@
-"""Golden vectors: every runtime must reproduce tests/golden/golden_v1.npz bit for bit.
+"""Golden vectors: every runtime must reproduce tests/golden/golden_v2.npz bit for bit.
 
 The same module runs under pytest natively and unchanged inside Pyodide
 (tests/pyodide/run_tests.mjs), so it uses plain functions, plain asserts and no pytest import;
@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-GOLDEN_PATH = Path(__file__).resolve().parent.parent / "golden" / "golden_v1.npz"
+GOLDEN_PATH = Path(__file__).resolve().parent.parent / "golden" / "golden_v2.npz"
 MAGIC = b"DCGOLD"
-VERSION = 1
-FAMILIES = ("numpy", "units", "detmath", "rng", "quant", "gemm")
+VERSION = 2
+FAMILIES = ("numpy", "units", "detmath", "rng", "fastmath", "quant", "gemm")
 
 
 def load_golden(path: Path | None = None) -> tuple[dict, dict[str, np.ndarray]]:
@@ -170,6 +170,10 @@ def test_detmath_golden():
 
 def test_rng_golden():
     check_family("rng")
+
+
+def test_fastmath_golden():
+    check_family("fastmath")
 
 
 def test_quant_golden():

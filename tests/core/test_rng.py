@@ -182,3 +182,51 @@ def _assert_raises(exc: type, fn, *args) -> None:
     except exc:
         return
     raise AssertionError(f"{fn.__name__}{args!r} did not raise {exc.__name__}")
+
+
+def test_philox4x64_known_answers():
+    """Random123's kat_vectors for philox4x64-10: the zero and the pi-digits vectors."""
+    zero = rng.philox4x64(np.zeros((4, 1), np.uint64), (0, 0))[:, 0]
+    assert [int(v) for v in zero] == [0x16554D9ECA36314C, 0xDB20FE9D672D0FDC,
+                                      0xD7E772CEE186176B, 0x7E68B68AEC7BA23B]
+    counter = np.array([[0x243F6A8885A308D3], [0x13198A2E03707344], [0xA4093822299F31D0],
+                        [0x082EFA98EC4E6C89]], np.uint64)
+    pi = rng.philox4x64(counter, (0x452821E638D01377, 0xBE5466CF34E90C6C))[:, 0]
+    assert [int(v) for v in pi] == [0xA528F45403E61D95, 0x38C72DBD566E9788,
+                                    0xA5A1610E72FD18B5, 0x57BD43B5E52B7FE6]
+
+
+def test_numpy_philox_equals_the_oracle():
+    """numpy's C Philox (the fast draws) gives the oracle's words on this runtime."""
+    for key, n in (((1, 2, 3), 1001), ((2**63 - 1, 0, 2**32 + 7), 5), ((), 64)):
+        assert np.array_equal(rng.raw64(key, n), rng.raw64_reference(key, n))
+    rng.check_bit_generator()
+
+
+def test_raw64_streams_are_prefixes_and_keyed():
+    assert np.array_equal(rng.raw64((4, 5), 10), rng.raw64((4, 5), 37)[:10])
+    assert not np.array_equal(rng.raw64((4, 5), 8), rng.raw64((4, 6), 8))
+    assert not np.array_equal(rng.raw64((4, 5), 8), rng.raw64((4, 5, 0), 8))
+
+
+def test_uniform16_lanes_resolution_and_moments():
+    u = rng.uniform16((9, 1), (400, 500))
+    assert u.dtype == np.float32 and u.shape == (400, 500)
+    assert u.min() >= 0 and u.max() < 1
+    assert np.all(u * np.float32(65536) == np.floor(u * np.float32(65536)))  # 16 bits
+    lanes = (u.astype(np.float64) * 65536).astype(np.int64).reshape(-1)
+    words = rng.raw64((9, 1), (lanes.size + 3) // 4)
+    assert np.array_equal(lanes[:4], [(int(words[0]) >> (16 * j)) & 0xFFFF for j in range(4)])
+    assert abs(float(u.mean(dtype=np.float64)) - 0.5) < 0.002
+    counts = np.bincount(lanes >> 12, minlength=16)  # top 4 bits: 16 equally likely bins
+    expected = lanes.size / 16
+    assert float(((counts - expected) ** 2 / expected).sum()) < 60  # chi2(15) p ~ 1e-7
+
+
+def test_uniform16_refuses_bad_keys_and_shapes():
+    for key, shape in (((-1,), 4), ((1.5,), 4), ((True,), 4), ((1,), (-2, 3)), ((1,), "x")):
+        try:
+            rng.uniform16(key, shape)
+        except RngArgumentError:
+            continue
+        raise AssertionError(f"uniform16({key!r}, {shape!r}) was not refused")

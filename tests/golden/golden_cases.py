@@ -1,4 +1,4 @@
-"""The cases of golden_v1.npz, one builder per family (used by make_golden.py).
+"""The cases of golden_v2.npz, one builder per family (used by make_golden.py).
 
 Each builder imports the module it covers, so a family whose module is missing raises
 ImportError and make_golden.py can leave it out while that module is being written.
@@ -161,6 +161,28 @@ def build_rng(w) -> None:
     w.add("rng", "randint.2p63", f"{r}:randint", (9, 4), (64,), 2**63)
     w.add("rng", "permutation", f"{r}:permutation", (11, 5), 1000)
     w.add("rng", "bad_key", f"{r}:bits64", (-1,), 4)
+    w.add("rng", "raw64", f"{r}:raw64", (7, 0, 0, 1, 2), 1001)
+    w.add("rng", "raw64.wide_key", f"{r}:raw64", (2**63 - 1, 0, 2**32 + 7), 33)
+    w.add("rng", "uniform16", f"{r}:uniform16", (7, 0, 0, 1, 2), (17, 33))
+    w.add("rng", "philox4x64.kat0", f"{r}:philox4x64", np.zeros((4, 1), np.uint64), (0, 0))
+
+
+def build_fastmath(w) -> None:
+    """Current outputs of the hot-path GELU and softmaxes (their bounds: test_fastmath.py)."""
+    import pynode.core.fastmath  # noqa: F401
+
+    fm = "pynode.core.fastmath"
+    x = np.concatenate([edges(0.75, 3.9, 5.0, 13.2, 14.0, 40.0), scaled_normal(70, 2048)])
+    w.add("fastmath", "gelu.values", f"{fm}:gelu_with_grad", x)
+    w.add("fastmath", "gelu.specials", f"{fm}:gelu_with_grad", specials())
+    rows = scaled_normal(71, 9 * 37).reshape(9, 37)  # (9, 37) f32
+    rows[1] = 0.0
+    rows[2] = F32(1e4) * np.sign(rows[2])
+    w.add("fastmath", "softmax.rows", f"{fm}:softmax_rows", rows)
+    scores = scaled_normal(72, 3 * 17 * 17).reshape(3, 17, 17)  # (3, 17, 17) f32
+    w.add("fastmath", "softmax.causal", f"{fm}:softmax_rows", scores, np.tri(17, dtype=bool))
+    w.add("fastmath", "softmax.inf", f"{fm}:softmax_rows", np.array([[0.0, -np.inf, 1.0]], F32))
+    w.add("fastmath", "log_softmax.rows", f"{fm}:log_softmax_parts", rows)
 
 
 def build_quant(w) -> None:
@@ -226,6 +248,7 @@ FAMILY_BUILDERS = {
     "units": build_units,
     "detmath": build_detmath,
     "rng": build_rng,
+    "fastmath": build_fastmath,
     "quant": build_quant,
     "gemm": build_gemm,
 }

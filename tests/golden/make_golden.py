@@ -1,4 +1,4 @@
-"""Write tests/golden/golden_v1.npz: inputs and expected outputs for every core function.
+"""Write tests/golden/golden_v2.npz: inputs and expected outputs for every core function.
 
 Run natively only, from the reference implementation (see README.md beside this file):
 
@@ -113,7 +113,7 @@ class GoldenWriter:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=HERE / "golden_v1.npz")
+    parser.add_argument("--out", type=Path, default=HERE / "golden_v2.npz")
     parser.add_argument(
         "--allow-missing",
         action="store_true",

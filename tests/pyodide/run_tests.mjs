@@ -1,7 +1,7 @@
 // Runs plain `test_*` functions of Python test modules inside Pyodide under Node.js.
 //
 //   node tests/pyodide/run_tests.mjs --runtime DIR --bundle pynode.zip --root REPO \
-//        --module tests/core/test_golden.py [--module ...] [--data tests/golden/golden_v1.npz]
+//        --module tests/core/test_golden.py [--module ...] [--data tests/golden/golden_v2.npz]
 //
 // DIR is the fetched runtime (`python -m server.runtime path`); nothing is loaded from the
 // network: pyodide.mjs comes from DIR and numpy from the wheel next to it. The bundle zip

@@ -25,7 +25,7 @@ PYODIDE_MODULES = [
     "tests/core/test_detmath.py",
     "tests/core/test_rng.py",
 ]
-PYODIDE_DATA = ["tests/golden/golden_v1.npz"]
+PYODIDE_DATA = ["tests/golden/golden_v2.npz"]
 
 
 def _unavailable(reason: str) -> None:

@@ -24,6 +24,7 @@ from pynode.core.gemm.gate import ExactGate, GateReport
 from pynode.core.gemm.numpy_int import NumpyIntBackend
 from pynode.core.gemm.reference import ReferenceBackend
 from pynode.core.gemm.torch_backend import TorchBackend
+from pynode.core.kernels import REFERENCE, Kernels
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,8 @@ class _Chooser:
 
 
 class Gemm:
-    """The gated GEMM the model calls: exact int8 matmul/bmm with counting and audit."""
+    """The gated GEMM the model calls: exact int8 matmul/bmm with counting and audit,
+    and the gated hot kernels (quantize, epilogue, GELU, softmax) that go with it."""
 
     def __init__(
         self,
@@ -98,9 +100,11 @@ class Gemm:
         gate_report: GateReport,
         chooser: _Chooser,
         audit: GemmAudit,
+        kernels: Kernels = REFERENCE,
     ) -> None:
         self._units, self._chooser, self.audit = units, chooser, audit
         self.backend, self.gate_report = backend, gate_report
+        self.kernels = kernels
 
     @property
     def units(self) -> Any:
@@ -153,6 +157,7 @@ def select_gemm(
     *,
     order: Sequence[Candidate] = BACKEND_ORDER,
     audit_every: int = AUDIT_EVERY,
+    kernels: Kernels = REFERENCE,
 ) -> Gemm:
     """Gate backends best first against the LUT reference of `units` and wrap the winner.
 
@@ -160,6 +165,7 @@ def select_gemm(
     prefer: force this backend (a name in `order`); GateError if it fails its gate.
     order: backends to try, best first, as names or backend instances.
     audit_every: audit one call in this many (see audit.py).
+    kernels: the hot kernels the model uses with it, already gated (core/kernels.py).
     """
     names = [_name(c) for c in order]
     if prefer is not None and prefer not in names:
@@ -168,7 +174,7 @@ def select_gemm(
     audit = GemmAudit(units.mul_lut, every=audit_every)
     if prefer is None:
         chooser = _Chooser(gate, units.mul_lut, order)
-        return Gemm(units, *chooser.next_passing(), chooser, audit)
+        return Gemm(units, *chooser.next_passing(), chooser, audit, kernels)
     at = names.index(prefer)
     chooser = _Chooser(gate, units.mul_lut, order[at + 1 :])
     backend, report = chooser.gate_one(order[at])
@@ -177,4 +183,4 @@ def select_gemm(
             f"forced GEMM backend {prefer!r} failed its exact gate at case "
             f"{report.failing_case}: {report.detail}"
         )
-    return Gemm(units, backend, report, chooser, audit)
+    return Gemm(units, backend, report, chooser, audit, kernels)

@@ -1,0 +1,128 @@
+"""The step's hot non-GEMM kernels behind one small interface, and their exact gate.
+
+`Kernels` is the numpy reference: quantize (quant.py), the GEMM epilogue, GELU with
+its gradient and the softmaxes (fastmath.py), pinned row sums (detmath.py). It runs
+everywhere, Pyodide included. A faster implementation (pynode/native_kernels.py, numba)
+subclasses it and overrides what it accelerates; before a peer uses one, `gate_kernels`
+runs every kernel on discriminating inputs (ties, zero and subnormal rows, strided and
+batched operands, tails of odd length) and demands the reference's bits, as the GEMM
+gate does for backends. Refusals (NaN into a quantizer, bad shapes) stay the reference's.
+
+Legend: R rows, C columns, ... leading batch dims; u16 random lanes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import detmath, fastmath, quant
+from .errors import DaisyError
+
+
+class KernelGateError(DaisyError):
+    """An accelerated kernel differs from the numpy reference on a gate input."""
+
+
+class Kernels:
+    """The numpy reference of every hot kernel; subclasses override with faster code."""
+
+    name = "numpy"
+
+    def quantize(self, x: np.ndarray, axis: int, key: tuple[int, ...] | None):
+        """int8 with one scale per row (axis -1) or column (axis -2) of x (..., R, C) f32;
+        round-to-nearest, or stochastic rounding drawn from `key`. -> (q, scale)."""
+        if axis == -1:
+            if key is None:
+                return quant.quantize_rows(x)
+            return quant.quantize_rows_stochastic(x, key)
+        if key is None:
+            return quant.quantize_cols(x)
+        return quant.quantize_cols_stochastic(x, key)
+
+    def epilogue(self, acc: np.ndarray, sa: np.ndarray, sb: np.ndarray) -> np.ndarray:
+        return quant.epilogue(acc, sa, sb)
+
+    def gelu_with_grad(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return fastmath.gelu_with_grad(x)
+
+    def softmax_rows(self, x: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+        return fastmath.softmax_rows(x, mask)
+
+    def log_softmax_parts(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return fastmath.log_softmax_parts(x)
+
+    def psum_rows(self, x: np.ndarray) -> np.ndarray:
+        """detmath.psum over the last axis."""
+        return detmath.psum(x, axis=-1)
+
+
+REFERENCE = Kernels()
+
+
+@dataclass(frozen=True)
+class KernelGateReport:
+    kernels: str  # name of the gated implementation
+    cases: int  # inputs compared
+    passed: bool
+    failing_case: str = ""  # the first case whose bits differed
+
+
+def _cases(seed: int = 0x6A7E):
+    """(name, method, args) of the gate: shapes with odd tails, batches, strided views,
+    exact ties, zero / subnormal / huge rows, both rounding modes."""
+    g = np.random.default_rng(seed)
+    f32 = np.float32
+
+    def normal(*shape):
+        return (g.standard_normal(shape) * 10.0 ** g.uniform(-3, 3, shape[:-1] + (1,))).astype(f32)
+
+    mat = normal(37, 67)
+    mat[1] = 0.0
+    mat[2] = f32(1e-44) * np.sign(mat[2])  # scale underflows to the smallest subnormal
+    mat[3, :] = np.arange(67, dtype=f32) - f32(33.5)  # ties after scaling
+    mat[4, 5] = f32(3e38)
+    batched = normal(3, 19, 33)
+    wide = normal(5, 300)
+    yield from (
+        (f"quantize.{what}.{axis}.{key is not None}", "quantize", (x, axis, key))
+        for what, x in (("mat", mat), ("batched", batched), ("wide", wide),
+                        ("transposed", mat.T), ("btransposed", batched.transpose(0, 2, 1)))
+        for axis in (-1, -2) for key in (None, (7, 3, 1, 2))
+    )
+    acc = g.integers(-(2**31), 2**31, (3, 17, 9), dtype=np.int64).astype(np.int32)
+    yield "epilogue", "epilogue", (acc, normal(3, 17), normal(3, 9))
+    gelu_x = np.concatenate([normal(4099).ravel(), np.array(
+        [0, -0.0, 1e-30, -1e-30, -0.7518, 5.0, -5.0, 13.5, -13.5, 40.0, -40.0, 1e30, -1e30], f32)])
+    yield "gelu", "gelu_with_grad", (gelu_x,)
+    yield "gelu.2d", "gelu_with_grad", (normal(31, 129),)
+    scores = normal(6, 33, 33)
+    yield "softmax", "softmax_rows", (normal(45, 257),)
+    yield "softmax.masked", "softmax_rows", (scores, np.tri(33, dtype=bool))
+    yield "log_softmax", "log_softmax_parts", (normal(45, 257),)
+    yield "psum_rows", "psum_rows", (normal(7, 9, 129),)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, tuple):
+        return isinstance(b, tuple) and len(a) == len(b) and all(map(_same, a, b))
+    return (isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape
+            and a.tobytes() == b.tobytes())
+
+
+def gate_kernels(candidate: Kernels, reference: Kernels = REFERENCE) -> KernelGateReport:
+    """Compare every kernel of `candidate` with `reference`, bit for bit (raw bytes, so
+    -0.0 and NaN payloads count). Twice each, so a kernel keeping state shows it."""
+    cases = 0
+    for name, method, args in _cases():
+        want = getattr(reference, method)(*args)
+        for _ in range(2):
+            cases += 1
+            try:
+                got = getattr(candidate, method)(*args)
+            except Exception as exc:  # a crash is a failed case, not a crashed peer
+                return KernelGateReport(candidate.name, cases, False, f"{name}: {exc!r}")
+            if not _same(want, got):
+                return KernelGateReport(candidate.name, cases, False, name)
+    return KernelGateReport(candidate.name, cases, True)

@@ -1,0 +1,349 @@
+"""Native fused kernels (numba): the numpy reference's bits in one pass instead of many.
+
+Each kernel performs, element by element, the same IEEE operations in the same order as
+the numpy reference in pynode/core (quant.py, fastmath.py, detmath.psum), so it gives
+the same bits; numba compiles without fast-math, so LLVM may neither fuse a multiply
+and an add nor reorder a sum. `gate_kernels` checks this at every start before a peer
+uses them. What a kernel does not accelerate, or any input with a NaN or an Inf, goes
+to the reference, so refusals and special values are the reference's own.
+
+Optional: `pip install numba` (the `fast` extra); without it peers use the reference.
+Compiled code is cached on disk (numba's cache=True), so only the first start pays.
+
+Legend: B batch, R rows, C columns; f32 float32, f64 float64, u16 random lanes.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from pynode.core import detmath, fastmath, rng
+from pynode.core.kernels import REFERENCE, KernelGateReport, Kernels, gate_kernels
+
+__all__ = ["NumbaKernels", "available", "gate_kernels", "select_kernels"]
+
+log = logging.getLogger(__name__)
+
+try:
+    import numba
+except ImportError:  # the reference serves
+    numba = None
+
+if numba is not None:
+    jit = numba.njit(cache=True, nogil=True)
+
+    _QMAX = np.float32(127.0)
+    _NQMAX = np.float32(-127.0)
+    _ONE = np.float32(1.0)
+    _TINY = np.float32(np.finfo(np.float32).smallest_subnormal)
+    _TWO_M16 = np.float32(2.0**-16)
+
+    _ABS_BITS = np.int32(0x7FFFFFFF)
+    _INF_BITS = np.int32(0x7F800000)
+
+    @jit
+    def _scale_of(amax):
+        """quant._scales of one finite absmax."""
+        s = amax / _QMAX
+        if amax == 0:
+            return _ONE
+        if s == 0:
+            return _TINY
+        return s
+
+    @jit
+    def _fill_row(x, lanes, stochastic, b, i, s, q):
+        """q[b, i, :] = the reference's rounding of x[b, i, :] / s; separate loops per mode
+        so each vectorises."""
+        nc = x.shape[2]
+        if stochastic:
+            for j in range(nc):
+                t = min(max(x[b, i, j] / s, _NQMAX), _QMAX)
+                q[b, i, j] = np.int8(np.floor(t + np.float32(lanes[b, i, j]) * _TWO_M16))
+        else:
+            for j in range(nc):
+                t = min(max(x[b, i, j] / s, _NQMAX), _QMAX)
+                q[b, i, j] = np.int8(np.rint(t))
+
+    @jit
+    def _quantize_rows(x, bits, lanes, stochastic, q, scale):
+        """x (B, R, C) f32 (bits: the same memory as int32) -> q (B, R, C) int8 and
+        scale (B, R); False if x holds a NaN or an Inf. The absmax is an integer max over
+        the bit patterns with the sign cleared: monotone in |x| for finite floats, and
+        above every finite pattern for Inf and NaN, so one max also finds those."""
+        nb, nr, nc = x.shape
+        top = np.zeros((nb, nr), np.int32)
+        for b in range(nb):
+            for i in range(nr):
+                m = np.int32(0)
+                for j in range(nc):
+                    m = max(m, bits[b, i, j] & _ABS_BITS)
+                if m >= _INF_BITS:
+                    return False
+                top[b, i] = m
+        amax = top.view(np.float32)
+        for b in range(nb):
+            for i in range(nr):
+                s = _scale_of(amax[b, i])
+                scale[b, i] = s
+                _fill_row(x, lanes, stochastic, b, i, s, q)
+        return True
+
+    @jit
+    def _quantize_cols(x, bits, lanes, stochastic, q, scale):
+        """As _quantize_rows with one scale per column: scale (B, C)."""
+        nb, nr, nc = x.shape
+        top = np.zeros(nc, np.int32)
+        amax = top.view(np.float32)
+        for b in range(nb):
+            top[:] = 0
+            for i in range(nr):
+                for j in range(nc):
+                    top[j] = max(top[j], bits[b, i, j] & _ABS_BITS)
+            for j in range(nc):
+                if top[j] >= _INF_BITS:
+                    return False
+                scale[b, j] = _scale_of(amax[j])
+            for i in range(nr):
+                if stochastic:
+                    for j in range(nc):
+                        t = min(max(x[b, i, j] / scale[b, j], _NQMAX), _QMAX)
+                        u = np.float32(lanes[b, i, j]) * _TWO_M16
+                        q[b, i, j] = np.int8(np.floor(t + u))
+                else:
+                    for j in range(nc):
+                        t = min(max(x[b, i, j] / scale[b, j], _NQMAX), _QMAX)
+                        q[b, i, j] = np.int8(np.rint(t))
+        return True
+
+    @jit
+    def _epilogue(acc, sa, sb, out):
+        nb, nr, nc = acc.shape
+        for b in range(nb):
+            for i in range(nr):
+                for j in range(nc):
+                    y = np.float32(acc[b, i, j]) * sa[b, i]
+                    out[b, i, j] = y * sb[b, j]
+
+    _BLOCK = 256  # elements per pass of a vectorised loop
+
+    @jit
+    def _exp_neg_block(y, r, kbits, out):
+        """out[:n] = fastmath._exp_neg(y[:n]) for finite y <= 0, in branch-free loops that
+        LLVM vectorises: 2**k is built from its exponent bits, as the reference does."""
+        n = y.shape[0]
+        for i in range(n):
+            v = max(y[i], fastmath._EXP_FLOOR)
+            k = np.rint(v * fastmath._INV_LN2)
+            t = v - k * fastmath._LN2_HI
+            r[i] = t - k * fastmath._LN2_LO
+            kbits[i] = (np.int64(k) + 1023) << 52
+        scale = kbits.view(np.float64)
+        for i in range(n):
+            z = r[i]
+            acc = z * _EXP_TAYLOR[8]
+            acc += _EXP_TAYLOR[7]
+            for c in range(6, -1, -1):
+                acc *= z
+                acc += _EXP_TAYLOR[c]
+            out[i] = acc * scale[i]
+
+    _EXP_TAYLOR = np.array(fastmath._EXP_TAYLOR)
+    _ERFCX = np.array(fastmath._ERFCX)
+
+    @jit
+    def _gelu(x, y, dy):
+        """fastmath._gelu_chunk over finite x (n,) f32 -> y, dy (n,) f32."""
+        n = x.shape[0]
+        arg = np.empty(_BLOCK, np.float64)
+        e = np.empty(_BLOCK, np.float64)
+        r = np.empty(_BLOCK, np.float64)
+        kbits = np.empty(_BLOCK, np.int64)
+        for lo in range(0, n, _BLOCK):
+            m = min(_BLOCK, n - lo)
+            for i in range(m):
+                v = np.float64(x[lo + i])
+                arg[i] = (v * v) * -0.5
+            _exp_neg_block(arg[:m], r[:m], kbits[:m], e[:m])
+            for i in range(m):
+                v = np.float64(x[lo + i])
+                t = (abs(v) * fastmath._SQRT1_2) * fastmath._ERFCX_P
+                t += 1.0
+                t = 1.0 / t
+                t -= fastmath._ERFCX_T0
+                acc = t * _ERFCX[10]
+                acc += _ERFCX[9]
+                for c in range(8, -1, -1):
+                    acc *= t
+                    acc += _ERFCX[c]
+                tail = acc * e[i]
+                tail *= 0.5
+                cdf = 1.0 - tail if v > 0.0 else tail
+                d = e[i] * fastmath._INV_SQRT_2PI
+                d *= v
+                d += cdf
+                y[lo + i] = np.float32(cdf * v)
+                dy[lo + i] = np.float32(d)
+
+    @jit
+    def _psum_inplace(buf, n):
+        """detmath.psum's tree over buf[:n] (any float dtype); returns the sum."""
+        while n > 1:
+            half = (n + 1) // 2
+            for i in range(n - half):
+                buf[i] = buf[i] + buf[i + half]
+            n = half
+        return buf[0]
+
+    @jit
+    def _softmax(x, mask, use_mask, out, totals, tops):
+        """fastmath._exp_shifted + e / total over finite rows x (R, C) f32; mask (R, C)
+        bool. Writes out (R, C) f32, totals (R,) f64, tops (R,) f32."""
+        nr, nc = x.shape
+        z = np.empty(nc, np.float64)
+        e = np.empty(nc, np.float64)
+        r = np.empty(nc, np.float64)
+        kbits = np.empty(nc, np.int64)
+        buf = np.empty(nc, np.float64)
+        for i in range(nr):
+            top = np.float32(-np.inf)
+            for j in range(nc):
+                v = x[i, j]
+                if (not use_mask or mask[i, j]) and v > top:
+                    top = v
+            for j in range(nc):
+                z[j] = np.float64(x[i, j]) - np.float64(top)
+                if use_mask and not mask[i, j]:
+                    z[j] = 0.0
+            _exp_neg_block(z, r, kbits, e)
+            for j in range(nc):
+                if use_mask and not mask[i, j]:
+                    e[j] = 0.0
+                buf[j] = e[j]
+            total = _psum_inplace(buf, nc)
+            for j in range(nc):
+                out[i, j] = np.float32(e[j] / total)
+            totals[i] = total
+            tops[i] = top
+
+    @jit
+    def _psum_rows(x, out):
+        nr, nc = x.shape
+        buf = np.empty(nc, x.dtype)
+        for i in range(nr):
+            for j in range(nc):
+                buf[j] = x[i, j]
+            out[i] = _psum_inplace(buf, nc)
+        return True
+
+
+def _batched(x: np.ndarray) -> np.ndarray:
+    return x if x.ndim == 3 else x.reshape((-1,) + x.shape[-2:]) if x.ndim > 3 else x[None]
+
+
+class NumbaKernels(Kernels):
+    """The reference's kernels fused by numba; anything unusual goes to the reference."""
+
+    name = "numba"
+
+    def quantize(self, x, axis, key):
+        if not (isinstance(x, np.ndarray) and x.dtype == np.float32 and 2 <= x.ndim <= 3
+                and axis in (-1, -2)):
+            return super().quantize(x, axis, key)
+        xb = _batched(x)  # (B, R, C) f32, a view
+        q = np.empty(xb.shape, np.int8)
+        scale = np.empty(xb.shape[:2] if axis == -1 else xb.shape[::2], np.float32)
+        if key is None:
+            lanes = np.zeros((1, 1, 1), np.uint16)
+        else:
+            n = x.size
+            words = rng.raw64(key, (n + 3) // 4).astype("<u8", copy=False)
+            lanes = words.view("<u2")[:n].reshape(xb.shape)  # (B, R, C) u16, C order
+        kernel = _quantize_rows if axis == -1 else _quantize_cols
+        if not kernel(xb, xb.view(np.int32), lanes, key is not None, q, scale):
+            return super().quantize(x, axis, key)  # raises the reference's NonFiniteError
+        return q.reshape(x.shape), scale.reshape(x.shape[:-1] if axis == -1
+                                                 else x.shape[:-2] + x.shape[-1:])
+
+    def epilogue(self, acc, sa, sb):
+        ok = (isinstance(acc, np.ndarray) and acc.dtype == np.int32 and 2 <= acc.ndim <= 3
+              and isinstance(sa, np.ndarray) and isinstance(sb, np.ndarray)
+              and sa.dtype == np.float32 and sb.dtype == np.float32
+              and sa.shape == acc.shape[:-1] and sb.shape == acc.shape[:-2] + acc.shape[-1:]
+              and np.isfinite(sa).all() and np.isfinite(sb).all())
+        if not ok:
+            return super().epilogue(acc, sa, sb)  # the reference's refusals
+        out = np.empty(acc.shape, np.float32)
+        _epilogue(_batched(acc), sa.reshape(-1, acc.shape[-2]), sb.reshape(-1, acc.shape[-1]),
+                  _batched(out))
+        return out
+
+    def gelu_with_grad(self, x):
+        if not (isinstance(x, np.ndarray) and x.dtype == np.float32):
+            return super().gelu_with_grad(x)
+        flat = np.ascontiguousarray(x).reshape(-1)
+        y, dy = np.empty_like(flat), np.empty_like(flat)
+        if not np.isfinite(flat).all():
+            return super().gelu_with_grad(x)  # the reference handles +-inf and NaN
+        _gelu(flat, y, dy)
+        return y.reshape(x.shape), dy.reshape(x.shape)
+
+    def softmax_rows(self, x, mask=None):
+        if not (isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim >= 1
+                and x.shape[-1] > 0):
+            return super().softmax_rows(x, mask)
+        out, _, _ = self._softmax(x, mask)
+        return super().softmax_rows(x, mask) if out is None else out
+
+    def log_softmax_parts(self, x):
+        if not (isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim == 2
+                and x.shape[-1] > 0):
+            return super().log_softmax_parts(x)
+        probs, totals, tops = self._softmax(x, None)
+        if probs is None:
+            return super().log_softmax_parts(x)
+        lse = detmath.log(totals) + tops  # (R,) f64, as the reference sums them
+        return probs, lse.astype(np.float32)
+
+    def _softmax(self, x, mask):
+        rows = np.ascontiguousarray(x).reshape(-1, x.shape[-1])  # (R, C) f32
+        if mask is None:
+            flags, use = np.ones((1, 1), bool), False
+        else:
+            flags, use = np.broadcast_to(mask, x.shape).reshape(-1, x.shape[-1]), True
+        if not np.isfinite(rows).all():
+            return None, None, None  # the reference handles +-inf and NaN
+        out = np.empty(rows.shape, np.float32)
+        totals, tops = np.empty(rows.shape[0], np.float64), np.empty(rows.shape[0], np.float32)
+        _softmax(rows, flags, use, out, totals, tops)
+        return out.reshape(x.shape), totals, tops
+
+    def psum_rows(self, x):
+        if not (isinstance(x, np.ndarray) and x.dtype in (np.float32, np.float64)
+                and x.ndim >= 1 and x.shape[-1] > 0 and np.isfinite(x).all()):
+            return super().psum_rows(x)
+        rows = x.reshape(-1, x.shape[-1])
+        out = np.empty(rows.shape[0], x.dtype)
+        _psum_rows(rows, out)
+        return out.reshape(x.shape[:-1])
+
+
+def available() -> bool:
+    """True if numba imports here (native CPython with the `fast` extra)."""
+    return numba is not None
+
+
+def select_kernels(prefer: str | None = None) -> tuple[Kernels, KernelGateReport | None]:
+    """The fastest kernels that pass their gate: numba where it imports, else the numpy
+    reference. prefer="numpy" forces the reference. Returns (kernels, numba's report)."""
+    if prefer == "numpy" or numba is None:
+        return REFERENCE, None
+    report = gate_kernels(NumbaKernels())
+    if not report.passed:
+        log.warning("numba kernels failed their gate at %s; using the numpy reference",
+                    report.failing_case)
+        return REFERENCE, report
+    return NumbaKernels(), report
+
