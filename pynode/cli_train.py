@@ -14,6 +14,15 @@ from pynode.session import build_trainer, checkpoint_bytes, load_resume, write_a
 from pynode.trainer import StepResult, Trainer
 
 
+def gemm_summary(gemm) -> str:
+    """GEMM backend(s) and kernels of a run, for its header line."""
+    if gemm is None:
+        return "float (torch)"
+    from pynode.gemm_tuning import summary
+
+    return f"{summary(gemm)}  kernels {gemm.kernels.name}"
+
+
 def parse_capacity(text: str | None, peers: int) -> dict[int, float] | None:
     if text is None:
         return None
@@ -68,7 +77,7 @@ async def train_command(args: argparse.Namespace, cfg: RunConfig) -> int:
     if args.save_every is not None and (args.save_every < 1 or not args.save):
         raise ConfigError("--save-every needs --save and a positive number of steps")
     trainer = build_trainer(cfg, backend=args.backend, resume=resume)
-    print(f"task {cfg.task}  backend {getattr(trainer.gemm, 'backend_name', 'float')}  "
+    print(f"task {cfg.task}  backend {gemm_summary(trainer.gemm)}  "
           f"params {sum(p.size for p in trainer.state.params.values()):,}  "
           f"from step {trainer.state.step}", file=sys.stderr)
     reporter = StepReporter(trainer, cfg.steps, args.log, progress=not args.no_progress)

@@ -51,6 +51,10 @@ def build_trainer(
     state = None if resume is None else state_from_checkpoint(resume)
     trainer = Trainer(cfg, task, gemm, collective=collective, state=state)
     trainer.units = units
+    if gemm is not None and backend is None:
+        from pynode.gemm_tuning import tune_trainer
+
+        tune_trainer(trainer)
     return trainer
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from pynode.bench.machine import machine_info, machine_line
 from pynode.core import rng
 from pynode.core.gemm import (
     BACKEND_ORDER,
@@ -104,7 +105,11 @@ def run(json_out: bool, repeats: int = 7, shapes: tuple[int, ...] | None = None)
     gate = ExactGate(ReferenceBackend(lut))
     rows: list[dict] = []
     emit = _json_line if json_out else _table_line
-    if not json_out:
+    if json_out:
+        rows.append({"bench": "machine", **machine_info()})
+        emit(rows[-1])
+    else:
+        print(f"machine: {machine_line()}")
         print(f"numpy {np.__version__}; best of {repeats}; GOP/s = 2*M*N*K / s")
         print(
             f"{'backend':<12} {'M=K=N':>6} {'exact':>5} {'ms':>9} {'GOP/s':>8} {'f32 GOP/s':>9} "

@@ -16,6 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from pynode.bench.machine import machine_info, machine_line
 from pynode.config import RunConfig
 
 # Each peer on its own core, and its BLAS with one thread so it stays there.
@@ -65,10 +66,12 @@ def main(argv: list[str]) -> int:
         "bytes_per_peer_per_step": traffic["per_rank_bytes_per_step"],
         "ring_optimum_bytes_per_step": traffic["ring_optimum_bytes_per_step"],
         "traffic_over_optimum": worst / traffic["ring_optimum_bytes_per_step"],
+        "machine": machine_info(),
     }
     if args.json:
         print(json.dumps(result, sort_keys=True))
         return 0
+    print(f"machine: {machine_line(result['machine'])}")
     print(f"config: {cfg.to_json()}")
     print(f"1 peer : {one['tokens_per_s']:9.0f} tokens/s")
     print(f"2 peers: {two['tokens_per_s']:9.0f} tokens/s   "

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 
+from pynode.bench.machine import machine_info, machine_line
 from pynode.config import RunConfig
 
 
@@ -24,6 +25,13 @@ def measure(task: str, cfg: RunConfig, steps: int) -> dict:
 
     cfg = cfg.with_(task=task, steps=steps + 1)
     trainer = build_trainer(cfg)
+    if trainer.gemm is not None:
+        from pynode.gemm_tuning import summary
+
+        gemm = summary(trainer.gemm)
+        kernels = trainer.gemm.kernels.name
+    else:
+        gemm, kernels = "torch float32", "torch"
 
     async def go() -> tuple[float, float]:
         await trainer.step()  # warm-up: imports, first allocations
@@ -38,6 +46,8 @@ def measure(task: str, cfg: RunConfig, steps: int) -> dict:
     return {
         "task": task,
         "backend": getattr(trainer.gemm, "backend_name", "torch-float"),
+        "gemm": gemm,
+        "kernels": kernels,
         "tokens_per_s": tokens / seconds,
         "seconds_per_step": seconds / steps,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -65,18 +75,22 @@ def main(argv: list[str]) -> int:
         ).stdout
         rows[task] = json.loads(out.strip().splitlines()[-1])
     ratio = rows["gpt"]["tokens_per_s"] / rows["float"]["tokens_per_s"]
+    machine = machine_info()
     for row in rows.values():
         row["ratio_to_float"] = row["tokens_per_s"] / rows["float"]["tokens_per_s"]
         row["config"] = json.loads(cfg.to_json())
+        row["machine"] = machine
     if args.json:
         for row in rows.values():
             print(json.dumps(row, sort_keys=True))
         return 0
+    print(f"machine: {machine_line(machine)}")
     print(f"config: {cfg.to_json()}")
     print(f"{'task':<6} {'backend':<12} {'tokens/s':>10} {'s/step':>8} {'peak MiB':>9} {'loss':>7}")
     for row in rows.values():
         print(f"{row['task']:<6} {row['backend']:<12} {row['tokens_per_s']:>10.0f} "
               f"{row['seconds_per_step']:>8.3f} {row['peak_rss_mib']:>9.0f} "
               f"{row['final_loss']:>7.4f}")
+    print(f"int8 GEMM: {rows['gpt']['gemm']}; kernels: {rows['gpt']['kernels']}")
     print(f"int8 / float tokens per second: {ratio:.3f}")
     return 0

@@ -39,9 +39,12 @@ def runs(tmp_path_factory) -> dict:
     started = {
         "peers1": Launched(folder, "peers1", [*TRAIN, "--peers", "1"]),
         "peers3": Launched(folder, "peers3", [*TRAIN, "--peers", "3", "--capacity", "1,2,5"]),
-        "kill": Launched(folder, "kill", [*TRAIN, "--peers", "3"], {"PYNODE_FAULT": "2:2:kill"}),
+        # A fixed plan: rank 2 must hold microbatches at step 2 to die in the middle of them.
+        "kill": Launched(folder, "kill", [*TRAIN, "--peers", "3", "--capacity", "1,1,1"],
+                         {"PYNODE_FAULT": "2:2:kill"}),
         "flip": Launched(folder, "flip", [*TRAIN, "--peers", "3"], {"PYNODE_FAULT": "1:2:flip"}),
-        "nan": Launched(folder, "nan", [*TRAIN, "--peers", "3"], {"PYNODE_FAULT": "1:2:nan"}),
+        "nan": Launched(folder, "nan", [*TRAIN, "--peers", "3", "--capacity", "1,1,1"],
+                        {"PYNODE_FAULT": "1:2:nan"}),
         # Steps 1-2 lie inside the 10-step warm-up, whose learning rate does not depend on
         # the run length: a 2-step run is the prefix of the 4-step run.
         "first2": Launched(folder, "first2", ["train", "--steps", "2", *CONFIG, "--save",

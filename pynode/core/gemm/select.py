@@ -105,6 +105,8 @@ class Gemm:
         self._units, self._chooser, self.audit = units, chooser, audit
         self.backend, self.gate_report = backend, gate_report
         self.kernels = kernels
+        # (kind, B, M, K, N) -> a gated backend measured faster than `backend` there
+        self.routes: dict[tuple[str, int, int, int, int], GemmBackend] = {}
 
     @property
     def units(self) -> Any:
@@ -122,23 +124,47 @@ class Gemm:
 
     def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """a (M, K) int8 @ b (K, N) int8 -> (M, N) int32, exact."""
-        out = self.backend.matmul(a, b)
+        shape = ("mm", 1, *a.shape, b.shape[-1]) if a.ndim == 2 and b.ndim == 2 else None
+        backend = self._route(shape)
+        out = backend.matmul(a, b)
         (m, k), n = a.shape, b.shape[1]
-        return self._finish(a, b, out, (m, n), m * n * k)
+        return self._finish(a, b, out, (m, n), m * n * k, backend.name)
 
     def bmm(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """a (B, M, K) int8 @ b (B, K, N) int8 -> (B, M, N) int32, exact."""
-        out = self.backend.bmm(a, b)
+        shape = ("bmm", *a.shape, b.shape[-1]) if a.ndim == 3 and b.ndim == 3 else None
+        backend = self._route(shape)
+        out = backend.bmm(a, b)
         (bs, m, k), n = a.shape, b.shape[2]
-        return self._finish(a, b, out, (bs, m, n), bs * m * n * k)
+        return self._finish(a, b, out, (bs, m, n), bs * m * n * k, backend.name)
 
-    def _finish(self, a, b, out, shape: tuple[int, ...], muls: int) -> np.ndarray:
+    def _route(self, shape) -> GemmBackend:
+        if shape is None:
+            return self.backend  # the backend's own checks will name the bad operand
+        return self.routes.get(shape, self.backend)
+
+    def _finish(self, a, b, out, shape: tuple[int, ...], muls: int, name: str) -> np.ndarray:
         if not isinstance(out, np.ndarray) or out.dtype != np.int32 or out.shape != shape:
             got = f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
-            raise GateError(f"GEMM backend {self.backend_name!r} returned {got}, not int32 {shape}")
+            raise GateError(f"GEMM backend {name!r} returned {got}, not int32 {shape}")
         self._units.counts.add("mul", muls)
-        self.audit.check(a, b, out, self.backend_name)
+        self.audit.check(a, b, out, name)
         return out
+
+    def alternatives(self) -> list[GemmBackend]:
+        """The selected backend and every later one in the order that passes its gate
+        (the LUT reference excluded: it is the oracle, never a speed candidate)."""
+        passing = [self.backend]
+        for c in list(self._chooser.pending):
+            if _name(c) == "reference":
+                continue
+            try:
+                backend, report = self._chooser.gate_one(c)
+            except BackendUnavailableError:
+                continue
+            if report.passed:
+                passing.append(backend)
+        return passing
 
     def demote(self) -> GateReport:
         """Drop the current backend for the next one in order that passes its gate.
@@ -147,6 +173,7 @@ class Gemm:
         """
         old = self.backend_name
         self.backend, self.gate_report = self._chooser.next_passing()
+        self.routes.clear()
         log.warning("GEMM backend %s demoted; now using %s", old, self.backend_name)
         return self.gate_report
 
