@@ -10,9 +10,7 @@ ARTIFACTS = REPO / "artifacts" / "e2e"
 CHROMIUM_FLAGS = [
     "--no-sandbox", "--disable-gpu", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
-    # Host candidates as plain addresses: mDNS names would need a resolver in the namespace.
-    "--disable-features=WebRtcHideLocalIpsWithMdns",
-]
+]  # WebRTC privacy as users have it: host candidates hidden behind mDNS names (NAME.local)
 BOOT_TIMEOUT_MS = 180_000  # Pyodide + numpy + checks per tab, several tabs on 2 shared cores
 
 
@@ -66,3 +64,20 @@ def wait_trainable(host: Any, peer_ids: list[str]) -> None:
     """Until the host's Python greeted every peer in `peer_ids` (a run can include them)."""
     wait(host, "(s, ids) => ids.every(id => s.peers.some(p => p.id === id && p.trainable))",
          60_000, peer_ids)
+
+
+def host_candidates(page: Any) -> list[str]:
+    """The addresses of the host ICE candidates a tab gathers (a throwaway connection's):
+    `NAME.local` names where Chromium hides them, as it does by default."""
+    return page.evaluate("""async () => {
+        const pc = new RTCPeerConnection();
+        pc.createDataChannel("probe");
+        const found = [];
+        const gathered = new Promise(done => {
+            pc.onicecandidate = e => e.candidate ? found.push(e.candidate.address) : done();
+        });
+        await pc.setLocalDescription(await pc.createOffer());
+        await gathered;
+        pc.close();
+        return found;
+    }""")

@@ -6,6 +6,10 @@ on one end and a default route through it (Chromium picks its candidate address 
 routing towards a public address). The server and the browser run inside it; this test
 process stays outside and talks to the browser over Playwright's pipe.
 
+Multicast works as on a LAN: the default route takes mDNS (224.0.0.251) out of the veth and
+the kernel loops a copy back to every socket in the namespace that joined the group, so the
+`NAME.local` host candidates of a default Chromium resolve, for tabs and native peers alike.
+
     with PrivateNet() as net:
         net.popen([sys.executable, "-m", "server", "--host", net.address])
         chromium = net.wrapper(tmp_path / "chromium", shutil.which("chromium"))

@@ -1,9 +1,11 @@
 """Native peers (`python -m pynode join`, aiortc) and browser tabs train in one room.
 
 Everything runs inside the private network namespace of conftest.py (WebRTC gathers no
-loopback candidates): the server, Chromium and every native peer. Each test opens its own
-private room. Every finished step's state hash of every peer, native or tab, must equal
-`python -m pynode train` alone with the same config, whoever leads, whoever dies.
+loopback candidates): the server, Chromium and every native peer. Chromium keeps its default
+WebRTC privacy (host candidates named NAME.local), so native peers resolve the tabs' names
+by multicast DNS, as on a LAN. Each test opens its own private room. Every finished step's
+state hash of every peer, native or tab, must equal `python -m pynode train` alone with the
+same config, whoever leads, whoever dies.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import subprocess
 import sys
 
 import pytest
-from browser_helpers import Tabs, status, wait, wait_booted, wait_trainable
+from browser_helpers import Tabs, host_candidates, status, wait, wait_booted, wait_trainable
 from mixed_helpers import REPO, NativeJoin, config_flags, reference_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
@@ -98,11 +100,15 @@ def test_two_native_peers_and_two_tabs_then_a_resumed_run_and_refused_files(
     """Run 1: a tab leads two native peers and another tab; one native saves a .pt at the
     end. Run 2: a new native peer leads from that file with more steps; the tabs receive it
     as the run's state, validate it and continue on the hashes of `pynode train --resume`.
-    Files that fail validation are refused before the room hears of them."""
+    Files that fail validation are refused before the room hears of them. Chromium runs with
+    its default WebRTC privacy: the tabs' host candidates are mDNS names, which the native
+    peers resolve by multicast DNS on the namespace's network."""
     config = {**SMALL, "seed": 22}
     host = tabs.open("?create=1")
     code = status(host)["room"]
     tab = tabs.open(f"?room={code}")
+    hidden = host_candidates(tab)
+    assert hidden and all(name.endswith(".local") for name in hidden), hidden
     saved = tmp_path / "group.pt"
     follower = natives("follower", "--room", code)
     saver = natives("saver", "--room", code, "--save", str(saved))

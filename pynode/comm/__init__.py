@@ -9,6 +9,7 @@ gloo.py       torch.distributed gloo across machines (torch imported lazily)
 mesh.py       Mesh: whole messages between peer ids (WebRTC in the page, in-memory in tests)
 webrtc.py     a Collective over a Mesh: reduce-scatter + all-gather, leader-committed members
 native_mesh.py  the Mesh of a native peer: aiortc data channels + the server's signaling
+mdns.py       Chromium's mDNS answers made readable to aioice (a tab's .local candidate)
 bridge.py     a gloo cluster that takes part in a room through its rank 0
 """
 

@@ -5,7 +5,9 @@ smaller id, with two pre-negotiated, ordered, reliable data channels, "data" (id
 Python peers' messages, cut into 48 KiB fragments with the 16-byte header of
 pyodide_app/fragments.js) and "ui" (id 1: small JSON the pages show). Sends queue per link
 and are fed to the channel while its bufferedAmount stays below HIGH_WATER, resuming on
-`bufferedamountlow`. ICE uses host candidates only (no STUN/TURN unless given).
+`bufferedamountlow`. ICE uses host candidates only (no STUN/TURN unless given). A browser
+names its host candidates `NAME.local`; aioice resolves them by multicast DNS
+(pynode/comm/mdns.py makes Chromium's answers readable to it).
 
 The WebRTC stack and the signaling client run on their own event loop in a daemon thread
 (`NetThread`), so ICE consent checks, SCTP acknowledgements and websocket pings go on while
@@ -26,6 +28,7 @@ from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from pynode.comm.base import CommError
+from pynode.comm.mdns import read_chromium_answers
 from pynode.comm.mesh import Mesh
 from pynode.signaling_client import SignalingClient
 
@@ -124,6 +127,7 @@ class _Link:
     def __init__(self, mesh: NativeMesh, peer: str) -> None:
         from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection
 
+        read_chromium_answers()
         self.mesh, self.peer = mesh, peer
         servers = [RTCIceServer(urls=u) for u in mesh.ice_servers]
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=servers))
@@ -189,12 +193,24 @@ class _Link:
         if self.pc.remoteDescription is None:
             self.pending_ice.append(candidate)
         else:
-            await self.pc.addIceCandidate(candidate)
+            await self._add_ice(candidate)
 
     async def _flush_ice(self) -> None:
-        for candidate in self.pending_ice:
-            await self.pc.addIceCandidate(candidate)
-        self.pending_ice = []
+        pending, self.pending_ice = self.pending_ice, []
+        for candidate in pending:
+            await self._add_ice(candidate)
+
+    async def _add_ice(self, candidate: Any) -> None:
+        """Hand `candidate` to aiortc; a browser's `NAME.local` is resolved by aioice over
+        multicast DNS first, and one that did not resolve is dropped: say so."""
+        await self.pc.addIceCandidate(candidate)
+        if candidate is None or not candidate.ip.endswith(".local") or self.pc.sctp is None:
+            return
+        known = self.pc.sctp.transport.transport.getRemoteCandidates()
+        if not any(c.ip == candidate.ip for c in known):
+            log.warning("peer %s: its address %s did not resolve by multicast DNS: both "
+                        "machines must be on one LAN that passes mDNS (UDP 5353 to "
+                        "224.0.0.251)", self.peer, candidate.ip)
 
     def send(self, message: bytes) -> None:
         self.queue.append([message, self.next_id, 0])
