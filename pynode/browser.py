@@ -168,7 +168,8 @@ def case_operands(case: dict) -> tuple[np.ndarray, np.ndarray]:
 
 async def gemm_cases(checks: Checks, cases_json: str) -> str:
     """Test and benchmark hook (`daisychain.gemm`): run each case {backend, batch, m, k, n,
-    seed, fill, repeats} through that candidate backend (raw, without the gated wrapper).
+    seed, fill, repeats, max_binding_bytes (webgpu: split into pieces of at most this)}
+    through that candidate backend (raw, without the gated wrapper).
     JSON [{backend, sha256 of the int32 result, shape, seconds (best of repeats)}] or
     [{..., error}]. Async so WebGPU can wait on its promises."""
     results = []
@@ -177,6 +178,8 @@ async def gemm_cases(checks: Checks, cases_json: str) -> str:
         if backend is None:
             results.append({**case, "error": f"no backend {case['backend']!r} in this page"})
             continue
+        if case.get("max_binding_bytes"):
+            backend = backend.capped(int(case["max_binding_bytes"]))
         a, b = case_operands(case)
         product = backend.bmm if a.ndim == 3 else backend.matmul
         best = float("inf")

@@ -16,6 +16,7 @@ Legend: B batch, M rows, K reduction length, K4 = ceil(K / 4) words, N columns.
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterator
 from typing import Any, Protocol
@@ -78,6 +79,12 @@ class WebGpuBackend(GemmBackend):
                 f"K = {MAX_K} ({MIN_BINDING_BYTES} bytes)")
         self.device = device
 
+    def capped(self, max_binding_bytes: int) -> WebGpuBackend:
+        """The same device with smaller pieces (tests: products split as on a small GPU)."""
+        device = copy.copy(self.device)
+        device.max_binding_bytes = min(device.max_binding_bytes, max_binding_bytes)
+        return WebGpuBackend(device)
+
     def _matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return self._bmm(a[None], b[None])[0]
 
@@ -104,8 +111,11 @@ class JsGpuDevice:
         self.tile = int(info["tile"])
 
     def bmm(self, a_words: np.ndarray, bt_words: np.ndarray) -> np.ndarray:
-        from pyodide.ffi import JsException, to_js
+        from pyodide.ffi import JsException, can_run_sync, to_js
 
+        if not can_run_sync():
+            raise GateError("webgpu: called where it cannot wait for the GPU (not on a stack "
+                            "entered through an async Python function)")
         (bs, m, k4), n = a_words.shape, bt_words.shape[1]
         try:
             result = self._wait(self._gpu.bmm(to_js(memoryview(a_words.reshape(-1))),
