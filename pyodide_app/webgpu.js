@@ -15,7 +15,11 @@
 //   await daisyWebGPU.bmm(aWords, bWords, batch, m, n, k4)   -> Int32Array (B * M * N)
 
 (() => {
-  const TILE = 16; // output cells per workgroup side; tails are masked in the kernel
+  const GROUP = 8; // invocations per workgroup side
+  const BLOCK = 4; // output rows and columns per invocation
+  const TILE = GROUP * BLOCK; // output cells per workgroup side; tails are masked
+  const lines = (f) => [...Array(BLOCK).keys()].map(f).join("\n");
+  const cells = (f) => lines((i) => lines((j) => f(i, j)));
   const GEMM_WGSL = /* wgsl */ `
 struct Dims { m: u32, n: u32, k4: u32, batch: u32 }
 @group(0) @binding(0) var<uniform> dims: Dims;
@@ -23,32 +27,34 @@ struct Dims { m: u32, n: u32, k4: u32, batch: u32 }
 @group(0) @binding(2) var<storage, read> bt: array<u32>;       // (B, N, K4) packed int8
 @group(0) @binding(3) var<storage, read_write> c: array<i32>;  // (B, M, N) int32
 
-// Sum of the four products of the bytes of x and y, each byte sign-extended (<< then >>
-// on i32 is arithmetic). At most 4 * 2^14 in size.
-fn dot4(x: u32, y: u32) -> i32 {
-  let xs = bitcast<i32>(x);
-  let ys = bitcast<i32>(y);
-  return ((xs << 24u) >> 24u) * ((ys << 24u) >> 24u)
-       + ((xs << 16u) >> 24u) * ((ys << 16u) >> 24u)
-       + ((xs << 8u) >> 24u) * ((ys << 8u) >> 24u)
-       + (xs >> 24u) * (ys >> 24u);
+const SHIFTS = vec4<u32>(24u, 16u, 8u, 0u);
+
+// The four int8 of a word, k order, sign-extended: each byte shifted to the top of an i32,
+// then arithmetically back down.
+fn unpack(w: u32) -> vec4<i32> {
+  return (vec4<i32>(bitcast<i32>(w)) << SHIFTS) >> vec4<u32>(24u);
 }
 
-@compute @workgroup_size(${TILE}, ${TILE}, 1)
+// One invocation: a ${BLOCK} x ${BLOCK} block of C (unrolled). Rows and columns past the edge
+// read the last valid line and are never written.
+@compute @workgroup_size(${GROUP}, ${GROUP}, 1)
 fn main(@builtin(global_invocation_id) id: vec3<u32>) {
-  let col = id.x;
-  let row = id.y;
+  let col0 = id.x * ${BLOCK}u;
+  let row0 = id.y * ${BLOCK}u;
   let item = id.z;
-  if (col >= dims.n || row >= dims.m || item >= dims.batch) {
+  if (col0 >= dims.n || row0 >= dims.m || item >= dims.batch) {
     return;
   }
-  let a0 = (item * dims.m + row) * dims.k4;
-  let b0 = (item * dims.n + col) * dims.k4;
-  var acc: i32 = 0;
+${lines((i) => `  let a${i} = (item * dims.m + min(row0 + ${i}u, dims.m - 1u)) * dims.k4;
+  let b${i} = (item * dims.n + min(col0 + ${i}u, dims.n - 1u)) * dims.k4;`)}
+  // Integer dot products: each term at most 2^14, each sum exact while K <= 131,071.
+${cells((i, j) => `  var c${i}_${j}: i32 = 0;`)}
   for (var w: u32 = 0u; w < dims.k4; w = w + 1u) {
-    acc = acc + dot4(a[a0 + w], bt[b0 + w]);
+${lines((i) => `    let x${i} = unpack(a[a${i} + w]);
+    let y${i} = unpack(bt[b${i} + w]);`)}
+${cells((i, j) => `    c${i}_${j} = c${i}_${j} + dot(x${i}, y${j});`)}
   }
-  c[(item * dims.m + row) * dims.n + col] = acc;
+${cells((i, j) => `  if (row0 + ${i}u < dims.m && col0 + ${j}u < dims.n) { c[(item * dims.m + row0 + ${i}u) * dims.n + col0 + ${j}u] = c${i}_${j}; }`)}
 }
 `;
 
