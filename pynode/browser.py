@@ -2,7 +2,7 @@
 
 pyodide_app/worker.js calls, in order:
 
-    checks = run_checks(break_gate)             the start-up chain of trust; checks.to_json()
+    checks = await run_checks_async(break_gate, backend)   the start-up checks; .to_json()
     peer = BrowserPeer(bridge, self_id, checks) once the checks passed and signaling named us
     peer.opened(id) / peer.deliver(id, ArrayBuffer) / peer.gone(id)     mesh events
     await peer.start(config_json)               this tab leads a run (a Promise in JS)
@@ -12,13 +12,16 @@ pyodide_app/worker.js calls, in order:
 fragments it onto the peer's data channel), `post(kind, json)` reports to the page. Each
 large buffer is converted once each way (`to_js` copies into a fresh ArrayBuffer that the
 worker then transfers; `to_bytes` copies an arriving one), never element by element.
-Nothing here runs natively except under tests, which pass a fake bridge.
+`await gemm_cases(checks, cases_json)` runs GEMM cases through any candidate backend (tests,
+benchmarks). Nothing here runs natively except under tests, which pass a fake bridge.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +34,8 @@ from pynode.core.errors import DaisyError, GateError
 from pynode.room import RoomPeer
 from pynode.trainer import Trainer
 from pynode.verify import CheckRow
+
+GEMM_CASE_PURPOSE = 0x6E3C  # rng key of case_operands' random operands
 
 
 class BrokenBackend:
@@ -59,6 +64,8 @@ class Checks:
     rows: list[CheckRow] = field(default_factory=list)
     units: Any = None  # verified Units
     gemm: Any = None  # the gated GEMM; None unless every check passed
+    backends: dict[str, Any] = field(default_factory=dict)  # name -> each candidate backend
+    webgpu: str = "not checked"  # "available: <adapter>" or "unavailable: <reason>"
 
     @property
     def ready(self) -> bool:
@@ -66,7 +73,9 @@ class Checks:
 
     def to_json(self) -> str:
         return json.dumps({"ready": self.ready,
-                           "rows": [{**r.__dict__, "passed": r.passed} for r in self.rows]})
+                           "rows": [{**r.__dict__, "passed": r.passed} for r in self.rows],
+                           "backend": self.gemm.backend_name if self.ready else None,
+                           "webgpu": self.webgpu})
 
     def make_trainer(self, cfg: RunConfig, collective: Any, resume: Any) -> Trainer:
         """A trainer on the verified units and gated GEMM (the loop of `pynode train`)."""
@@ -81,10 +90,38 @@ class Checks:
         return trainer
 
 
-def run_checks(break_gate: bool = False) -> Checks:
+def page_backends(mul_lut: np.ndarray, checks: Checks) -> list[Any]:
+    """The page's candidates best first: NO_BLAS_ORDER with WebGPU, where it opens, after
+    the CPU backends (before the slow reference), so it is used when forced
+    (`?backend=webgpu`) or when every CPU backend failed its gate. SwiftShader, the
+    software adapter of headless Chromium, is far slower than numpy_int; order alone must
+    not pick it."""
+    from pynode.core.gemm import NO_BLAS_ORDER, BackendUnavailableError, make_backend
+    from pynode.webgpu_gemm import open_webgpu
+
+    order = [make_backend(name, mul_lut) for name in NO_BLAS_ORDER]
+    try:
+        webgpu = open_webgpu()
+    except BackendUnavailableError as exc:
+        checks.webgpu = f"unavailable: {exc}"
+    else:
+        checks.webgpu = f"available: {webgpu.device.adapter}"
+        at = next((i for i, b in enumerate(order) if b.name == "reference"), len(order))
+        order.insert(at, webgpu)
+    checks.backends = {b.name: b for b in order}
+    return order
+
+
+async def run_checks_async(break_gate: bool = False, backend: str | None = None) -> Checks:
+    """run_checks on an asyncio task's stack, where WebGPU's promises can be waited on."""
+    return run_checks(break_gate, backend)
+
+
+def run_checks(break_gate: bool = False, backend: str | None = None) -> Checks:
     """Units over their full domain, LUT == integer op, then the exact gate of each backend
-    best first for a page (no BLAS). Never raises for a failed check."""
-    from pynode.core.gemm import NO_BLAS_ORDER, make_backend, select_gemm
+    best first for a page (no BLAS). `backend` forces one by name (`?backend=`): it must
+    exist and pass its gate. Never raises for a failed check."""
+    from pynode.core.gemm import UnknownBackendError, select_gemm
     from pynode.verify import unit_checks
 
     checks = Checks()
@@ -92,13 +129,16 @@ def run_checks(break_gate: bool = False) -> Checks:
     units = unit_checks(rows)
     if units is None:
         return checks
-    order = [make_backend(name, units.mul_lut) for name in NO_BLAS_ORDER]
+    order = page_backends(units.mul_lut, checks)
     if break_gate:
         order = [BrokenBackend(b) for b in order]
     try:
-        gemm = select_gemm(units, order=order)
-    except GateError as exc:
-        rows.append(CheckRow("exact gate", "every backend", f"FAIL: {exc}", "-", 0.0))
+        gemm = select_gemm(units, prefer=backend, order=order)
+    except (GateError, UnknownBackendError) as exc:
+        missing = backend == "webgpu" and backend not in checks.backends
+        why = f" ({checks.webgpu})" if missing else ""
+        rows.append(CheckRow("exact gate", backend or "every backend", f"FAIL: {exc}{why}",
+                             backend or "-", 0.0))
         return checks
     for report in gemm.gate_reports:
         result = "pass" if report.passed else f"FAIL at {report.failing_case}: {report.detail}"
@@ -106,6 +146,50 @@ def run_checks(break_gate: bool = False) -> Checks:
                              report.seconds))
     checks.units, checks.gemm = units, gemm
     return checks
+
+
+def case_operands(case: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The operands of a GEMM case {batch, m, k, n, seed, fill}: batch 0 means matmul
+    ((M, K), (K, N) int8), else bmm ((B, M, K), (B, K, N) int8); fill "random" (seeded
+    pynode.core.rng, the same bits natively and in the page), "min" (-128) or "max" (127)."""
+    from pynode.core import rng
+
+    lead = (case["batch"],) if case["batch"] else ()
+    shapes = (lead + (case["m"], case["k"]), lead + (case["k"], case["n"]))
+    if case["fill"] in ("min", "max"):
+        value = -128 if case["fill"] == "min" else 127
+        return tuple(np.full(shape, value, np.int8) for shape in shapes)  # type: ignore[return-value]
+    if case["fill"] != "random":
+        raise ValueError(f"unknown fill {case['fill']!r}")
+    a, b = ((rng.randint((GEMM_CASE_PURPOSE, case["seed"], i), shape, 256) - 128).astype(np.int8)
+            for i, shape in enumerate(shapes))
+    return a, b
+
+
+async def gemm_cases(checks: Checks, cases_json: str) -> str:
+    """Test and benchmark hook (`daisychain.gemm`): run each case {backend, batch, m, k, n,
+    seed, fill, repeats, max_binding_bytes (webgpu: split into pieces of at most this)}
+    through that candidate backend (raw, without the gated wrapper).
+    JSON [{backend, sha256 of the int32 result, shape, seconds (best of repeats)}] or
+    [{..., error}]. Async so WebGPU can wait on its promises."""
+    results = []
+    for case in json.loads(cases_json):
+        backend = checks.backends.get(case["backend"])
+        if backend is None:
+            results.append({**case, "error": f"no backend {case['backend']!r} in this page"})
+            continue
+        if case.get("max_binding_bytes"):
+            backend = backend.capped(int(case["max_binding_bytes"]))
+        a, b = case_operands(case)
+        product = backend.bmm if a.ndim == 3 else backend.matmul
+        best = float("inf")
+        for _ in range(max(1, int(case.get("repeats", 1)))):
+            t0 = time.perf_counter()
+            out = product(a, b)
+            best = min(best, time.perf_counter() - t0)
+        results.append({**case, "sha256": hashlib.sha256(out.tobytes()).hexdigest(),
+                        "shape": list(out.shape), "dtype": str(out.dtype), "seconds": best})
+    return json.dumps(results)
 
 
 class JsMesh(Mesh):

@@ -12,7 +12,7 @@ const STATUS_EVERY_MS = 250; // at most this often to the server (its rate limit
 const KEPT_MESSAGES = 200;
 
 export class PageNode extends EventTarget {
-  // target: {room} / {create: true} / {} (auto room); flags: {break_gate}
+  // target: {room} / {create: true} / {} (auto room); flags: {break_gate, backend}
   constructor(target, flags = {}) {
     super();
     this.flags = flags;
@@ -20,7 +20,7 @@ export class PageNode extends EventTarget {
       room: null, peerId: null, role: null, approved: false, private: false,
       state: "booting", step: 0, loss: null, hash: null, probe: null, leader: null,
       run: null, steps: null, members: [], error: null, checks: [], history: [], messages: [],
-      uiLatencyMs: [], bench: null, verified: false,
+      uiLatencyMs: [], bench: null, verified: false, backend: null, webgpu: null,
     };
     this.roster = new Map(); // id -> {id, role, approved, status}
     this.info = new Map(); // id -> what that page told us on the ui channel
@@ -163,6 +163,7 @@ export class PageNode extends EventTarget {
       this.changed();
     } else if (msg.type === "checks") {
       s.checks = msg.rows;
+      Object.assign(s, { backend: msg.backend, webgpu: msg.webgpu });
       if (msg.ready) {
         s.state = "ready";
         s.verified = true;
@@ -232,6 +233,12 @@ export class PageNode extends EventTarget {
 
   benchAllreduce(size, repeats) {
     return this.request({ type: "bench", size, repeats });
+  }
+
+  // GEMM cases [{backend, batch, m, k, n, seed, fill, repeats}] through the page's candidate
+  // backends; resolves to [{...case, sha256, shape, seconds} or {...case, error}].
+  async gemm(cases) {
+    return (await this.request({ type: "gemm", cases })).results;
   }
 
   request(msg) {

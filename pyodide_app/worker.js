@@ -5,11 +5,11 @@
 //
 // main -> worker: boot {flags}, self {id}, open {peer}, gone {peer},
 //                 message {peer, data: ArrayBuffer (transferred)}, start {id, config},
-//                 bench {id, size, repeats}
+//                 bench {id, size, repeats}, gemm {id, cases}
 // worker -> main: state {state, error}, checks {ready, rows}, send {peer, data (transferred)},
 //                 report {kind, fields}, started {id, ok, ranks | error}
 
-importScripts("/runtime/pyodide.js");
+importScripts("/runtime/pyodide.js", "/app/webgpu.js");
 
 const BUNDLE_DIR = "/home/pyodide/bundle";
 let pyodide = null;
@@ -59,7 +59,8 @@ async function boot(flags) {
   pyodide.runPython(`import sys\nsys.path.insert(0, ${JSON.stringify(BUNDLE_DIR)})`);
   post({ type: "state", state: "verifying", bundle: digest });
   browser = pyodide.pyimport("pynode.browser");
-  checks = browser.run_checks(Boolean(flags.break_gate));
+  // Awaited as a coroutine: its stack may then suspend on WebGPU's promises (JSPI).
+  checks = await browser.run_checks_async(Boolean(flags.break_gate), flags.backend || null);
   const result = JSON.parse(checks.to_json());
   post({ type: "checks", ...result });
   makePeer();
@@ -91,8 +92,15 @@ async function lead(msg) {
   let answer;
   if (msg.type === "start") answer = await peer.start(JSON.stringify(msg.config));
   else if (msg.type === "resume") answer = await peer.resume(msg.data);
+  else if (msg.type === "gemm") answer = await gemmCases(msg.cases);
   else answer = await peer.bench(msg.size, msg.repeats);
   post({ type: "started", id: msg.id, ...JSON.parse(answer) });
+}
+
+// GEMM cases through the page's candidate backends (tests and benchmarks): {ok, results}.
+async function gemmCases(cases) {
+  const results = await browser.gemm_cases(checks, JSON.stringify(cases));
+  return JSON.stringify({ ok: true, results: JSON.parse(results) });
 }
 
 // The state as a .pt file, transferred to the page without a copy: {type: "started", data}.
@@ -118,7 +126,7 @@ self.onmessage = (event) => {
     meshEvent(msg.type, msg.peer, msg.data);
   } else if (msg.type === "checkpoint") {
     checkpoint(msg);
-  } else if (msg.type === "start" || msg.type === "resume" || msg.type === "bench") {
+  } else if (["start", "resume", "bench", "gemm"].includes(msg.type)) {
     lead(msg).catch((err) => post({ type: "started", id: msg.id, ok: false, error: String(err) }));
   }
 };

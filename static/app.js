@@ -4,13 +4,15 @@
 //   /?create=1        makes a private room; this page is its host (the URL becomes ?room=CODE)
 //   /?room=CODE       asks to join a private room; its host approves
 //   &break_gate=1     test hook: corrupt the GEMM backends so the exact gate fails
+//   &backend=NAME     force a GEMM backend (e.g. webgpu); it must pass its exact gate
 
 import { PageNode } from "/app/node.js";
 
 const params = new URLSearchParams(location.search);
 const target = params.get("create") ? { create: true }
   : params.get("room") ? { room: params.get("room") } : {};
-const node = new PageNode(target, { break_gate: params.get("break_gate") === "1" });
+const node = new PageNode(target, { break_gate: params.get("break_gate") === "1",
+  backend: params.get("backend") });
 const $ = (id) => document.getElementById(id);
 const NUMBER_FIELDS = { width: parseInt, layers: parseInt, heads: parseInt, seq: parseInt,
   microbatch_size: parseInt, microbatches: parseInt, steps: parseInt, lr: parseFloat, seed: parseInt };
@@ -19,6 +21,7 @@ window.daisychain = {
   status: () => node.status(),
   start: (config) => node.start(config),
   benchAllreduce: (size, repeats) => node.benchAllreduce(size, repeats),
+  gemm: (cases) => node.gemm(cases),
   checkpoint: () => node.checkpoint(),
   resume: (data) => node.resume(data),
   approve: (peerId) => node.approve(peerId),

@@ -1,0 +1,54 @@
+"""A server on 127.0.0.1 and pages at http://localhost:PORT, for single-tab tests that need a
+secure context (WebGPU) rather than a network: no namespace, no root.
+
+`navigator.gpu` exists only in secure contexts; http://localhost is one, the private
+network's 10.77.0.1 is not. Headless Chromium offers a WebGPU adapter (SwiftShader, on
+the CPU) only with `--enable-unsafe-webgpu`, which works beside `--disable-gpu`.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from browser_helpers import CHROMIUM_FLAGS, REPO
+
+WEBGPU_FLAGS = [*CHROMIUM_FLAGS, "--enable-unsafe-webgpu"]
+
+
+class LocalServer:
+    """`python -m server` on 127.0.0.1 with a free port; `url` is its localhost address."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", "0",
+             "--data-dir", str(data_dir), "--log-level", "WARNING"],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        line = self.proc.stdout.readline()
+        found = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+        if not found:
+            self.close()
+            raise RuntimeError(f"the server did not start: {line}")
+        self.url = f"http://localhost:{found.group(1)}"
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def open_page(browser: Any, url: str, console: list[str]) -> Any:
+    """A page in a fresh context, its console lines appended to `console`."""
+    page = browser.new_context().new_page()
+    page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+    page.on("pageerror", lambda e: console.append(f"page error: {e}"))
+    page.goto(url)
+    page.wait_for_function("() => window.daisychain && daisychain.status().peerId",
+                           timeout=30_000)
+    return page
