@@ -35,7 +35,8 @@ def gloo_pair(folder: Path, name: str, args: list[str], fault: str | None = None
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("group")
-    death_args = [*TRAIN[1:], "--timeout", str(GLOO_TIMEOUT_S), "--save", str(folder / "X.pt")]
+    death_args = [*TRAIN[1:], "--timeout", str(GLOO_TIMEOUT_S), "--save", str(folder / "X.pt"),
+                  "--capacity", "1,1"]  # fixed: the dying rank must hold microbatches
     started = {
         "peers1": Launched(folder, "peers1", [*TRAIN, "--peers", "1"]),
         "peers3": Launched(folder, "peers3", [*TRAIN, "--peers", "3", "--capacity", "1,2,5"]),
@@ -50,8 +51,9 @@ def runs(tmp_path_factory) -> dict:
         "first2": Launched(folder, "first2", ["train", "--steps", "2", *CONFIG, "--save",
                                               str(folder / "step2.pt")]),
         # The leader dies at step 3 of a 4-step run that checkpoints every 2 steps.
-        "crash": Launched(folder, "crash", [*TRAIN, "--peers", "2", "--save",
-                                            str(folder / "crash.pt"), "--save-every", "2"],
+        "crash": Launched(folder, "crash", [*TRAIN, "--peers", "2", "--capacity", "1,1",
+                                            "--save", str(folder / "crash.pt"),
+                                            "--save-every", "2"],
                           {"PYNODE_FAULT": "0:3:kill"}),
     }
     pairs = {
