@@ -65,8 +65,12 @@ class Checks:
         return self.gemm is not None
 
     def to_json(self) -> str:
-        return json.dumps({"ready": self.ready,
-                           "rows": [{**r.__dict__, "passed": r.passed} for r in self.rows]})
+        """{ready, backend (the GEMM in use, or null), rows: [{..., passed, skipped}]}."""
+        return json.dumps({
+            "ready": self.ready,
+            "backend": self.gemm.backend_name if self.ready else None,
+            "rows": [{**r.__dict__, "passed": r.passed, "skipped": r.skipped} for r in self.rows],
+        })
 
     def make_trainer(self, cfg: RunConfig, collective: Any, resume: Any) -> Trainer:
         """A trainer on the verified units and gated GEMM (the loop of `pynode train`)."""
@@ -83,8 +87,11 @@ class Checks:
 
 def run_checks(break_gate: bool = False) -> Checks:
     """Units over their full domain, LUT == integer op, then the exact gate of each backend
-    best first for a page (no BLAS). Never raises for a failed check."""
-    from pynode.core.gemm import NO_BLAS_ORDER, make_backend, select_gemm
+    best first for a page (PAGE_ORDER: wasm SIMD, then no-BLAS numpy); the first that passes
+    computes. A backend that cannot run here gets a `skipped` row. Never raises for a failed
+    check."""
+    from pynode.browser_gemm import PAGE_ORDER, available_backends
+    from pynode.core.gemm import select_gemm
     from pynode.verify import unit_checks
 
     checks = Checks()
@@ -92,7 +99,9 @@ def run_checks(break_gate: bool = False) -> Checks:
     units = unit_checks(rows)
     if units is None:
         return checks
-    order = [make_backend(name, units.mul_lut) for name in NO_BLAS_ORDER]
+    order, skipped = available_backends(PAGE_ORDER, units.mul_lut)
+    rows.extend(CheckRow("exact gate", "-", f"skipped: {why}", name, 0.0)
+                for name, why in skipped)
     if break_gate:
         order = [BrokenBackend(b) for b in order]
     try:

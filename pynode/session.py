@@ -22,6 +22,7 @@ log = logging.getLogger("pynode.session")
 
 def load_units_and_gemm(backend: str | None = None) -> tuple[Any, Any]:
     """Verified units (full-domain check) and the best gated GEMM backend (or `backend`)."""
+    from pynode.browser_gemm import WASM_SIMD, available_backends
     from pynode.core.detmath import check_float_environment
     from pynode.core.gemm import select_gemm
     from pynode.unitfiles import load_default_units
@@ -29,7 +30,10 @@ def load_units_and_gemm(backend: str | None = None) -> tuple[Any, Any]:
 
     check_float_environment()
     units = load_default_units()
-    return units, select_gemm(units, prefer=backend, order=backend_order())
+    order = backend_order()
+    if WASM_SIMD in order:  # the page: a backend core cannot build by name
+        order, _ = available_backends(order, units.mul_lut)
+    return units, select_gemm(units, prefer=backend, order=order)
 
 
 def build_trainer(
