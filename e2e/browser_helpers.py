@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pynode.bench.browser import CHROMIUM_FLAGS as BENCH_FLAGS
+
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "artifacts" / "e2e"
 CHROMIUM_FLAGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+    *BENCH_FLAGS,
     # Host candidates as plain addresses: mDNS names would need a resolver in the namespace.
     "--disable-features=WebRtcHideLocalIpsWithMdns",
 ]

@@ -76,6 +76,7 @@ class WasmSimdBackend(GemmBackend):
     def __init__(self) -> None:
         self._kernel = load_kernel()
         self._scratch = np.empty(0, np.uint8)  # packed B, grown on demand, reused
+        self._scratch_at = _address(self._scratch)
 
     def _run(self, a: np.ndarray, b: np.ndarray, bs: int, m: int, k: int, n: int) -> np.ndarray:
         a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)  # views stay views if they can
@@ -83,8 +84,8 @@ class WasmSimdBackend(GemmBackend):
         need = ((n + 7) // 8) * ((k + 1) // 2) * 32
         if self._scratch.size < need:
             self._scratch = np.empty(need, np.uint8)
-        self._kernel(_address(a), _address(b), _address(out), _address(self._scratch),
-                     bs, m, k, n)
+            self._scratch_at = _address(self._scratch)
+        self._kernel(_address(a), _address(b), _address(out), self._scratch_at, bs, m, k, n)
         return out
 
     def _matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
