@@ -17,6 +17,24 @@ CHROMIUM_FLAGS = [
 BOOT_TIMEOUT_MS = 180_000  # Pyodide + numpy + checks per tab, several tabs on 2 shared cores
 
 
+def missing_browser_parts() -> str | None:
+    """Why the browser tests cannot run here (playwright, chromium, the runtime), or None."""
+    import importlib.util
+    import shutil
+
+    if importlib.util.find_spec("playwright") is None:
+        return "the playwright package is not installed"
+    if shutil.which("chromium") is None:
+        return "Debian's chromium is not installed (apt-get install chromium)"
+    from server.runtime import RuntimeMissingError, runtime_dir
+
+    try:
+        runtime_dir()
+    except RuntimeMissingError as exc:
+        return str(exc)
+    return None
+
+
 class Tabs:
     """Opens pages, each in a fresh context, and keeps their console for failure reports."""
 

@@ -12,6 +12,7 @@ unitfiles.py  reads the shipped unit weights;  corpus.py  the built-in corpus
 datasource.py microbatch text: built-in corpus or a server's /data
 room.py       a run among the peers of a room (start, membership, late joiners)
 browser.py    the page's Python side (JS bridge mesh, start-up checks)
+browser_gemm.py, wasm/   the page's exact GEMM in WebAssembly SIMD (wasm_simd)
 native_peer.py, signaling_client.py, cli_join.py   `python -m pynode join` (aiortc)
 __main__.py   the CLI (train, verify, bench, cluster, join)
 """
