@@ -17,6 +17,7 @@ setup:
 setup-dev: browser
 	$(PIP) -e '.[dev]' -c .ci/constraints.txt
 	$(PY) -m server.runtime fetch
+	$(PY) -m server.wasm_build fetch
 
 # Debian's Chromium drives the e2e tests (Playwright never downloads a browser here).
 browser:

@@ -3,7 +3,7 @@
     python benchmarks/browser_bench.py            # table
     python benchmarks/browser_bench.py --json     # one JSON object
 
-1. Step time: the same config trained by one tab (Pyodide in a Web Worker, numpy_int GEMM)
+1. Step time: the same config trained by one tab (Pyodide in a Web Worker, its gated GEMM)
    and by `python -m pynode train` on this machine, with one BLAS thread (what a tab has)
    and with the default threads; median of the steps after the first.
 2. All-reduce: `--repeats` reductions of `--size` int64 (8 bytes each) among 2 and then 3
@@ -22,11 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import re
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,6 +40,8 @@ from browser_helpers import (  # noqa: E402
     wait_trainable,
 )
 from private_net import PrivateNet  # noqa: E402
+
+from pynode.bench.browser import BrowserSession, native_steps  # noqa: E402
 
 CONFIG = {"task": "gpt", "width": 64, "layers": 2, "heads": 4, "seq": 64, "microbatch_size": 8,
           "microbatches": 4, "lr": 0.003, "seed": 1}
@@ -82,17 +80,6 @@ RAW_CHANNEL = """async ([total, frag, high]) => {
 }"""
 
 
-def native_step_seconds(config: dict, tmp: Path, threads: str | None) -> list[float]:
-    log = tmp / f"native-{threads}.jsonl"
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in sorted(config.items())]
-    env = dict(os.environ)
-    if threads:
-        env.update(OPENBLAS_NUM_THREADS=threads, OMP_NUM_THREADS=threads)
-    subprocess.run([sys.executable, "-m", "pynode", "train", *flags, "--log", str(log),
-                    "--no-progress"], cwd=REPO, check=True, capture_output=True, env=env)
-    return [json.loads(line)["seconds"] for line in log.read_text().splitlines()]
-
-
 def memory_allreduce_seconds(members: int, size: int, repeats: int) -> list[float]:
     import numpy as np
 
@@ -114,36 +101,10 @@ def memory_allreduce_seconds(members: int, size: int, repeats: int) -> list[floa
     return asyncio.run(body())
 
 
-class Browser:
-    """Server and Chromium inside a private network; tabs in their own contexts."""
-
-    def __init__(self, net: PrivateNet, tmp: Path) -> None:
-        from playwright.sync_api import sync_playwright
-
-        proc = net.popen([sys.executable, "-m", "server", "--host", net.address, "--port", "0",
-                          "--data-dir", str(tmp / "server"), "--log-level", "WARNING"],
-                         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        port = re.search(r":(\d+)/", proc.stdout.readline()).group(1)
-        self.base = f"http://{net.address}:{port}"
-        self.pw = sync_playwright().start()
-        chromium = net.wrapper(tmp / "chromium", shutil.which("chromium"))
-        self.browser = self.pw.chromium.launch(executable_path=str(chromium), args=CHROMIUM_FLAGS)
-
-    def tab(self, query: str):
-        page = self.browser.new_context().new_page()
-        page.goto(f"{self.base}/{query}")
-        page.wait_for_function("() => window.daisychain && daisychain.status().peerId")
-        return page
-
-    def close(self) -> None:
-        self.browser.close()
-        self.pw.stop()
-
-
 def browser_numbers(config: dict, size: int, repeats: int, tmp: Path) -> dict:
     out: dict = {}
     with PrivateNet() as net:
-        browser = Browser(net, tmp)
+        browser = BrowserSession(tmp, net, CHROMIUM_FLAGS)
         try:
             started = time.perf_counter()
             host = browser.tab("?create=1")
@@ -182,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     config = {**CONFIG, "steps": args.steps}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        native = {t: native_step_seconds(config, tmp, t) for t in ("1", None)}
+        native = {t: native_steps(config, tmp, t)["step_seconds"] for t in ("1", None)}
         page = browser_numbers(config, args.size, args.repeats, tmp)
     memory = {n: memory_allreduce_seconds(n, args.size, args.repeats) for n in (2, 3)}
     megabytes = args.size * 8 / 1e6

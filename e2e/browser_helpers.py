@@ -5,13 +5,32 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pynode.bench.browser import CHROMIUM_FLAGS as BENCH_FLAGS
+
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "artifacts" / "e2e"
 CHROMIUM_FLAGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+    *BENCH_FLAGS,
 ]  # WebRTC privacy as users have it: host candidates hidden behind mDNS names (NAME.local)
 BOOT_TIMEOUT_MS = 180_000  # Pyodide + numpy + checks per tab, several tabs on 2 shared cores
+
+
+def missing_browser_parts() -> str | None:
+    """Why the browser tests cannot run here (playwright, chromium, the runtime), or None."""
+    import importlib.util
+    import shutil
+
+    if importlib.util.find_spec("playwright") is None:
+        return "the playwright package is not installed"
+    if shutil.which("chromium") is None:
+        return "Debian's chromium is not installed (apt-get install chromium)"
+    from server.runtime import RuntimeMissingError, runtime_dir
+
+    try:
+        runtime_dir()
+    except RuntimeMissingError as exc:
+        return str(exc)
+    return None
 
 
 class Tabs:

@@ -11,7 +11,6 @@ reason, except under CI=true, where they fail.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_helpers import CHROMIUM_FLAGS, Tabs
+from browser_helpers import CHROMIUM_FLAGS, Tabs, missing_browser_parts
 from private_net import NetnsUnavailable, PrivateNet
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,16 +36,9 @@ def unavailable(reason: str) -> None:
 
 @pytest.fixture(scope="session")
 def net() -> Iterator[PrivateNet]:
-    if importlib.util.find_spec("playwright") is None:
-        unavailable("the playwright package is not installed")
-    if shutil.which("chromium") is None:
-        unavailable("Debian's chromium is not installed (apt-get install chromium)")
-    from server.runtime import RuntimeMissingError, runtime_dir
-
-    try:
-        runtime_dir()
-    except RuntimeMissingError as exc:
-        unavailable(str(exc))
+    reason = missing_browser_parts()
+    if reason:
+        unavailable(reason)
     private = PrivateNet()
     try:
         private.__enter__()

@@ -97,6 +97,7 @@ def test_two_tabs_train_the_native_hashes_and_the_page_stays_responsive(tabs, na
     for page in (host, tab):
         s = status(page)
         assert s["state"] == "done", s["error"]
+        assert s["gemm"] == "wasm_simd", s["checks"]  # the page's fast kernel computed
         assert history_hashes(page) == expected
     assert status(tab)["probe"] == native_reference(SLOWER)[-1]["probe"]
 
@@ -154,6 +155,7 @@ def test_a_tab_that_fails_its_gate_stays_out_of_training(tabs, native_reference)
     s = status(broken)
     assert s["state"] == "failed" and "gate failed" in s["error"]
     assert any(not row["passed"] and row["check"] == "exact gate" for row in s["checks"])
+    assert "wasm_simd" in s["error"] and s["gemm"] is None
     broken.click("#toggle-checks")
     tabs.shot(broken, "gate-failed")
     assert "gate failed" in broken.inner_text("#messages")

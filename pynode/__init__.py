@@ -13,6 +13,9 @@ datasource.py microbatch text: built-in corpus or a server's /data
 room.py       a run among the peers of a room (start, membership, late joiners)
 browser.py    the page's Python side (JS bridge mesh, start-up checks)
 webgpu_gemm.py the page's WebGPU GEMM backend (waits on the GPU through Pyodide's run_sync)
+browser_gemm.py, wasm/   the page's exact GEMM in WebAssembly SIMD (wasm_simd)
+native_kernels.py  numba-fused hot kernels, gated against core/kernels.py's reference
+gemm_tuning.py the fastest gated GEMM backend per model shape, measured
 native_peer.py, signaling_client.py, cli_join.py   `python -m pynode join` (aiortc)
 __main__.py   the CLI (train, verify, bench, cluster, join)
 """

@@ -85,8 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="check units, LUTs and GEMM backends; exit 1 on failure")
     verify.add_argument("--json", action="store_true", help="print rows as JSON lines")
 
-    bench = sub.add_parser("bench", help="benchmarks: gemm, train, scaling")
-    bench.add_argument("name", choices=["gemm", "train", "scaling"])
+    bench = sub.add_parser("bench", help="benchmarks: gemm, train, scaling, browser")
+    bench.add_argument("name", choices=["gemm", "train", "scaling", "browser"])
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
 

@@ -72,10 +72,14 @@ class Checks:
         return self.gemm is not None
 
     def to_json(self) -> str:
-        return json.dumps({"ready": self.ready,
-                           "rows": [{**r.__dict__, "passed": r.passed} for r in self.rows],
-                           "backend": self.gemm.backend_name if self.ready else None,
-                           "webgpu": self.webgpu})
+        """{ready, backend (the GEMM in use, or null), rows: [{..., passed, skipped}],
+        webgpu (available or why not)}."""
+        return json.dumps({
+            "ready": self.ready,
+            "backend": self.gemm.backend_name if self.ready else None,
+            "rows": [{**r.__dict__, "passed": r.passed, "skipped": r.skipped} for r in self.rows],
+            "webgpu": self.webgpu,
+        })
 
     def make_trainer(self, cfg: RunConfig, collective: Any, resume: Any) -> Trainer:
         """A trainer on the verified units and gated GEMM (the loop of `pynode train`)."""
@@ -90,16 +94,18 @@ class Checks:
         return trainer
 
 
-def page_backends(mul_lut: np.ndarray, checks: Checks) -> list[Any]:
-    """The page's candidates best first: NO_BLAS_ORDER with WebGPU, where it opens, after
+def page_backends(mul_lut: np.ndarray, checks: Checks) -> tuple[list[Any], list[tuple]]:
+    """The page's candidates best first, and (name, why not) for those that cannot run:
+    PAGE_ORDER (wasm SIMD, then the no-BLAS numpy order) with WebGPU, where it opens, after
     the CPU backends (before the slow reference), so it is used when forced
     (`?backend=webgpu`) or when every CPU backend failed its gate. SwiftShader, the
     software adapter of headless Chromium, is far slower than numpy_int; order alone must
     not pick it."""
-    from pynode.core.gemm import NO_BLAS_ORDER, BackendUnavailableError, make_backend
+    from pynode.browser_gemm import PAGE_ORDER, available_backends
+    from pynode.core.gemm import BackendUnavailableError
     from pynode.webgpu_gemm import open_webgpu
 
-    order = [make_backend(name, mul_lut) for name in NO_BLAS_ORDER]
+    order, skipped = available_backends(PAGE_ORDER, mul_lut)
     try:
         webgpu = open_webgpu()
     except BackendUnavailableError as exc:
@@ -109,7 +115,7 @@ def page_backends(mul_lut: np.ndarray, checks: Checks) -> list[Any]:
         at = next((i for i, b in enumerate(order) if b.name == "reference"), len(order))
         order.insert(at, webgpu)
     checks.backends = {b.name: b for b in order}
-    return order
+    return order, skipped
 
 
 async def run_checks_async(break_gate: bool = False, backend: str | None = None) -> Checks:
@@ -119,8 +125,9 @@ async def run_checks_async(break_gate: bool = False, backend: str | None = None)
 
 def run_checks(break_gate: bool = False, backend: str | None = None) -> Checks:
     """Units over their full domain, LUT == integer op, then the exact gate of each backend
-    best first for a page (no BLAS). `backend` forces one by name (`?backend=`): it must
-    exist and pass its gate. Never raises for a failed check."""
+    best first for a page (`page_backends`); the first that passes computes. A backend that
+    cannot run here gets a `skipped` row. `backend` forces one by name (`?backend=`): it
+    must exist and pass its gate. Never raises for a failed check."""
     from pynode.core.gemm import UnknownBackendError, select_gemm
     from pynode.verify import unit_checks
 
@@ -129,7 +136,9 @@ def run_checks(break_gate: bool = False, backend: str | None = None) -> Checks:
     units = unit_checks(rows)
     if units is None:
         return checks
-    order = page_backends(units.mul_lut, checks)
+    order, skipped = page_backends(units.mul_lut, checks)
+    rows.extend(CheckRow("exact gate", "-", f"skipped: {why}", name, 0.0)
+                for name, why in skipped)
     if break_gate:
         order = [BrokenBackend(b) for b in order]
     try:

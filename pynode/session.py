@@ -19,12 +19,12 @@ from pynode.trainer import Trainer, TrainState
 log = logging.getLogger("pynode.session")
 
 
-
 def load_units_and_gemm(
     backend: str | None = None, kernels: str | None = None
 ) -> tuple[Any, Any]:
     """Verified units (full-domain check), the best gated GEMM backend (or `backend`) and
     the fastest gated hot kernels (or `kernels`: "numpy" forces the reference)."""
+    from pynode.browser_gemm import WASM_SIMD, available_backends
     from pynode.core.detmath import check_float_environment
     from pynode.core.gemm import select_gemm
     from pynode.core.rng import check_bit_generator
@@ -36,7 +36,10 @@ def load_units_and_gemm(
     check_bit_generator()
     units = load_default_units()
     ops, _ = select_kernels(kernels)
-    return units, select_gemm(units, prefer=backend, order=backend_order(), kernels=ops)
+    order = backend_order()
+    if WASM_SIMD in order:  # the page: a backend core cannot build by name
+        order, _ = available_backends(order, units.mul_lut)
+    return units, select_gemm(units, prefer=backend, order=order, kernels=ops)
 
 
 def build_trainer(

@@ -22,6 +22,11 @@ class CheckRow:
     def passed(self) -> bool:
         return self.result == "pass"
 
+    @property
+    def skipped(self) -> bool:
+        """Not run because it cannot run here (a backend this platform lacks): no failure."""
+        return self.result.startswith("skipped")
+
 
 def run_checks() -> list[CheckRow]:
     """Every start-up check a peer runs, as rows; never raises for a failed check."""
@@ -68,14 +73,15 @@ def unit_checks(rows: list[CheckRow]):
 
 def gate_rows(units) -> list[CheckRow]:
     """Gate every backend this platform has against the LUT reference, best first."""
-    from pynode.core.gemm import BackendUnavailableError, ExactGate, make_backend
+    from pynode.browser_gemm import build_backend
+    from pynode.core.gemm import BackendUnavailableError, ExactGate
     from pynode.core.gemm.reference import ReferenceBackend
 
     gate = ExactGate(ReferenceBackend(units.mul_lut))
     rows = []
     for name in backend_order():
         try:
-            backend = make_backend(name, units.mul_lut)
+            backend = build_backend(name, units.mul_lut)
         except BackendUnavailableError as exc:
             rows.append(CheckRow("exact gate", "-", f"skipped: {exc}", name, 0.0))
             continue
@@ -101,10 +107,12 @@ def kernel_rows() -> list[CheckRow]:
 
 
 def backend_order() -> tuple[str, ...]:
-    from pynode.core.gemm import BACKEND_ORDER, NO_BLAS_ORDER
+    """GEMM backends to gate here, best first: the page adds its wasm SIMD kernel."""
+    from pynode.browser_gemm import PAGE_ORDER
+    from pynode.core.gemm import BACKEND_ORDER
     from pynode.platform import IN_PYODIDE
 
-    return NO_BLAS_ORDER if IN_PYODIDE else BACKEND_ORDER
+    return PAGE_ORDER if IN_PYODIDE else BACKEND_ORDER
 
 
 def verify_command(json_rows: bool = False) -> int:
@@ -114,7 +122,7 @@ def verify_command(json_rows: bool = False) -> int:
             print(json.dumps({**row.__dict__, "passed": row.passed}))
     else:
         print_table(rows)
-    failed = [r for r in rows if not (r.passed or r.result.startswith("skipped"))]
+    failed = [r for r in rows if not (r.passed or r.skipped)]
     usable = [r for r in rows if r.check == "exact gate" and r.passed]
     if failed or not usable:
         print(f"\nverify FAILED: {len(failed)} check(s) failed; this peer must not train")

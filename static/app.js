@@ -110,13 +110,13 @@ function drawLoss(history) {
 }
 
 function renderChecks(s) {
-  const failed = s.checks.filter((r) => !r.passed);
+  const failed = s.checks.filter((r) => !r.passed && !r.skipped);
   $("checks-line").textContent = !s.checks.length ? (s.state === "failed" ? s.error : "Loading Python…")
     : failed.length ? `FAILED: ${failed.map((r) => `${r.check} ${r.result}`).join("; ")}`
-      : `${s.checks.length} checks passed: units == lookup tables == integer ops == GEMM backend.`;
+      : `Checks passed: units == lookup tables == integer ops == GEMM backend; computing with ${s.gemm}.`;
   $("checks-line").className = failed.length ? "error" : "";
   $("checks").tBodies[0].innerHTML = s.checks.map((r) =>
-    `<tr class="${r.passed ? "" : "error"}"><td>${escape(r.check)}</td><td>${escape(r.domain)}</td>
+    `<tr class="${r.passed || r.skipped ? "" : "error"}${r.backend === s.gemm && r.passed ? " in-use" : ""}"><td>${escape(r.check)}</td><td>${escape(r.domain)}</td>
       <td>${escape(r.result)}</td><td>${escape(r.backend)}</td><td>${(r.seconds * 1000).toFixed(1)}</td></tr>`).join("");
 }
 

@@ -1,5 +1,8 @@
 """Exact int8 GEMM throughput of every available backend against numpy float32 matmul.
 
+Every backend this platform gates (`pynode.verify.backend_order`): natively the
+BACKEND_ORDER of pynode/core/gemm, under Pyodide the page's order (wasm_simd first).
+
     python -m pynode bench gemm [--json] [--repeats N]
 
 For each shape M = K = N in (256, 512, 1024) it times each backend's `matmul` and numpy
@@ -22,7 +25,6 @@ import numpy as np
 from pynode.bench.machine import machine_info, machine_line
 from pynode.core import rng
 from pynode.core.gemm import (
-    BACKEND_ORDER,
     BackendUnavailableError,
     ExactGate,
     GemmBackend,
@@ -99,7 +101,9 @@ def _audit_row(mul_lut: np.ndarray, repeats: int) -> dict:
 
 def run(json_out: bool, repeats: int = 7, shapes: tuple[int, ...] | None = None) -> list[dict]:
     """Time every backend at 256^3, 512^3, 1024^3; print rows (JSON lines or a table)."""
+    from pynode.browser_gemm import build_backend
     from pynode.unitfiles import load_default_units
+    from pynode.verify import backend_order
 
     lut = load_default_units().mul_lut
     gate = ExactGate(ReferenceBackend(lut))
@@ -115,9 +119,9 @@ def run(json_out: bool, repeats: int = 7, shapes: tuple[int, ...] | None = None)
             f"{'backend':<12} {'M=K=N':>6} {'exact':>5} {'ms':>9} {'GOP/s':>8} {'f32 GOP/s':>9} "
             f"{'vs f32':>6}"
         )
-    for name in BACKEND_ORDER:
+    for name in backend_order():
         try:
-            backend = make_backend(name, lut)
+            backend = build_backend(name, lut)
         except BackendUnavailableError as exc:
             rows.append({"bench": "gemm", "backend": name, "skipped": str(exc)})
             emit(rows[-1])

@@ -90,7 +90,8 @@ def test_runner_reports_failures_and_skips(runtime, bundle):
 
 
 def test_training_steps_match_native_under_pyodide(runtime, bundle):
-    """The same 3-step run gives the same per-step hashes natively and on wasm."""
+    """The same 3-step run gives the same per-step hashes natively and on wasm, where the
+    wasm SIMD GEMM computes (what the page selects)."""
     import asyncio
 
     from pynode.config import RunConfig
@@ -107,10 +108,34 @@ def test_training_steps_match_native_under_pyodide(runtime, bundle):
     expected = REPO / "artifacts" / "pyodide_trainer_expected.json"
     expected.parent.mkdir(exist_ok=True)
     expected.write_text(json.dumps({"config": json.loads(cfg.to_json()), "hashes": hashes,
-                                    "wasm_backend": "numpy_int"}))
+                                    "wasm_backend": "wasm_simd"}))
     proc, report = run_in_pyodide(runtime, bundle, ["tests/pyodide/trainer_cases.py"],
                                   ["artifacts/pyodide_trainer_expected.json"])
     assert report is not None, f"runner gave no results (rc {proc.returncode}):\n{proc.stderr}"
     failed = [r for r in report["results"] if r["status"] != "passed"]
     assert not failed, "\n".join(r["detail"] for r in failed)
     assert report["passed"] == 1
+
+
+def test_wasm_simd_gemm_under_pyodide(runtime, bundle):
+    """The page's wasm SIMD backend: exact gate, bit-equal to the reference, selected."""
+    proc, report = run_in_pyodide(runtime, bundle, ["tests/pyodide/wasm_gemm_cases.py"], [])
+    assert report is not None, f"runner gave no results (rc {proc.returncode}):\n{proc.stderr}"
+    failed = [r for r in report["results"] if r["status"] == "failed"]
+    assert not failed, "\n".join(f"{r['test']}:\n{r['detail']}" for r in failed)
+    skipped = [r for r in report["results"] if r["status"] == "skipped"]
+    if skipped and not report["passed"]:
+        _unavailable(skipped[0]["detail"])
+    assert report["passed"] == len(report["results"]) == 6, report["results"]
+
+
+def test_wasm_simd_is_unavailable_natively():
+    from pynode.browser_gemm import PAGE_ORDER, WasmSimdBackend, available_backends
+    from pynode.core.gemm import BackendUnavailableError
+    from pynode.unitfiles import load_default_units
+
+    with pytest.raises(BackendUnavailableError, match="only under Pyodide"):
+        WasmSimdBackend()
+    backends, skipped = available_backends(PAGE_ORDER, load_default_units().mul_lut)
+    assert [b.name for b in backends] == list(PAGE_ORDER[1:])
+    assert [name for name, _ in skipped] == ["wasm_simd"]

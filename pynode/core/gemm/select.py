@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 # needs no BLAS (the fast one under Pyodide); the reference is the oracle itself.
 BACKEND_ORDER = ("blas_float", "torch", "numpy_int", "reference")
 # Without BLAS (Pyodide's numpy) float32 matmul is a plain loop: int32 einsum measured
-# ~2x faster there (256^3: 15 ms vs 27-36 ms), so the browser passes this as `order`.
+# ~2x faster there (256^3: 15 ms vs 27-36 ms). The page puts its WebAssembly SIMD kernel
+# (pynode/browser_gemm.py, outside the core) ahead of this order.
 NO_BLAS_ORDER = ("numpy_int", "blas_float", "reference")
 
 Candidate = str | GemmBackend
