@@ -167,7 +167,7 @@ def test_without_the_flag_webgpu_is_unavailable_and_the_page_trains(plain_browse
     state = booted(page)
     assert state["state"] == "ready", state["error"]
     assert state["webgpu"].startswith("unavailable: webgpu: ") and "adapter" in state["webgpu"]
-    assert state["backend"] == "numpy_int"
+    assert state["backend"] == "wasm_simd"  # the page's first CPU backend
     assert_native_steps(train(page, SMALL), native_reference(SMALL))
     forced = open_page(plain_browser, f"{server.url}/?backend=webgpu", console)
     state = booted(forced)

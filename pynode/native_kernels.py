@@ -32,7 +32,10 @@ except ImportError:  # the reference serves
     numba = None
 
 if numba is not None:
-    jit = numba.njit(cache=True, nogil=True)
+    # error_model="numpy": IEEE division as the reference does it, without numba's
+    # zero-division check, whose branch would keep every loop with a division scalar.
+    jit = numba.njit(cache=True, nogil=True, error_model="numpy")
+    inline = numba.njit(inline="always", error_model="numpy")  # merged into the caller
 
     _QMAX = np.float32(127.0)
     _NQMAX = np.float32(-127.0)
@@ -142,16 +145,56 @@ if numba is not None:
             kbits[i] = (np.int64(k) + 1023) << 52
         scale = kbits.view(np.float64)
         for i in range(n):
-            z = r[i]
-            acc = z * _EXP_TAYLOR[8]
-            acc += _EXP_TAYLOR[7]
-            for c in range(6, -1, -1):
-                acc *= z
-                acc += _EXP_TAYLOR[c]
-            out[i] = acc * scale[i]
+            out[i] = _exp_taylor(r[i]) * scale[i]
 
-    _EXP_TAYLOR = np.array(fastmath._EXP_TAYLOR)
-    _ERFCX = np.array(fastmath._ERFCX)
+    # Horner with the coefficients unrolled: a loop over them would be the innermost loop,
+    # and LLVM vectorises innermost loops only (here: the one over elements).
+    _T = fastmath._EXP_TAYLOR
+    _E = fastmath._ERFCX
+
+    @inline
+    def _exp_taylor(z):
+        acc = z * _T[8]
+        acc += _T[7]
+        acc *= z
+        acc += _T[6]
+        acc *= z
+        acc += _T[5]
+        acc *= z
+        acc += _T[4]
+        acc *= z
+        acc += _T[3]
+        acc *= z
+        acc += _T[2]
+        acc *= z
+        acc += _T[1]
+        acc *= z
+        acc += _T[0]
+        return acc
+
+    @inline
+    def _erfcx_poly(t):
+        acc = t * _E[10]
+        acc += _E[9]
+        acc *= t
+        acc += _E[8]
+        acc *= t
+        acc += _E[7]
+        acc *= t
+        acc += _E[6]
+        acc *= t
+        acc += _E[5]
+        acc *= t
+        acc += _E[4]
+        acc *= t
+        acc += _E[3]
+        acc *= t
+        acc += _E[2]
+        acc *= t
+        acc += _E[1]
+        acc *= t
+        acc += _E[0]
+        return acc
 
     @jit
     def _gelu(x, y, dy):
@@ -163,29 +206,27 @@ if numba is not None:
         kbits = np.empty(_BLOCK, np.int64)
         for lo in range(0, n, _BLOCK):
             m = min(_BLOCK, n - lo)
+            # Block slices indexed from 0: numba's negative-index check on x[lo + i]
+            # would keep LLVM from vectorising the loops.
+            xs, ys, dys, es = x[lo : lo + m], y[lo : lo + m], dy[lo : lo + m], e[:m]
             for i in range(m):
-                v = np.float64(x[lo + i])
+                v = np.float64(xs[i])
                 arg[i] = (v * v) * -0.5
-            _exp_neg_block(arg[:m], r[:m], kbits[:m], e[:m])
+            _exp_neg_block(arg[:m], r[:m], kbits[:m], es)
             for i in range(m):
-                v = np.float64(x[lo + i])
+                v = np.float64(xs[i])
                 t = (abs(v) * fastmath._SQRT1_2) * fastmath._ERFCX_P
                 t += 1.0
                 t = 1.0 / t
                 t -= fastmath._ERFCX_T0
-                acc = t * _ERFCX[10]
-                acc += _ERFCX[9]
-                for c in range(8, -1, -1):
-                    acc *= t
-                    acc += _ERFCX[c]
-                tail = acc * e[i]
+                tail = _erfcx_poly(t) * es[i]
                 tail *= 0.5
                 cdf = 1.0 - tail if v > 0.0 else tail
-                d = e[i] * fastmath._INV_SQRT_2PI
+                d = es[i] * fastmath._INV_SQRT_2PI
                 d *= v
                 d += cdf
-                y[lo + i] = np.float32(cdf * v)
-                dy[lo + i] = np.float32(d)
+                ys[i] = np.float32(cdf * v)
+                dys[i] = np.float32(d)
 
     @jit
     def _psum_inplace(buf, n):
@@ -253,17 +294,25 @@ class NumbaKernels(Kernels):
                 and axis in (-1, -2)):
             return super().quantize(x, axis, key)
         xb = _batched(x)  # (B, R, C) f32, a view
-        q = np.empty(xb.shape, np.int8)
-        scale = np.empty(xb.shape[:2] if axis == -1 else xb.shape[::2], np.float32)
         if key is None:
             lanes = np.zeros((1, 1, 1), np.uint16)
         else:
             n = x.size
             words = rng.raw64(key, (n + 3) // 4).astype("<u8", copy=False)
             lanes = words.view("<u2")[:n].reshape(xb.shape)  # (B, R, C) u16, C order
-        kernel = _quantize_rows if axis == -1 else _quantize_cols
+        # A transposed view (x.T, p.transpose(0, 2, 1)) walks memory down its rows: scale
+        # its rows as the columns of the untransposed array instead (the same numbers).
+        swap = xb.strides[-1] > xb.strides[-2] and xb.shape[-2] > 1
+        if swap:
+            xb, lanes = xb.swapaxes(-1, -2), (lanes if key is None else lanes.swapaxes(-1, -2))
+        by_rows = (axis == -1) != swap
+        q = np.empty(xb.shape, np.int8)
+        scale = np.empty(xb.shape[:2] if by_rows else xb.shape[::2], np.float32)
+        kernel = _quantize_rows if by_rows else _quantize_cols
         if not kernel(xb, xb.view(np.int32), lanes, key is not None, q, scale):
             return super().quantize(x, axis, key)  # raises the reference's NonFiniteError
+        if swap:
+            q = q.swapaxes(-1, -2)
         return q.reshape(x.shape), scale.reshape(x.shape[:-1] if axis == -1
                                                  else x.shape[:-2] + x.shape[-1:])
 

@@ -218,7 +218,7 @@ def test_uniform16_lanes_resolution_and_moments():
     words = rng.raw64((9, 1), (lanes.size + 3) // 4)
     assert np.array_equal(lanes[:4], [(int(words[0]) >> (16 * j)) & 0xFFFF for j in range(4)])
     assert abs(float(u.mean(dtype=np.float64)) - 0.5) < 0.002
-    counts = np.bincount(lanes >> 12, minlength=16)  # top 4 bits: 16 equally likely bins
+    counts = np.bincount((lanes >> 12).astype(np.intp), minlength=16)  # top 4 bits: 16 bins
     expected = lanes.size / 16
     assert float(((counts - expected) ** 2 / expected).sum()) < 60  # chi2(15) p ~ 1e-7
 
