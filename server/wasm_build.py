@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -32,10 +31,10 @@ from pathlib import Path
 import pynode
 from pynode.core.errors import DaisyError
 from server.runtime import (
-    RuntimeFetchError,
     RuntimeIntegrityError,
     RuntimeMissingError,
     cache_root,
+    run_tool,
     sha256_file,
 )
 
@@ -96,7 +95,7 @@ def fetch_wabt(*, force: bool = False) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".fetch-", dir=target.parent) as tmp:
         tmp_path = Path(tmp)
-        _run(["npm", "pack", f"wabt@{WABT_VERSION}", "--silent"], tmp_path, "npm pack")
+        run_tool(["npm", "pack", f"wabt@{WABT_VERSION}", "--silent"], tmp_path, "npm pack")
         tarball = tmp_path / f"wabt-{WABT_VERSION}.tgz"
         digest = sha256_file(tarball)
         if digest != WABT_TARBALL_SHA256:
@@ -123,8 +122,8 @@ def fetch_wabt(*, force: bool = False) -> Path:
 def compile_wat(source: Path, out: Path) -> None:
     """wat2wasm source -o out (Node.js runs the pinned wat2wasm)."""
     tool = wat2wasm_path()
-    _run(["node", str(tool), *WAT2WASM_FLAGS, str(source), "-o", str(out)], source.parent,
-         f"wat2wasm {source.name}")
+    run_tool(["node", str(tool), *WAT2WASM_FLAGS, str(source), "-o", str(out)], source.parent,
+             f"wat2wasm {source.name}", WasmBuildError)
 
 
 def build_all(sources: list[Path] | None = None) -> list[BuildResult]:
@@ -142,16 +141,6 @@ def write(results: list[BuildResult]) -> None:
     for result in results:
         if not result.matches:
             result.target.write_bytes(result.built)
-
-
-def _run(cmd: list[str], cwd: Path, what: str) -> None:
-    try:
-        subprocess.run(cmd, cwd=cwd, check=True, capture_output=True, text=True)
-    except FileNotFoundError as exc:
-        raise RuntimeFetchError(f"{what}: `{cmd[0]}` is not installed") from exc
-    except subprocess.CalledProcessError as exc:
-        tail = (exc.stderr or exc.stdout or "").strip()[-1500:]
-        raise WasmBuildError(f"{what} failed ({' '.join(cmd)}):\n{tail}") from exc
 
 
 def main(argv: list[str] | None = None) -> int:
