@@ -89,7 +89,31 @@ def gate_rows(units) -> list[CheckRow]:
         result = "pass" if report.passed else f"FAIL at {report.failing_case}: {report.detail}"
         rows.append(CheckRow("exact gate", f"{report.cases} cases x2", result, name,
                              report.seconds))
-    return rows + kernel_rows()
+    return rows + kernel_rows() + route_rows()
+
+
+def route_rows() -> list[CheckRow]:
+    """Which gated backend computes each GEMM shape of the default model, as measured here
+    (the same tuning a training run does; exact backends, so speed is all it decides)."""
+    from pynode.config import RunConfig
+    from pynode.core.errors import DaisyError
+    from pynode.gemm_tuning import model_shapes, tune_gemm
+    from pynode.session import build_trainer
+
+    try:
+        trainer = build_trainer(RunConfig(), backend=backend_order()[0])  # untuned
+        routes = tune_gemm(trainer.gemm, model_shapes(trainer))
+    except DaisyError as exc:
+        return [CheckRow("backend per shape", "default model", f"FAIL: {exc}", "-", 0.0)]
+    rows = []
+    for r in routes:
+        kind, bs, m, k, n = r.shape
+        shape = f"{kind} {bs}x{m}x{k}x{n}" if kind == "bmm" else f"mm {m}x{k}x{n}"
+        times = " < ".join(f"{name} {t * 1e3:.3f} ms" for name, t in sorted(r.times.items(),
+                                                                             key=lambda x: x[1]))
+        rows.append(CheckRow("backend per shape", f"{shape}: {times}", "pass", r.backend,
+                             r.times[r.backend]))
+    return rows
 
 
 def kernel_rows() -> list[CheckRow]:

@@ -21,8 +21,19 @@ def test_verify_passes_on_the_shipped_units(capsys):
     assert verify.verify_command() == 0
     out = capsys.readouterr().out
     assert "verify passed" in out
-    for row in ("unit mul8", "unit requant16", "unit relu8", "LUT == integer op", "exact gate"):
+    for row in ("unit mul8", "unit requant16", "unit relu8", "LUT == integer op", "exact gate",
+                "bit generator", "kernel gate", "backend per shape"):
         assert row in out
+
+
+def test_backend_per_shape_rows_name_a_gated_backend_and_its_times():
+    rows = verify.run_checks()
+    gated = {r.backend for r in rows if r.check == "exact gate" and r.passed}
+    routes = [r for r in rows if r.check == "backend per shape"]
+    assert len(routes) >= 5  # the default model's distinct GEMM shapes
+    for r in routes:
+        assert r.backend in gated and r.backend != "reference"
+        assert r.domain.split(": ")[1].startswith(r.backend)  # listed fastest first
 
 
 def test_a_corrupted_lut_cell_fails_verify_with_its_address(monkeypatch, capsys):
