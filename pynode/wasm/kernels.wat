@@ -14,7 +14,9 @@
 ;; (each named in a comment; tests/server/test_wasm_build.py checks them against fastmath).
 ;; A kernel that meets a NaN or an Inf in its input (or a NaN it would have to return)
 ;; returns 0 and the caller runs the reference instead, so special values and refusals stay
-;; the reference's own. Every output element is written; no state is kept between calls.
+;; the reference's own; the row sums alone take every input (their adds are the reference's
+;; and a NaN sum is written as its canonical NaN). Every output element is written; no
+;; state is kept between calls.
 ;;
 ;; All arrays are contiguous and row-major. Legend: R rows, C columns, B batch, n elements
 ;; of a row; f32/f64 float32/float64, i8 int8, u16 random lanes, u8 bool mask bytes.
