@@ -1,10 +1,10 @@
-"""The page's wasm SIMD GEMM in real Chromium: exact gate and bit equality with the reference,
-and `python -m pynode bench browser` end to end.
+"""The page's wasm SIMD GEMM and hot kernels in real Chromium: exact gates and bit equality
+with the references, and `python -m pynode bench browser` end to end.
 
 A Web Worker on the server's origin boots Pyodide from /runtime/ and the pynode bundle from
 /bundle/, as the page's worker does (pynode.bench.browser.run_python_in_worker), then runs
-tests/pyodide/wasm_gemm_cases.py with the plain-function runner of the Node.js tier
-(tests/pyodide/harness.py). Every case must pass in the browser: none may skip.
+tests/pyodide/wasm_gemm_cases.py (or wasm_kernels_cases.py) with the plain-function runner
+of the Node.js tier (tests/pyodide/harness.py). Every case must pass in the browser: none may skip.
 """
 
 from __future__ import annotations
@@ -21,23 +21,36 @@ from pynode.bench.browser import run_python_in_worker
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
-HARNESS, CASES = "tests/pyodide/harness.py", "tests/pyodide/wasm_gemm_cases.py"
-RUN = f"""
+HARNESS = "tests/pyodide/harness.py"
+
+
+def run_cases(browser, server_url, cases: str) -> list[dict]:
+    """The test functions of `cases` in a Pyodide worker of the browser: their results."""
+    files = {f"/repo/{rel}": (REPO / rel).read_text() for rel in (HARNESS, cases)}
+    run = f"""
 exec(open("/repo/{HARNESS}").read())
-run_modules("/home/pyodide/bundle", ["/repo/{CASES}"])
+run_modules("/home/pyodide/bundle", ["/repo/{cases}"])
 """
+    context = browser.new_context()
+    try:
+        return json.loads(run_python_in_worker(context, server_url, run, files))
+    finally:
+        context.close()
 
 
 def test_wasm_simd_is_exact_in_chromium(browser, server_url):
-    files = {f"/repo/{rel}": (REPO / rel).read_text() for rel in (HARNESS, CASES)}
-    context = browser.new_context()
-    try:
-        results = json.loads(run_python_in_worker(context, server_url, RUN, files))
-    finally:
-        context.close()
+    results = run_cases(browser, server_url, "tests/pyodide/wasm_gemm_cases.py")
     outcome = {r["test"]: r["status"] for r in results}
     details = "\n".join(r["detail"] for r in results if r["status"] != "passed")
     assert len(outcome) == 6 and set(outcome.values()) == {"passed"}, f"{outcome}\n{details}"
+
+
+def test_wasm_kernels_are_exact_in_chromium(browser, server_url):
+    """The page's wasm hot kernels (tests/pyodide/wasm_kernels_cases.py), in Chromium's V8."""
+    results = run_cases(browser, server_url, "tests/pyodide/wasm_kernels_cases.py")
+    outcome = {r["test"]: r["status"] for r in results}
+    details = "\n".join(r["detail"] for r in results if r["status"] != "passed")
+    assert len(outcome) == 10 and set(outcome.values()) == {"passed"}, f"{outcome}\n{details}"
 
 
 def test_bench_browser_reports_a_tab_and_a_native_step():
@@ -55,6 +68,7 @@ def test_bench_browser_reports_a_tab_and_a_native_step():
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["tab_backend"] == "wasm_simd" and report["same_hash"], report
+    assert report["tab_kernels"] == "wasm", report
     assert report["native_backend"] and report["tab_over_native"] > 0
     assert report["threads"]["native_blas"] == 1 and set(report["cpu"]["flags"]) == {
         "avx2", "avx512f", "avx512_vnni", "avx_vnni"}

@@ -98,6 +98,7 @@ def test_two_tabs_train_the_native_hashes_and_the_page_stays_responsive(tabs, na
         s = status(page)
         assert s["state"] == "done", s["error"]
         assert s["gemm"] == "wasm_simd", s["checks"]  # the page's fast kernel computed
+        assert s["kernels"] == "wasm", s["checks"]  # and its hot kernels
         assert history_hashes(page) == expected
     assert status(tab)["probe"] == native_reference(SLOWER)[-1]["probe"]
 

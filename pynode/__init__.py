@@ -15,6 +15,7 @@ browser.py    the page's Python side (JS bridge mesh, start-up checks)
 webgpu_gemm.py the page's WebGPU GEMM backend (waits on the GPU through Pyodide's run_sync)
 browser_gemm.py, wasm/   the page's exact GEMM in WebAssembly SIMD (wasm_simd)
 native_kernels.py  numba-fused hot kernels, gated against core/kernels.py's reference
+browser_kernels.py the same hot kernels in WebAssembly SIMD for the page (wasm/kernels.wat)
 gemm_tuning.py the fastest gated GEMM backend per model shape, measured
 native_peer.py, signaling_client.py, cli_join.py   `python -m pynode join` (aiortc)
 __main__.py   the CLI (train, verify, bench, cluster, join)

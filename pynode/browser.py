@@ -57,6 +57,17 @@ class BrokenBackend:
         return out
 
 
+def broken_kernels(inner: Any) -> Any:
+    """Test hook (`run_checks(break_kernels=True)`): `inner` with GELU one ulp high."""
+
+    class BrokenKernels(type(inner)):
+        def gelu_with_grad(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            y, dy = super().gelu_with_grad(x)
+            return np.nextafter(y, np.float32(np.inf)), dy
+
+    return BrokenKernels()
+
+
 @dataclass
 class Checks:
     """What the start-up checks found, and what this peer computes with if they passed."""
@@ -66,17 +77,19 @@ class Checks:
     gemm: Any = None  # the gated GEMM; None unless every check passed
     backends: dict[str, Any] = field(default_factory=dict)  # name -> each candidate backend
     webgpu: str = "not checked"  # "available: <adapter>" or "unavailable: <reason>"
+    kernels: str = "numpy"  # the hot kernels the GEMM carries: "wasm" once gated, else "numpy"
 
     @property
     def ready(self) -> bool:
         return self.gemm is not None
 
     def to_json(self) -> str:
-        """{ready, backend (the GEMM in use, or null), rows: [{..., passed, skipped}],
-        webgpu (available or why not)}."""
+        """{ready, backend (the GEMM in use, or null), kernels (the hot kernels in use, or
+        null), rows: [{..., passed, skipped}], webgpu (available or why not)}."""
         return json.dumps({
             "ready": self.ready,
             "backend": self.gemm.backend_name if self.ready else None,
+            "kernels": self.kernels if self.ready else None,
             "rows": [{**r.__dict__, "passed": r.passed, "skipped": r.skipped} for r in self.rows],
             "webgpu": self.webgpu,
         })
@@ -123,13 +136,16 @@ async def run_checks_async(break_gate: bool = False, backend: str | None = None)
     return run_checks(break_gate, backend)
 
 
-def run_checks(break_gate: bool = False, backend: str | None = None) -> Checks:
+def run_checks(break_gate: bool = False, backend: str | None = None,
+               break_kernels: bool = False) -> Checks:
     """Units over their full domain, LUT == integer op, then the exact gate of each backend
     best first for a page (`page_backends`); the first that passes computes. A backend that
     cannot run here gets a `skipped` row. `backend` forces one by name (`?backend=`): it
-    must exist and pass its gate. Never raises for a failed check."""
+    must exist and pass its gate. Last the kernel gate: the wasm hot kernels go with the
+    GEMM if they pass it, else the numpy reference (`break_kernels`: a test hook that
+    breaks them). Never raises for a failed check."""
     from pynode.core.gemm import UnknownBackendError, select_gemm
-    from pynode.verify import unit_checks
+    from pynode.verify import kernel_gate, unit_checks
 
     checks = Checks()
     rows = checks.rows
@@ -141,8 +157,9 @@ def run_checks(break_gate: bool = False, backend: str | None = None) -> Checks:
                 for name, why in skipped)
     if break_gate:
         order = [BrokenBackend(b) for b in order]
+    ops, kernel_rows = kernel_gate(broken_kernels if break_kernels else None)
     try:
-        gemm = select_gemm(units, prefer=backend, order=order)
+        gemm = select_gemm(units, prefer=backend, order=order, kernels=ops)
     except (GateError, UnknownBackendError) as exc:
         missing = backend == "webgpu" and backend not in checks.backends
         why = f" ({checks.webgpu})" if missing else ""
@@ -153,7 +170,8 @@ def run_checks(break_gate: bool = False, backend: str | None = None) -> Checks:
         result = "pass" if report.passed else f"FAIL at {report.failing_case}: {report.detail}"
         rows.append(CheckRow("exact gate", f"{report.cases} shapes", result, report.backend,
                              report.seconds))
-    checks.units, checks.gemm = units, gemm
+    rows.extend(kernel_rows)
+    checks.units, checks.gemm, checks.kernels = units, gemm, ops.name
     return checks
 
 

@@ -5,8 +5,9 @@
 Pyodide's linear memory, so `WasmSimdBackend` hands it the addresses of the numpy operands
 and of a fresh int32 output array: one JS call per matmul (or per whole bmm), no copies
 between Python and the kernel. Pyodide links it as an Emscripten side module
-(`_module.loadWebAssemblyModule`, the loader of its own shared libraries), the one way it
-offers to share its memory; a runtime without that loader, or a browser without wasm SIMD,
+(`_module.loadWebAssemblyModule`, the loader of its own shared libraries, in
+`link_side_module`, which pynode/browser_kernels.py uses too), the one way it offers to share
+its memory; a runtime without that loader, or a browser without wasm SIMD,
 makes the backend unavailable and the page falls back to `numpy_int`.
 
 Like every backend it is trusted only after the exact gate (pynode/core/gemm/gate.py) and
@@ -34,20 +35,20 @@ WASM_SIMD = "wasm_simd"
 PAGE_ORDER = (WASM_SIMD, *NO_BLAS_ORDER)
 
 
-def _address(x: np.ndarray) -> int:
+def address(x: np.ndarray) -> int:
+    """Where x's data starts in linear memory (under Pyodide: the wasm address)."""
     return x.__array_interface__["data"][0]
 
 
-@functools.lru_cache(maxsize=1)
-def load_kernel() -> Callable[..., Any]:
-    """The kernel's exported function, linked into Pyodide's memory once per process.
+def link_side_module(path: Path, so_name: str) -> Any:
+    """Link the wasm module at `path` into Pyodide's memory; returns its exports (JS object).
 
     BackendUnavailableError when not under Pyodide, when this Pyodide cannot link a side
     module, or when the browser cannot compile the module (no wasm SIMD)."""
     from pynode.platform import IN_PYODIDE
 
     if not IN_PYODIDE:
-        raise BackendUnavailableError("wasm_simd runs only under Pyodide (the page)")
+        raise BackendUnavailableError(f"{path.name} runs only under Pyodide (the page)")
     import js  # only in the page
     import pyodide_js
     from pyodide.ffi import to_js
@@ -56,16 +57,21 @@ def load_kernel() -> Callable[..., Any]:
     if loader is None:
         raise BackendUnavailableError("this Pyodide has no side-module loader to share memory")
     try:
-        data = WASM_PATH.read_bytes()
+        data = path.read_bytes()
     except OSError as exc:
-        raise BackendUnavailableError(f"kernel {WASM_PATH.name} missing from the bundle") from exc
+        raise BackendUnavailableError(f"kernel {path.name} missing from the bundle") from exc
     try:
         module = js.WebAssembly.Module.new(to_js(memoryview(data)))
         flags = js.Object.fromEntries(to_js({"loadAsync": False, "nodelete": True}))
-        exports = loader(module, flags, "daisychain_gemm_i8.so", js.Object.new())
-        return getattr(exports, EXPORT)
+        return loader(module, flags, so_name, js.Object.new())
     except Exception as exc:  # a JsException: CompileError (no SIMD), LinkError, ...
-        raise BackendUnavailableError(f"cannot load the wasm SIMD kernel: {exc}") from exc
+        raise BackendUnavailableError(f"cannot load {path.name}: {exc}") from exc
+
+
+@functools.lru_cache(maxsize=1)
+def load_kernel() -> Callable[..., Any]:
+    """The GEMM kernel's exported function, linked into Pyodide's memory once per process."""
+    return getattr(link_side_module(WASM_PATH, "daisychain_gemm_i8.so"), EXPORT)
 
 
 class WasmSimdBackend(GemmBackend):
@@ -76,7 +82,7 @@ class WasmSimdBackend(GemmBackend):
     def __init__(self) -> None:
         self._kernel = load_kernel()
         self._scratch = np.empty(0, np.uint8)  # packed B, grown on demand, reused
-        self._scratch_at = _address(self._scratch)
+        self._scratch_at = address(self._scratch)
 
     def _run(self, a: np.ndarray, b: np.ndarray, bs: int, m: int, k: int, n: int) -> np.ndarray:
         a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)  # views stay views if they can
@@ -84,8 +90,8 @@ class WasmSimdBackend(GemmBackend):
         need = ((n + 7) // 8) * ((k + 1) // 2) * 32
         if self._scratch.size < need:
             self._scratch = np.empty(need, np.uint8)
-            self._scratch_at = _address(self._scratch)
-        self._kernel(_address(a), _address(b), _address(out), self._scratch_at, bs, m, k, n)
+            self._scratch_at = address(self._scratch)
+        self._kernel(address(a), address(b), address(out), self._scratch_at, bs, m, k, n)
         return out
 
     def _matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -28,17 +28,20 @@ def load_units_and_gemm(
     from pynode.core.detmath import check_float_environment
     from pynode.core.gemm import select_gemm
     from pynode.core.rng import check_bit_generator
-    from pynode.native_kernels import select_kernels
     from pynode.unitfiles import load_default_units
     from pynode.verify import backend_order
 
     check_float_environment()
     check_bit_generator()
     units = load_default_units()
-    ops, _ = select_kernels(kernels)
     order = backend_order()
-    if WASM_SIMD in order:  # the page: a backend core cannot build by name
+    if WASM_SIMD in order:  # the page: a backend core cannot build by name; wasm kernels
+        from pynode.browser_kernels import select_kernels
+
         order, _ = available_backends(order, units.mul_lut)
+    else:
+        from pynode.native_kernels import select_kernels
+    ops, _ = select_kernels(kernels)
     return units, select_gemm(units, prefer=backend, order=order, kernels=ops)
 
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -117,17 +119,43 @@ def route_rows() -> list[CheckRow]:
 
 
 def kernel_rows() -> list[CheckRow]:
-    """The gate of the native fused kernels against the numpy reference (if numba imports)."""
-    from pynode import native_kernels
+    """The gate of this platform's fast hot kernels against the numpy reference."""
+    return kernel_gate()[1]
 
-    if not native_kernels.available():
-        return [CheckRow("kernel gate", "-", "skipped: numba is not installed (the numpy "
-                         "reference serves; pip install 'daisychain[fast]')", "numba", 0.0)]
+
+def kernel_gate(wrap: Callable[[Any], Any] | None = None) -> tuple[Any, list[CheckRow]]:
+    """This platform's fast hot kernels (wasm SIMD in the page, numba natively) if they pass
+    `gate_kernels`, else the numpy reference; and the "kernel gate" row that says which.
+    `wrap` (a test hook) replaces the candidate before its gate."""
+    from pynode.core.kernels import REFERENCE, gate_kernels
+    from pynode.platform import IN_PYODIDE
+
+    if IN_PYODIDE:
+        from pynode.browser_kernels import WasmKernels
+        from pynode.core.gemm import BackendUnavailableError
+
+        try:
+            candidate = WasmKernels()
+        except BackendUnavailableError as exc:
+            return REFERENCE, [CheckRow("kernel gate", "-", f"skipped: {exc} (the numpy "
+                                        "reference serves)", WasmKernels.name, 0.0)]
+    else:
+        from pynode import native_kernels
+
+        if not native_kernels.available():
+            return REFERENCE, [CheckRow("kernel gate", "-", "skipped: numba is not installed "
+                                        "(the numpy reference serves; pip install "
+                                        "'daisychain[fast]')", "numba", 0.0)]
+        candidate = native_kernels.NumbaKernels()
+    if wrap is not None:
+        candidate = wrap(candidate)
     started = time.perf_counter()
-    report = native_kernels.gate_kernels(native_kernels.NumbaKernels())
-    result = "pass" if report.passed else f"FAIL at {report.failing_case}"
-    return [CheckRow("kernel gate", f"{report.cases} cases == numpy", result, "numba",
-                     time.perf_counter() - started)]
+    report = gate_kernels(candidate)
+    result = "pass" if report.passed else f"FAIL at {report.failing_case} (the numpy " \
+        "reference serves)"
+    row = CheckRow("kernel gate", f"{report.cases} cases == numpy", result, report.kernels,
+                   time.perf_counter() - started)
+    return (candidate if report.passed else REFERENCE), [row]
 
 
 def backend_order() -> tuple[str, ...]:

@@ -20,7 +20,8 @@ export class PageNode extends EventTarget {
       room: null, peerId: null, role: null, approved: false, private: false,
       state: "booting", step: 0, loss: null, hash: null, probe: null, leader: null,
       run: null, steps: null, members: [], error: null, checks: [], history: [], messages: [],
-      uiLatencyMs: [], bench: null, verified: false, backend: null, gemm: null, webgpu: null,
+      uiLatencyMs: [], bench: null, verified: false, backend: null, gemm: null, kernels: null,
+      webgpu: null,
     };
     this.roster = new Map(); // id -> {id, role, approved, status}
     this.info = new Map(); // id -> what that page told us on the ui channel
@@ -163,11 +164,12 @@ export class PageNode extends EventTarget {
       this.changed();
     } else if (msg.type === "checks") {
       s.checks = msg.rows;
-      Object.assign(s, { backend: msg.backend, gemm: msg.backend, webgpu: msg.webgpu });
+      Object.assign(s, { backend: msg.backend, gemm: msg.backend, kernels: msg.kernels,
+        webgpu: msg.webgpu });
       if (msg.ready) {
         s.state = "ready";
         s.verified = true;
-        this.say("info", `verified: ${msg.rows.length} checks passed; GEMM backend ${msg.backend}`);
+        this.say("info", `verified: ${msg.rows.length} checks passed; GEMM backend ${msg.backend}, kernels ${msg.kernels}`);
         this.tellPeers();
       } else {
         const bad = msg.rows.filter((r) => !r.passed && !r.skipped).map((r) => `${r.check}: ${r.result}`);

@@ -113,10 +113,10 @@ function renderChecks(s) {
   const failed = s.checks.filter((r) => !r.passed && !r.skipped);
   $("checks-line").textContent = !s.checks.length ? (s.state === "failed" ? s.error : "Loading Python…")
     : failed.length ? `FAILED: ${failed.map((r) => `${r.check} ${r.result}`).join("; ")}`
-      : `Checks passed: units == lookup tables == integer ops == GEMM backend; computing with ${s.gemm}.`;
+      : `Checks passed: units == lookup tables == integer ops == GEMM backend; computing with ${s.gemm}, kernels ${s.kernels}.`;
   $("checks-line").className = failed.length ? "error" : "";
   $("checks").tBodies[0].innerHTML = s.checks.map((r) =>
-    `<tr class="${r.passed || r.skipped ? "" : "error"}${r.backend === s.gemm && r.passed ? " in-use" : ""}"><td>${escape(r.check)}</td><td>${escape(r.domain)}</td>
+    `<tr class="${r.passed || r.skipped ? "" : "error"}${(r.backend === s.gemm || r.backend === s.kernels) && r.passed ? " in-use" : ""}"><td>${escape(r.check)}</td><td>${escape(r.domain)}</td>
       <td>${escape(r.result)}</td><td>${escape(r.backend)}</td><td>${(r.seconds * 1000).toFixed(1)}</td></tr>`).join("");
 }
 

@@ -7,10 +7,10 @@ In one run on this machine: our server (`python -m server` on 127.0.0.1) and Deb
 headless Chromium (Playwright, `executable_path` = `chromium` on PATH, never a downloaded
 browser) open one tab, which boots Pyodide, verifies and trains the config alone; then
 `python -m pynode train` trains the same config natively with one BLAS/OpenMP thread. Step
-time is the median of the steps after the first. The report names each side's GEMM backend,
-the CPU (model; avx2, avx512f, avx512_vnni, avx_vnni) and the thread counts. A last part
-times the page's GEMM backends against each other in a worker of the same browser, at the
-products a default-config step computes.
+time is the median of the steps after the first. The report names each side's GEMM backend
+and hot kernels, the CPU (model; avx2, avx512f, avx512_vnni, avx_vnni) and the thread
+counts. A last part times the page's GEMM backends against each other in a worker of the
+same browser, at the products a default-config step computes.
 
 Needs the playwright package, `chromium` on PATH and the fetched runtime
 (`python -m server.runtime fetch`). benchmarks/browser_bench.py (WebRTC all-reduce among
@@ -155,7 +155,8 @@ def wait_page(page: Any, predicate: str, timeout_ms: int) -> None:
 
 
 def tab_steps(session: BrowserSession, config: dict) -> dict:
-    """One tab boots, verifies and trains `config` alone: boot seconds, step seconds, GEMM."""
+    """One tab boots, verifies and trains `config` alone: boot seconds, step seconds, GEMM
+    backend and hot kernels."""
     started = time.perf_counter()
     page = session.tab()
     wait_page(page, "s => ['ready', 'failed'].includes(s.state)", BOOT_TIMEOUT_MS)
@@ -167,7 +168,7 @@ def tab_steps(session: BrowserSession, config: dict) -> dict:
     if s["state"] != "done":
         raise RuntimeError(f"the tab did not finish: {s['error']}")
     return {"boot_seconds": boot, "step_seconds": [h["seconds"] for h in s["history"]],
-            "backend": s["gemm"], "hash": s["hash"]}
+            "backend": s["gemm"], "kernels": s["kernels"], "hash": s["hash"]}
 
 
 def native_steps(config: dict, tmp: Path, threads: str | None = "1", popen: Any = None) -> dict:
@@ -180,8 +181,10 @@ def native_steps(config: dict, tmp: Path, threads: str | None = "1", popen: Any 
                           text=True, env=env)
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     backend = re.search(r"backend (\S+)", done.stderr)  # the CLI reports on stderr
+    kernels = re.search(r"kernels (\S+)", done.stderr)
     return {"step_seconds": [r["seconds"] for r in rows], "hash": rows[-1]["hash"],
-            "backend": backend.group(1) if backend else None}
+            "backend": backend.group(1) if backend else None,
+            "kernels": kernels.group(1) if kernels else None}
 
 
 def _per_call(f: Any, reps: int) -> float:
@@ -261,6 +264,8 @@ def measure(config: dict) -> dict:
         "same_hash": tab["hash"] == native["hash"],
         "tab_backend": tab["backend"],
         "native_backend": native["backend"],
+        "tab_kernels": tab["kernels"],
+        "native_kernels": native["kernels"],
         "tab_boot_s": tab["boot_seconds"],
         "threads": {"tab": 1, "native_blas": 1, "cores": cpu_info()["cores"]},
         "cpu": cpu_info(),
@@ -288,9 +293,11 @@ def main(argv: list[str]) -> int:
     print(f"config {cfg.to_json()}")
     print(f"cpu {cpu['model']} ({flags}); {cpu['cores']} cores; {report['chromium']}")
     print(f"tab     {report['tab_step_ms']:8.1f} ms/step  backend {report['tab_backend']:<10} "
-          f"1 thread (Pyodide worker); boot to verified {report['tab_boot_s']:.1f} s")
+          f"kernels {report['tab_kernels']!s:<6} 1 thread (Pyodide worker); boot to "
+          f"verified {report['tab_boot_s']:.1f} s")
     print(f"native  {report['native_step_ms']:8.1f} ms/step  backend "
-          f"{report['native_backend']:<10} 1 BLAS/OpenMP thread")
+          f"{report['native_backend']:<10} kernels {report['native_kernels']!s:<6} "
+          "1 BLAS/OpenMP thread")
     print(f"tab / native = {report['tab_over_native']:.2f}   same final hash: "
           f"{report['same_hash']}")
     print("page GEMM (best of 5; ms)   wasm_simd  numpy_int  speed-up  wasm GMAC/s")

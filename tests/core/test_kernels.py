@@ -149,3 +149,18 @@ def test_training_hashes_equal_with_numba_and_numpy_kernels():
         return asyncio.run(run())
 
     assert hashes(None) == hashes("numpy")
+
+
+@needs_numba
+def test_kernel_gate_row_names_the_kernels_in_use_and_a_failure_falls_back():
+    """The "kernel gate" check row (verify.py, the page's checks): natively it gates numba;
+    broken kernels (the page's test hook) fail it and the reference serves."""
+    from pynode.browser import broken_kernels
+    from pynode.verify import kernel_gate
+
+    ops, (row,) = kernel_gate()
+    assert ops.name == "numba" and (row.check, row.backend, row.result) == (
+        "kernel gate", "numba", "pass")
+    ops, (row,) = kernel_gate(broken_kernels)
+    assert ops is REFERENCE and row.backend == "numba"
+    assert row.result.startswith("FAIL at gelu"), row

@@ -90,8 +90,9 @@ def test_runner_reports_failures_and_skips(runtime, bundle):
 
 
 def test_training_steps_match_native_under_pyodide(runtime, bundle):
-    """The same 3-step run gives the same per-step hashes natively and on wasm, where the
-    wasm SIMD GEMM computes (what the page selects)."""
+    """The same 3-step run gives the same per-step hashes natively (numba kernels where
+    installed) and on wasm, where the wasm SIMD GEMM and kernels compute (what the page
+    selects)."""
     import asyncio
 
     from pynode.config import RunConfig
@@ -108,7 +109,7 @@ def test_training_steps_match_native_under_pyodide(runtime, bundle):
     expected = REPO / "artifacts" / "pyodide_trainer_expected.json"
     expected.parent.mkdir(exist_ok=True)
     expected.write_text(json.dumps({"config": json.loads(cfg.to_json()), "hashes": hashes,
-                                    "wasm_backend": "wasm_simd"}))
+                                    "wasm_backend": "wasm_simd", "wasm_kernels": "wasm"}))
     proc, report = run_in_pyodide(runtime, bundle, ["tests/pyodide/trainer_cases.py"],
                                   ["artifacts/pyodide_trainer_expected.json"])
     assert report is not None, f"runner gave no results (rc {proc.returncode}):\n{proc.stderr}"
@@ -127,6 +128,29 @@ def test_wasm_simd_gemm_under_pyodide(runtime, bundle):
     if skipped and not report["passed"]:
         _unavailable(skipped[0]["detail"])
     assert report["passed"] == len(report["results"]) == 6, report["results"]
+
+
+def test_wasm_kernels_under_pyodide(runtime, bundle):
+    """The page's wasm hot kernels: kernel gate, the reference's bytes, broken ones refused,
+    selected by the page's checks."""
+    proc, report = run_in_pyodide(runtime, bundle, ["tests/pyodide/wasm_kernels_cases.py"], [])
+    assert report is not None, f"runner gave no results (rc {proc.returncode}):\n{proc.stderr}"
+    failed = [r for r in report["results"] if r["status"] == "failed"]
+    assert not failed, "\n".join(f"{r['test']}:\n{r['detail']}" for r in failed)
+    skipped = [r for r in report["results"] if r["status"] == "skipped"]
+    if skipped and not report["passed"]:
+        _unavailable(skipped[0]["detail"])
+    assert report["passed"] == len(report["results"]) == 10, report["results"]
+
+
+def test_wasm_kernels_are_unavailable_natively():
+    from pynode.browser_kernels import WasmKernels, select_kernels
+    from pynode.core.gemm import BackendUnavailableError
+    from pynode.core.kernels import REFERENCE
+
+    with pytest.raises(BackendUnavailableError, match="only under Pyodide"):
+        WasmKernels()
+    assert select_kernels() == (REFERENCE, None)
 
 
 def test_wasm_simd_is_unavailable_natively():

@@ -26,3 +26,4 @@ def test_three_steps_match_native_hashes():
     got = [run_to_completion(trainer.step()).hash for _ in expected["hashes"]]
     assert got == expected["hashes"], f"wasm hashes {got} != native {expected['hashes']}"
     assert trainer.gemm.backend_name == expected["wasm_backend"]
+    assert trainer.gemm.kernels.name == expected["wasm_kernels"]

@@ -1,0 +1,775 @@
+;; The step's hot non-GEMM kernels in WebAssembly SIMD (128-bit), for the page.
+;;
+;; Built into kernels.wasm (checked in beside this file) by `python -m server.wasm_build
+;; build`; tests/server/test_wasm_build.py rebuilds it and compares the bytes. Loaded like
+;; gemm_i8.wasm: it imports Pyodide's own linear memory (env.memory) and works in place on
+;; numpy's buffers (pynode/browser_kernels.py passes their addresses).
+;;
+;; Each kernel performs, element by element, the IEEE operations of the numpy reference in
+;; pynode/core (quant.py, fastmath.py, detmath.psum) in the reference's order, so it gives
+;; the reference's bits: wasm float arithmetic is IEEE-754 binary32/binary64 with
+;; round-to-nearest-even and never fuses a multiply and an add (relaxed SIMD, which may, is
+;; not used); f32x4.nearest is rint (ties to even), 2**k is built from its exponent bits as
+;; the reference does, and every float constant is the reference's own, written in hex
+;; (each named in a comment; tests/server/test_wasm_build.py checks them against fastmath).
+;; A kernel that meets a NaN or an Inf in its input (or a NaN it would have to return)
+;; returns 0 and the caller runs the reference instead, so special values and refusals stay
+;; the reference's own; the row sums alone take every input (their adds are the reference's
+;; and a NaN sum is written as its canonical NaN). Every output element is written; no
+;; state is kept between calls.
+;;
+;; All arrays are contiguous and row-major. Legend: R rows, C columns, B batch, n elements
+;; of a row; f32/f64 float32/float64, i8 int8, u16 random lanes, u8 bool mask bytes.
+(module
+  ;; Emscripten dylink.0: memory size, memory alignment, table size, table alignment, all 0.
+  (@custom "dylink.0" "\01\04\00\00\00\00")
+  (import "env" "memory" (memory 0))
+
+  ;; ------------------------------------------------------------- lanes and tails
+
+  ;; The first `count` 32-bit values at p (all four when count >= 4), zeros after them; never
+  ;; reads past them.
+  (func $load32_n (param $p i32) (param $count i32) (result v128)
+    (local $v v128)
+    (if (i32.ge_u (local.get $count) (i32.const 4))
+      (then (return (v128.load (local.get $p)))))
+    (if (i32.gt_u (local.get $count) (i32.const 0))
+      (then (local.set $v (v128.load32_lane 0 (local.get $p) (local.get $v)))))
+    (if (i32.gt_u (local.get $count) (i32.const 1))
+      (then (local.set $v (v128.load32_lane offset=4 1 (local.get $p) (local.get $v)))))
+    (if (i32.gt_u (local.get $count) (i32.const 2))
+      (then (local.set $v (v128.load32_lane offset=8 2 (local.get $p) (local.get $v)))))
+    (local.get $v))
+
+  ;; Store the first `count` (all four when count >= 4) 32-bit lanes of v at p.
+  (func $store32_n (param $p i32) (param $v v128) (param $count i32)
+    (if (i32.ge_u (local.get $count) (i32.const 4))
+      (then (v128.store (local.get $p) (local.get $v)) (return)))
+    (if (i32.gt_u (local.get $count) (i32.const 0))
+      (then (v128.store32_lane 0 (local.get $p) (local.get $v))))
+    (if (i32.gt_u (local.get $count) (i32.const 1))
+      (then (v128.store32_lane offset=4 1 (local.get $p) (local.get $v))))
+    (if (i32.gt_u (local.get $count) (i32.const 2))
+      (then (v128.store32_lane offset=8 2 (local.get $p) (local.get $v)))))
+
+  ;; The first `count` u16 at p (all four when count >= 4) as i32x4, zeros after them.
+  (func $load_u16_n (param $p i32) (param $count i32) (result v128)
+    (local $v v128)
+    (if (i32.ge_u (local.get $count) (i32.const 4))
+      (then (return (i32x4.extend_low_i16x8_u (v128.load64_zero (local.get $p))))))
+    (if (i32.gt_u (local.get $count) (i32.const 0))
+      (then (local.set $v (v128.load16_lane 0 (local.get $p) (local.get $v)))))
+    (if (i32.gt_u (local.get $count) (i32.const 1))
+      (then (local.set $v (v128.load16_lane offset=2 1 (local.get $p) (local.get $v)))))
+    (if (i32.gt_u (local.get $count) (i32.const 2))
+      (then (local.set $v (v128.load16_lane offset=4 2 (local.get $p) (local.get $v)))))
+    (i32x4.extend_low_i16x8_u (local.get $v)))
+
+  ;; The first `count` mask bytes at p (all four when count >= 4) as i32x4 lanes: all ones
+  ;; where the byte is nonzero; lanes past count are clear.
+  (func $load_mask_n (param $p i32) (param $count i32) (result v128)
+    (local $v v128)
+    (if (i32.ge_u (local.get $count) (i32.const 4))
+      (then (local.set $v (v128.load32_zero (local.get $p))))
+      (else
+        (if (i32.gt_u (local.get $count) (i32.const 0))
+          (then (local.set $v (v128.load8_lane 0 (local.get $p) (local.get $v)))))
+        (if (i32.gt_u (local.get $count) (i32.const 1))
+          (then (local.set $v (v128.load8_lane offset=1 1 (local.get $p) (local.get $v)))))
+        (if (i32.gt_u (local.get $count) (i32.const 2))
+          (then (local.set $v (v128.load8_lane offset=2 2 (local.get $p) (local.get $v)))))))
+    (i32x4.ne (i32x4.extend_low_i16x8_u (i16x8.extend_low_i8x16_u (local.get $v)))
+              (v128.const i32x4 0 0 0 0)))
+
+  ;; Lanes below `count` all ones, the rest clear.
+  (func $lanes_below (param $count i32) (result v128)
+    (i32x4.gt_s (i32x4.splat (local.get $count)) (v128.const i32x4 0 1 2 3)))
+
+  ;; Store the first `count` (all four when count >= 4) i32 lanes of v, each in -127..127,
+  ;; as int8 at p.
+  (func $store_i8_n (param $p i32) (param $v v128) (param $count i32)
+    (local.set $v (i16x8.narrow_i32x4_s (local.get $v) (local.get $v)))
+    (local.set $v (i8x16.narrow_i16x8_s (local.get $v) (local.get $v)))
+    (if (i32.ge_u (local.get $count) (i32.const 4))
+      (then (v128.store32_lane 0 (local.get $p) (local.get $v)) (return)))
+    (if (i32.gt_u (local.get $count) (i32.const 0))
+      (then (v128.store8_lane 0 (local.get $p) (local.get $v))))
+    (if (i32.gt_u (local.get $count) (i32.const 1))
+      (then (v128.store8_lane offset=1 1 (local.get $p) (local.get $v))))
+    (if (i32.gt_u (local.get $count) (i32.const 2))
+      (then (v128.store8_lane offset=2 2 (local.get $p) (local.get $v)))))
+
+  ;; The largest of the four unsigned i32 lanes of v.
+  (func $hmax_u (param $v v128) (result i32)
+    (local.set $v (i32x4.max_u (local.get $v)
+      (i8x16.shuffle 8 9 10 11 12 13 14 15 0 1 2 3 4 5 6 7 (local.get $v) (local.get $v))))
+    (local.set $v (i32x4.max_u (local.get $v)
+      (i8x16.shuffle 4 5 6 7 0 1 2 3 12 13 14 15 8 9 10 11 (local.get $v) (local.get $v))))
+    (i32x4.extract_lane 0 (local.get $v)))
+
+  ;; The largest of the four f32 lanes of v (no NaN in v; which zero is kept does not matter).
+  (func $hmax_f32 (param $v v128) (result f32)
+    (local.set $v (f32x4.max (local.get $v)
+      (i8x16.shuffle 8 9 10 11 12 13 14 15 0 1 2 3 4 5 6 7 (local.get $v) (local.get $v))))
+    (local.set $v (f32x4.max (local.get $v)
+      (i8x16.shuffle 4 5 6 7 0 1 2 3 12 13 14 15 8 9 10 11 (local.get $v) (local.get $v))))
+    (f32x4.extract_lane 0 (local.get $v)))
+
+  ;; max over count f32 at p of their bit patterns with the sign cleared: monotone in |x| for
+  ;; finite values and at least 0x7F800000 exactly when one is an Inf or a NaN.
+  (func $absmax_bits (param $p i32) (param $count i32) (result i32)
+    (local $m v128) (local $j i32)
+    (block $done
+      (loop $each
+        (br_if $done (i32.gt_u (i32.add (local.get $j) (i32.const 4)) (local.get $count)))
+        (local.set $m (i32x4.max_u (local.get $m) (v128.and
+          (v128.load (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2))))
+          (v128.const i32x4 0x7FFFFFFF 0x7FFFFFFF 0x7FFFFFFF 0x7FFFFFFF))))
+        (local.set $j (i32.add (local.get $j) (i32.const 4)))
+        (br $each)))
+    (local.set $m (i32x4.max_u (local.get $m) (v128.and
+      (call $load32_n (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2)))
+                      (i32.sub (local.get $count) (local.get $j)))
+      (v128.const i32x4 0x7FFFFFFF 0x7FFFFFFF 0x7FFFFFFF 0x7FFFFFFF))))
+    (call $hmax_u (local.get $m)))
+
+  ;; ------------------------------------------------------------- quantize (quant.py)
+
+  ;; quant._scales of one finite absmax: amax / 127, 1 for an all-zero row, the smallest
+  ;; subnormal where the quotient underflows to 0.
+  (func $scale_of (param $amax f32) (result f32)
+    (local $s f32)
+    (local.set $s (f32.div (local.get $amax) (f32.const 127)))
+    (if (f32.eq (local.get $amax) (f32.const 0)) (then (return (f32.const 1))))
+    (if (f32.eq (local.get $s) (f32.const 0)) (then (return (f32.const 0x1p-149))))
+    (local.get $s))
+
+  ;; Four int8 values (as i32x4) of t = x / s: clip to [-127, 127], then rint (stochastic = 0)
+  ;; or floor(t + u) with u = lane * 2**-16 for the u16 lanes in `u` (as i32x4).
+  (func $round4 (param $t v128) (param $u v128) (param $stochastic i32) (result v128)
+    (local.set $t (f32x4.min (f32x4.max (local.get $t) (v128.const f32x4 -127 -127 -127 -127))
+                             (v128.const f32x4 127 127 127 127)))
+    (if (local.get $stochastic)
+      (then (local.set $t (f32x4.floor (f32x4.add (local.get $t)
+              (f32x4.mul (f32x4.convert_i32x4_u (local.get $u))
+                         (v128.const f32x4 0x1p-16 0x1p-16 0x1p-16 0x1p-16))))))
+      (else (local.set $t (f32x4.nearest (local.get $t)))))
+    (i32x4.trunc_sat_f32x4_s (local.get $t)))
+
+  ;; q (count,) i8 of x (count,) f32 divided by the scales at s: one scale splat (per_col = 0)
+  ;; or one per element (per_col = 1); lanes: the u16 lanes (count,), or 0 for rint. Whole
+  ;; groups of four inline; the last partial group through $round4.
+  (func $round_span (param $x i32) (param $q i32) (param $lanes i32) (param $s i32)
+                    (param $per_col i32) (param $count i32)
+    (local $j i32) (local $left i32) (local $d v128) (local $u v128) (local $t v128)
+    (local $sto i32)
+    (local.set $sto (i32.ne (local.get $lanes) (i32.const 0)))
+    (local.set $d (v128.load32_splat (local.get $s)))
+    (block $done
+      (loop $each
+        (br_if $done (i32.gt_u (i32.add (local.get $j) (i32.const 4)) (local.get $count)))
+        (if (local.get $per_col)
+          (then (local.set $d (v128.load (i32.add (local.get $s) (i32.shl (local.get $j) (i32.const 2)))))))
+        (local.set $t (f32x4.div (v128.load (i32.add (local.get $x) (i32.shl (local.get $j) (i32.const 2))))
+                                 (local.get $d)))
+        (local.set $t (f32x4.min (f32x4.max (local.get $t) (v128.const f32x4 -127 -127 -127 -127))
+                                 (v128.const f32x4 127 127 127 127)))
+        (if (local.get $sto)
+          (then (local.set $t (f32x4.floor (f32x4.add (local.get $t)
+                  (f32x4.mul (f32x4.convert_i32x4_u (i32x4.extend_low_i16x8_u (v128.load64_zero
+                               (i32.add (local.get $lanes) (i32.shl (local.get $j) (i32.const 1))))))
+                             (v128.const f32x4 0x1p-16 0x1p-16 0x1p-16 0x1p-16))))))
+          (else (local.set $t (f32x4.nearest (local.get $t)))))
+        (local.set $t (i32x4.trunc_sat_f32x4_s (local.get $t)))
+        (local.set $t (i16x8.narrow_i32x4_s (local.get $t) (local.get $t)))
+        (v128.store32_lane 0 (i32.add (local.get $q) (local.get $j))
+          (i8x16.narrow_i16x8_s (local.get $t) (local.get $t)))
+        (local.set $j (i32.add (local.get $j) (i32.const 4)))
+        (br $each)))
+    (local.set $left (i32.sub (local.get $count) (local.get $j)))
+    (if (i32.eqz (local.get $left)) (then (return)))
+    (if (local.get $per_col)
+      (then (local.set $d (call $load32_n
+        (i32.add (local.get $s) (i32.shl (local.get $j) (i32.const 2))) (local.get $left)))))
+    (if (local.get $sto)
+      (then (local.set $u (call $load_u16_n
+        (i32.add (local.get $lanes) (i32.shl (local.get $j) (i32.const 1))) (local.get $left)))))
+    (call $store_i8_n (i32.add (local.get $q) (local.get $j))
+      (call $round4
+        (f32x4.div (call $load32_n (i32.add (local.get $x) (i32.shl (local.get $j) (i32.const 2)))
+                                   (local.get $left))
+                   (local.get $d))
+        (local.get $u) (local.get $sto))
+      (local.get $left)))
+
+  ;; quant.quantize_rows / quantize_rows_stochastic: x (R, C) f32 -> q (R, C) i8, scale (R,)
+  ;; f32; lanes: (R, C) u16 random lanes, or 0 for round-to-nearest. 0 if x holds a NaN or
+  ;; an Inf.
+  (func (export "daisychain_quantize_rows")
+        (param $x i32) (param $q i32) (param $scale i32) (param $lanes i32)
+        (param $rows i32) (param $cols i32) (result i32)
+    (local $i i32) (local $m i32)
+    (block $done
+      (loop $row
+        (br_if $done (i32.ge_u (local.get $i) (local.get $rows)))
+        (local.set $m (call $absmax_bits (local.get $x) (local.get $cols)))
+        (if (i32.ge_u (local.get $m) (i32.const 0x7F800000)) (then (return (i32.const 0))))
+        (f32.store (local.get $scale) (call $scale_of (f32.reinterpret_i32 (local.get $m))))
+        (call $round_span (local.get $x) (local.get $q) (local.get $lanes) (local.get $scale)
+          (i32.const 0) (local.get $cols))
+        (local.set $x (i32.add (local.get $x) (i32.shl (local.get $cols) (i32.const 2))))
+        (local.set $q (i32.add (local.get $q) (local.get $cols)))
+        (if (local.get $lanes)
+          (then (local.set $lanes (i32.add (local.get $lanes) (i32.shl (local.get $cols) (i32.const 1))))))
+        (local.set $scale (i32.add (local.get $scale) (i32.const 4)))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $row)))
+    (i32.const 1))
+
+  ;; quant.quantize_cols / quantize_cols_stochastic: x (B, R, C) f32 -> q (B, R, C) i8,
+  ;; scale (B, C) f32 (first used for the absmax bit patterns); lanes as above, (B, R, C).
+  (func (export "daisychain_quantize_cols")
+        (param $x i32) (param $q i32) (param $scale i32) (param $lanes i32)
+        (param $batch i32) (param $rows i32) (param $cols i32) (result i32)
+    (local $b i32) (local $i i32) (local $j i32) (local $p i32) (local $at i32) (local $left i32)
+    (local $m i32) (local $row_bytes i32)
+    (local.set $row_bytes (i32.shl (local.get $cols) (i32.const 2)))
+    (block $batches_done
+      (loop $batch_loop
+        (br_if $batches_done (i32.ge_u (local.get $b) (local.get $batch)))
+        ;; column absmax bit patterns, accumulated in scale
+        (memory.fill (local.get $scale) (i32.const 0) (local.get $row_bytes))
+        (local.set $p (local.get $x))
+        (local.set $i (i32.const 0))
+        (block $rows_done
+          (loop $row
+            (br_if $rows_done (i32.ge_u (local.get $i) (local.get $rows)))
+            (local.set $j (i32.const 0))
+            (block $cols_done
+              (loop $col
+                (br_if $cols_done (i32.gt_u (i32.add (local.get $j) (i32.const 4)) (local.get $cols)))
+                (local.set $at (i32.add (local.get $scale) (i32.shl (local.get $j) (i32.const 2))))
+                (v128.store (local.get $at)
+                  (i32x4.max_u (v128.load (local.get $at))
+                    (v128.and (v128.load (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2))))
+                              (v128.const i32x4 0x7FFFFFFF 0x7FFFFFFF 0x7FFFFFFF 0x7FFFFFFF))))
+                (local.set $j (i32.add (local.get $j) (i32.const 4)))
+                (br $col)))
+            (local.set $left (i32.sub (local.get $cols) (local.get $j)))
+            (if (local.get $left)
+              (then
+                (local.set $at (i32.add (local.get $scale) (i32.shl (local.get $j) (i32.const 2))))
+                (call $store32_n (local.get $at)
+                  (i32x4.max_u (call $load32_n (local.get $at) (local.get $left))
+                    (v128.and
+                      (call $load32_n (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2)))
+                                      (local.get $left))
+                      (v128.const i32x4 0x7FFFFFFF 0x7FFFFFFF 0x7FFFFFFF 0x7FFFFFFF)))
+                  (local.get $left))))
+            (local.set $p (i32.add (local.get $p) (local.get $row_bytes)))
+            (local.set $i (i32.add (local.get $i) (i32.const 1)))
+            (br $row)))
+        ;; absmax -> scale, refusing non-finite columns
+        (local.set $j (i32.const 0))
+        (block $scales_done
+          (loop $each
+            (br_if $scales_done (i32.ge_u (local.get $j) (local.get $cols)))
+            (local.set $at (i32.add (local.get $scale) (i32.shl (local.get $j) (i32.const 2))))
+            (local.set $m (i32.load (local.get $at)))
+            (if (i32.ge_u (local.get $m) (i32.const 0x7F800000)) (then (return (i32.const 0))))
+            (f32.store (local.get $at) (call $scale_of (f32.reinterpret_i32 (local.get $m))))
+            (local.set $j (i32.add (local.get $j) (i32.const 1)))
+            (br $each)))
+        ;; round each row by the column scales
+        (local.set $i (i32.const 0))
+        (block $rounded
+          (loop $row
+            (br_if $rounded (i32.ge_u (local.get $i) (local.get $rows)))
+            (call $round_span (local.get $x) (local.get $q) (local.get $lanes) (local.get $scale)
+              (i32.const 1) (local.get $cols))
+            (local.set $x (i32.add (local.get $x) (local.get $row_bytes)))
+            (local.set $q (i32.add (local.get $q) (local.get $cols)))
+            (if (local.get $lanes)
+              (then (local.set $lanes (i32.add (local.get $lanes) (i32.shl (local.get $cols) (i32.const 1))))))
+            (local.set $i (i32.add (local.get $i) (i32.const 1)))
+            (br $row)))
+        (local.set $scale (i32.add (local.get $scale) (local.get $row_bytes)))
+        (local.set $b (i32.add (local.get $b) (i32.const 1)))
+        (br $batch_loop)))
+    (i32.const 1))
+
+  ;; ------------------------------------------------------------- epilogue (quant.py)
+
+  ;; quant.epilogue: out (B, R, C) f32 = (float32(acc) * sa[b, r]) * sb[b, c], acc (B, R, C)
+  ;; i32, sa (B, R) f32, sb (B, C) f32. 0 if a scale is NaN or Inf or a result is NaN.
+  (func (export "daisychain_epilogue")
+        (param $acc i32) (param $sa i32) (param $sb i32) (param $out i32)
+        (param $batch i32) (param $rows i32) (param $cols i32) (result i32)
+    (local $b i32) (local $i i32) (local $j i32) (local $left i32) (local $off i32)
+    (local $a v128) (local $y v128) (local $nan v128)
+    (block $batches_done
+      (loop $batch_loop
+        (br_if $batches_done (i32.ge_u (local.get $b) (local.get $batch)))
+        (if (i32.ge_u (call $absmax_bits (local.get $sb) (local.get $cols)) (i32.const 0x7F800000))
+          (then (return (i32.const 0))))
+        (local.set $i (i32.const 0))
+        (block $rows_done
+          (loop $row
+            (br_if $rows_done (i32.ge_u (local.get $i) (local.get $rows)))
+            (if (i32.ge_u (i32.and (i32.load (local.get $sa)) (i32.const 0x7FFFFFFF)) (i32.const 0x7F800000))
+              (then (return (i32.const 0))))
+            (local.set $a (v128.load32_splat (local.get $sa)))
+            (local.set $j (i32.const 0))
+            (block $cols_done
+              (loop $col
+                (br_if $cols_done (i32.gt_u (i32.add (local.get $j) (i32.const 4)) (local.get $cols)))
+                (local.set $off (i32.shl (local.get $j) (i32.const 2)))
+                (local.set $y (f32x4.mul
+                  (f32x4.mul (f32x4.convert_i32x4_s (v128.load (i32.add (local.get $acc) (local.get $off))))
+                             (local.get $a))
+                  (v128.load (i32.add (local.get $sb) (local.get $off)))))
+                (local.set $nan (v128.or (local.get $nan) (f32x4.ne (local.get $y) (local.get $y))))
+                (v128.store (i32.add (local.get $out) (local.get $off)) (local.get $y))
+                (local.set $j (i32.add (local.get $j) (i32.const 4)))
+                (br $col)))
+            (local.set $left (i32.sub (local.get $cols) (local.get $j)))
+            (if (local.get $left)
+              (then
+                (local.set $off (i32.shl (local.get $j) (i32.const 2)))
+                (local.set $y (f32x4.mul
+                  (f32x4.mul (f32x4.convert_i32x4_s
+                               (call $load32_n (i32.add (local.get $acc) (local.get $off)) (local.get $left)))
+                             (local.get $a))
+                  (call $load32_n (i32.add (local.get $sb) (local.get $off)) (local.get $left))))
+                (local.set $nan (v128.or (local.get $nan) (f32x4.ne (local.get $y) (local.get $y))))
+                (call $store32_n (i32.add (local.get $out) (local.get $off)) (local.get $y) (local.get $left))))
+            (local.set $off (i32.shl (local.get $cols) (i32.const 2)))
+            (local.set $acc (i32.add (local.get $acc) (local.get $off)))
+            (local.set $out (i32.add (local.get $out) (local.get $off)))
+            (local.set $sa (i32.add (local.get $sa) (i32.const 4)))
+            (local.set $i (i32.add (local.get $i) (i32.const 1)))
+            (br $row)))
+        (local.set $sb (i32.add (local.get $sb) (i32.shl (local.get $cols) (i32.const 2))))
+        (local.set $b (i32.add (local.get $b) (i32.const 1)))
+        (br $batch_loop)))
+    (i32.eqz (v128.any_true (local.get $nan))))
+
+  ;; ------------------------------------------------------------- exp, GELU (fastmath.py)
+
+  ;; fastmath._exp_neg of four f64 y, two per vector (finite, y <= 0 where the result is used):
+  ;; y floored at _EXP_FLOOR, k = rint(y / ln 2), r = y - k ln2_hi - k ln2_lo, Taylor to
+  ;; r**8 / 8! (Horner, innermost first), times 2**k from its exponent bits. The two vectors
+  ;; go through each step side by side, so their dependency chains overlap.
+  (func $exp_neg4 (param $y0 v128) (param $y1 v128) (result v128 v128)
+    (local $k0 v128) (local $k1 v128) (local $r0 v128) (local $r1 v128)
+    (local $a0 v128) (local $a1 v128)
+    (local.set $y0 (f64x2.max (local.get $y0) (v128.const f64x2 -0x1.b8p+6 -0x1.b8p+6)))  ;; _EXP_FLOOR
+    (local.set $y1 (f64x2.max (local.get $y1) (v128.const f64x2 -0x1.b8p+6 -0x1.b8p+6)))  ;; _EXP_FLOOR
+    (local.set $k0 (f64x2.nearest (f64x2.mul (local.get $y0)
+      (v128.const f64x2 0x1.71547652b82fep+0 0x1.71547652b82fep+0))))  ;; _INV_LN2
+    (local.set $k1 (f64x2.nearest (f64x2.mul (local.get $y1)
+      (v128.const f64x2 0x1.71547652b82fep+0 0x1.71547652b82fep+0))))  ;; _INV_LN2
+    (local.set $r0 (f64x2.sub (local.get $y0) (f64x2.mul (local.get $k0)
+      (v128.const f64x2 0x1.62e42feep-1 0x1.62e42feep-1))))  ;; _LN2_HI
+    (local.set $r1 (f64x2.sub (local.get $y1) (f64x2.mul (local.get $k1)
+      (v128.const f64x2 0x1.62e42feep-1 0x1.62e42feep-1))))  ;; _LN2_HI
+    (local.set $r0 (f64x2.sub (local.get $r0) (f64x2.mul (local.get $k0)
+      (v128.const f64x2 0x1.a39ef35793c76p-33 0x1.a39ef35793c76p-33))))  ;; _LN2_LO
+    (local.set $r1 (f64x2.sub (local.get $r1) (f64x2.mul (local.get $k1)
+      (v128.const f64x2 0x1.a39ef35793c76p-33 0x1.a39ef35793c76p-33))))  ;; _LN2_LO
+    (local.set $a0 (f64x2.mul (local.get $r0) (v128.const f64x2 0x1.a01a01a01a01ap-16 0x1.a01a01a01a01ap-16)))  ;; _EXP_TAYLOR[8]
+    (local.set $a1 (f64x2.mul (local.get $r1) (v128.const f64x2 0x1.a01a01a01a01ap-16 0x1.a01a01a01a01ap-16)))  ;; _EXP_TAYLOR[8]
+    (local.set $a0 (f64x2.add (local.get $a0) (v128.const f64x2 0x1.a01a01a01a01ap-13 0x1.a01a01a01a01ap-13)))  ;; _EXP_TAYLOR[7]
+    (local.set $a1 (f64x2.add (local.get $a1) (v128.const f64x2 0x1.a01a01a01a01ap-13 0x1.a01a01a01a01ap-13)))  ;; _EXP_TAYLOR[7]
+    (local.set $a0 (f64x2.add (f64x2.mul (local.get $a0) (local.get $r0))
+      (v128.const f64x2 0x1.6c16c16c16c17p-10 0x1.6c16c16c16c17p-10)))  ;; _EXP_TAYLOR[6]
+    (local.set $a1 (f64x2.add (f64x2.mul (local.get $a1) (local.get $r1))
+      (v128.const f64x2 0x1.6c16c16c16c17p-10 0x1.6c16c16c16c17p-10)))  ;; _EXP_TAYLOR[6]
+    (local.set $a0 (f64x2.add (f64x2.mul (local.get $a0) (local.get $r0))
+      (v128.const f64x2 0x1.1111111111111p-7 0x1.1111111111111p-7)))  ;; _EXP_TAYLOR[5]
+    (local.set $a1 (f64x2.add (f64x2.mul (local.get $a1) (local.get $r1))
+      (v128.const f64x2 0x1.1111111111111p-7 0x1.1111111111111p-7)))  ;; _EXP_TAYLOR[5]
+    (local.set $a0 (f64x2.add (f64x2.mul (local.get $a0) (local.get $r0))
+      (v128.const f64x2 0x1.5555555555555p-5 0x1.5555555555555p-5)))  ;; _EXP_TAYLOR[4]
+    (local.set $a1 (f64x2.add (f64x2.mul (local.get $a1) (local.get $r1))
+      (v128.const f64x2 0x1.5555555555555p-5 0x1.5555555555555p-5)))  ;; _EXP_TAYLOR[4]
+    (local.set $a0 (f64x2.add (f64x2.mul (local.get $a0) (local.get $r0))
+      (v128.const f64x2 0x1.5555555555555p-3 0x1.5555555555555p-3)))  ;; _EXP_TAYLOR[3]
+    (local.set $a1 (f64x2.add (f64x2.mul (local.get $a1) (local.get $r1))
+      (v128.const f64x2 0x1.5555555555555p-3 0x1.5555555555555p-3)))  ;; _EXP_TAYLOR[3]
+    (local.set $a0 (f64x2.add (f64x2.mul (local.get $a0) (local.get $r0))
+      (v128.const f64x2 0x1p-1 0x1p-1)))  ;; _EXP_TAYLOR[2]
+    (local.set $a1 (f64x2.add (f64x2.mul (local.get $a1) (local.get $r1))
+      (v128.const f64x2 0x1p-1 0x1p-1)))  ;; _EXP_TAYLOR[2]
+    (local.set $a0 (f64x2.add (f64x2.mul (local.get $a0) (local.get $r0))
+      (v128.const f64x2 0x1p+0 0x1p+0)))  ;; _EXP_TAYLOR[1]
+    (local.set $a1 (f64x2.add (f64x2.mul (local.get $a1) (local.get $r1))
+      (v128.const f64x2 0x1p+0 0x1p+0)))  ;; _EXP_TAYLOR[1]
+    (local.set $a0 (f64x2.add (f64x2.mul (local.get $a0) (local.get $r0))
+      (v128.const f64x2 0x1p+0 0x1p+0)))  ;; _EXP_TAYLOR[0]
+    (local.set $a1 (f64x2.add (f64x2.mul (local.get $a1) (local.get $r1))
+      (v128.const f64x2 0x1p+0 0x1p+0)))  ;; _EXP_TAYLOR[0]
+    ;; 2**k = (k + 1023) << 52 as f64 bits; k >= -159 here, a normal number
+    (f64x2.mul (local.get $a0)
+      (i64x2.shl (i64x2.add (i64x2.extend_low_i32x4_s (i32x4.trunc_sat_f64x2_s_zero (local.get $k0)))
+                            (v128.const i64x2 1023 1023))
+                 (i32.const 52)))
+    (f64x2.mul (local.get $a1)
+      (i64x2.shl (i64x2.add (i64x2.extend_low_i32x4_s (i32x4.trunc_sat_f64x2_s_zero (local.get $k1)))
+                            (v128.const i64x2 1023 1023))
+                 (i32.const 52))))
+
+  ;; fastmath._gelu_chunk of four finite f64 v, two per vector: gelu(v0), gelu'(v0), gelu(v1),
+  ;; gelu'(v1), the two vectors side by side.
+  (func $gelu4 (param $v0 v128) (param $v1 v128) (result v128 v128 v128 v128)
+    (local $e0 v128) (local $e1 v128) (local $t0 v128) (local $t1 v128)
+    (local $a0 v128) (local $a1 v128) (local $c0 v128) (local $c1 v128)
+    (call $exp_neg4
+      (f64x2.mul (f64x2.mul (local.get $v0) (local.get $v0)) (v128.const f64x2 -0.5 -0.5))
+      (f64x2.mul (f64x2.mul (local.get $v1) (local.get $v1)) (v128.const f64x2 -0.5 -0.5)))
+    (local.set $e1)
+    (local.set $e0)
+    (local.set $t0 (f64x2.mul (f64x2.mul (f64x2.abs (local.get $v0))
+      (v128.const f64x2 0x1.6a09e667f3bcdp-1 0x1.6a09e667f3bcdp-1))  ;; _SQRT1_2
+      (v128.const f64x2 0x1.999999999999ap-2 0x1.999999999999ap-2)))  ;; _ERFCX_P
+    (local.set $t1 (f64x2.mul (f64x2.mul (f64x2.abs (local.get $v1))
+      (v128.const f64x2 0x1.6a09e667f3bcdp-1 0x1.6a09e667f3bcdp-1))  ;; _SQRT1_2
+      (v128.const f64x2 0x1.999999999999ap-2 0x1.999999999999ap-2)))  ;; _ERFCX_P
+    (local.set $t0 (f64x2.add (local.get $t0) (v128.const f64x2 1 1)))
+    (local.set $t1 (f64x2.add (local.get $t1) (v128.const f64x2 1 1)))
+    (local.set $t0 (f64x2.div (v128.const f64x2 1 1) (local.get $t0)))
+    (local.set $t1 (f64x2.div (v128.const f64x2 1 1) (local.get $t1)))
+    (local.set $t0 (f64x2.sub (local.get $t0)
+      (v128.const f64x2 0x1.26c9b26c9b26cp-1 0x1.26c9b26c9b26cp-1)))  ;; _ERFCX_T0
+    (local.set $t1 (f64x2.sub (local.get $t1)
+      (v128.const f64x2 0x1.26c9b26c9b26cp-1 0x1.26c9b26c9b26cp-1)))  ;; _ERFCX_T0
+    (local.set $a0 (f64x2.mul (local.get $t0) (v128.const f64x2 -0x1.0d27a9538a79p-5 -0x1.0d27a9538a79p-5)))  ;; _ERFCX[10]
+    (local.set $a1 (f64x2.mul (local.get $t1) (v128.const f64x2 -0x1.0d27a9538a79p-5 -0x1.0d27a9538a79p-5)))  ;; _ERFCX[10]
+    (local.set $a0 (f64x2.add (local.get $a0) (v128.const f64x2 0x1.c7d4044e35f15p-6 0x1.c7d4044e35f15p-6)))  ;; _ERFCX[9]
+    (local.set $a1 (f64x2.add (local.get $a1) (v128.const f64x2 0x1.c7d4044e35f15p-6 0x1.c7d4044e35f15p-6)))  ;; _ERFCX[9]
+    (local.set $a0 (f64x2.add (f64x2.mul (local.get $a0) (local.get $t0))
+      (v128.const f64x2 0x1.6484330280439p-4 0x1.6484330280439p-4)))  ;; _ERFCX[8]
+    (local.set $a1 (f64x2.add (f64x2.mul (local.get $a1) (local.get $t1))
+      (v128.const f64x2 0x1.6484330280439p-4 0x1.6484330280439p-4)))  ;; _ERFCX[8]
+    (local.set $a0 (f64x2.add (f64x2.mul (local.get $a0) (local.get $t0))
+      (v128.const f64x2 -0x1.09d168266b6adp-4 -0x1.09d168266b6adp-4)))  ;; _ERFCX[7]
+    (local.set $a1 (f64x2.add (f64x2.mul (local.get $a1) (local.get $t1))
+      (v128.const f64x2 -0x1.09d168266b6adp-4 -0x1.09d168266b6adp-4)))  ;; _ERFCX[7]
+    (local.set $a0 (f64x2.add (f64x2.mul (local.get $a0) (local.get $t0))
+      (v128.const f64x2 -0x1.bb498b3faad23p-3 -0x1.bb498b3faad23p-3)))  ;; _ERFCX[6]
+    (local.set $a1 (f64x2.add (f64x2.mul (local.get $a1) (local.get $t1))
+      (v128.const f64x2 -0x1.bb498b3faad23p-3 -0x1.bb498b3faad23p-3)))  ;; _ERFCX[6]
+    (local.set $a0 (f64x2.add (f64x2.mul (local.get $a0) (local.get $t0))
+      (v128.const f64x2 0x1.402c5a9bb3143p-5 0x1.402c5a9bb3143p-5)))  ;; _ERFCX[5]
+    (local.set $a1 (f64x2.add (f64x2.mul (local.get $a1) (local.get $t1))
+      (v128.const f64x2 0x1.402c5a9bb3143p-5 0x1.402c5a9bb3143p-5)))  ;; _ERFCX[5]
+    (local.set $a0 (f64x2.add (f64x2.mul (local.get $a0) (local.get $t0))
+      (v128.const f64x2 0x1.57910c10b588ep-1 0x1.57910c10b588ep-1)))  ;; _ERFCX[4]
+    (local.set $a1 (f64x2.add (f64x2.mul (local.get $a1) (local.get $t1))
+      (v128.const f64x2 0x1.57910c10b588ep-1 0x1.57910c10b588ep-1)))  ;; _ERFCX[4]
+    (local.set $a0 (f64x2.add (f64x2.mul (local.get $a0) (local.get $t0))
+      (v128.const f64x2 0x1.33171f83ca933p+0 0x1.33171f83ca933p+0)))  ;; _ERFCX[3]
+    (local.set $a1 (f64x2.add (f64x2.mul (local.get $a1) (local.get $t1))
+      (v128.const f64x2 0x1.33171f83ca933p+0 0x1.33171f83ca933p+0)))  ;; _ERFCX[3]
+    (local.set $a0 (f64x2.add (f64x2.mul (local.get $a0) (local.get $t0))
+      (v128.const f64x2 0x1.41b3b8b69a9fep+0 0x1.41b3b8b69a9fep+0)))  ;; _ERFCX[2]
+    (local.set $a1 (f64x2.add (f64x2.mul (local.get $a1) (local.get $t1))
+      (v128.const f64x2 0x1.41b3b8b69a9fep+0 0x1.41b3b8b69a9fep+0)))  ;; _ERFCX[2]
+    (local.set $a0 (f64x2.add (f64x2.mul (local.get $a0) (local.get $t0))
+      (v128.const f64x2 0x1.d42967a6e0ff5p-1 0x1.d42967a6e0ff5p-1)))  ;; _ERFCX[1]
+    (local.set $a1 (f64x2.add (f64x2.mul (local.get $a1) (local.get $t1))
+      (v128.const f64x2 0x1.d42967a6e0ff5p-1 0x1.d42967a6e0ff5p-1)))  ;; _ERFCX[1]
+    (local.set $a0 (f64x2.add (f64x2.mul (local.get $a0) (local.get $t0))
+      (v128.const f64x2 0x1.17ecf679fabffp-2 0x1.17ecf679fabffp-2)))  ;; _ERFCX[0]
+    (local.set $a1 (f64x2.add (f64x2.mul (local.get $a1) (local.get $t1))
+      (v128.const f64x2 0x1.17ecf679fabffp-2 0x1.17ecf679fabffp-2)))  ;; _ERFCX[0]
+    ;; Phi(-|v|) = erfcx(|v| / sqrt 2) exp(-v*v/2) / 2; Phi(v) by the sign of v
+    (local.set $a0 (f64x2.mul (f64x2.mul (local.get $a0) (local.get $e0)) (v128.const f64x2 0.5 0.5)))
+    (local.set $a1 (f64x2.mul (f64x2.mul (local.get $a1) (local.get $e1)) (v128.const f64x2 0.5 0.5)))
+    (local.set $c0 (v128.bitselect
+      (f64x2.sub (v128.const f64x2 1 1) (local.get $a0)) (local.get $a0)
+      (f64x2.gt (local.get $v0) (v128.const f64x2 0 0))))
+    (local.set $c1 (v128.bitselect
+      (f64x2.sub (v128.const f64x2 1 1) (local.get $a1)) (local.get $a1)
+      (f64x2.gt (local.get $v1) (v128.const f64x2 0 0))))
+    ;; gelu = Phi(v) v; gelu' = Phi(v) + v phi(v)
+    (f64x2.mul (local.get $c0) (local.get $v0))
+    (f64x2.add (f64x2.mul (f64x2.mul (local.get $e0)
+      (v128.const f64x2 0x1.9884533d43651p-2 0x1.9884533d43651p-2))  ;; _INV_SQRT_2PI
+      (local.get $v0)) (local.get $c0))
+    (f64x2.mul (local.get $c1) (local.get $v1))
+    (f64x2.add (f64x2.mul (f64x2.mul (local.get $e1)
+      (v128.const f64x2 0x1.9884533d43651p-2 0x1.9884533d43651p-2))  ;; _INV_SQRT_2PI
+      (local.get $v1)) (local.get $c1)))
+
+  ;; fastmath.gelu_with_grad: x (n,) f32 -> y, dy (n,) f32, each rounded once from f64.
+  ;; 0 if x holds a NaN or an Inf.
+  (func (export "daisychain_gelu")
+        (param $x i32) (param $y i32) (param $dy i32) (param $n i32) (result i32)
+    (local $j i32) (local $left i32) (local $off i32) (local $v v128) (local $bits v128)
+    (local $y0 v128) (local $d0 v128) (local $y1 v128) (local $d1 v128)
+    (block $done
+      (loop $each
+        (br_if $done (i32.ge_u (local.get $j) (local.get $n)))
+        (local.set $left (i32.sub (local.get $n) (local.get $j)))
+        (local.set $off (i32.shl (local.get $j) (i32.const 2)))
+        (local.set $v (call $load32_n (i32.add (local.get $x) (local.get $off)) (local.get $left)))
+        (local.set $bits (i32x4.max_u (local.get $bits)
+          (v128.and (local.get $v) (v128.const i32x4 0x7FFFFFFF 0x7FFFFFFF 0x7FFFFFFF 0x7FFFFFFF))))
+        (call $gelu4 (f64x2.promote_low_f32x4 (local.get $v))
+          (f64x2.promote_low_f32x4
+            (i8x16.shuffle 8 9 10 11 12 13 14 15 8 9 10 11 12 13 14 15 (local.get $v) (local.get $v))))
+        (local.set $d1)
+        (local.set $y1)
+        (local.set $d0)
+        (local.set $y0)
+        (call $store32_n (i32.add (local.get $y) (local.get $off))
+          (i8x16.shuffle 0 1 2 3 4 5 6 7 16 17 18 19 20 21 22 23
+            (f32x4.demote_f64x2_zero (local.get $y0)) (f32x4.demote_f64x2_zero (local.get $y1)))
+          (local.get $left))
+        (call $store32_n (i32.add (local.get $dy) (local.get $off))
+          (i8x16.shuffle 0 1 2 3 4 5 6 7 16 17 18 19 20 21 22 23
+            (f32x4.demote_f64x2_zero (local.get $d0)) (f32x4.demote_f64x2_zero (local.get $d1)))
+          (local.get $left))
+        (local.set $j (i32.add (local.get $j) (i32.const 4)))
+        (br $each)))
+    (i32.lt_u (call $hmax_u (local.get $bits)) (i32.const 0x7F800000)))
+
+  ;; ------------------------------------------------------------- pinned sums (detmath.psum)
+
+  ;; detmath.psum's tree over buf (n,) f64 in place: each level adds element i + ceil(n/2) to
+  ;; element i; returns the sum. n >= 1.
+  (func $tree_f64 (param $buf i32) (param $n i32) (result f64)
+    (local $half i32) (local $m i32) (local $i i32) (local $p i32) (local $gap i32)
+    (block $done
+      (loop $level
+        (br_if $done (i32.le_u (local.get $n) (i32.const 1)))
+        (local.set $half (i32.shr_u (i32.add (local.get $n) (i32.const 1)) (i32.const 1)))
+        (local.set $m (i32.sub (local.get $n) (local.get $half)))
+        (local.set $gap (i32.shl (local.get $half) (i32.const 3)))
+        (local.set $i (i32.const 0))
+        (block $pairs_done
+          (loop $pairs
+            (br_if $pairs_done (i32.gt_u (i32.add (local.get $i) (i32.const 2)) (local.get $m)))
+            (local.set $p (i32.add (local.get $buf) (i32.shl (local.get $i) (i32.const 3))))
+            (v128.store (local.get $p) (f64x2.add (v128.load (local.get $p))
+                                                  (v128.load (i32.add (local.get $p) (local.get $gap)))))
+            (local.set $i (i32.add (local.get $i) (i32.const 2)))
+            (br $pairs)))
+        (if (i32.lt_u (local.get $i) (local.get $m))
+          (then
+            (local.set $p (i32.add (local.get $buf) (i32.shl (local.get $i) (i32.const 3))))
+            (f64.store (local.get $p) (f64.add (f64.load (local.get $p))
+                                               (f64.load (i32.add (local.get $p) (local.get $gap)))))))
+        (local.set $n (local.get $half))
+        (br $level)))
+    (f64.load (local.get $buf)))
+
+  ;; The same tree over buf (n,) f32.
+  (func $tree_f32 (param $buf i32) (param $n i32) (result f32)
+    (local $half i32) (local $m i32) (local $i i32) (local $p i32) (local $gap i32)
+    (block $done
+      (loop $level
+        (br_if $done (i32.le_u (local.get $n) (i32.const 1)))
+        (local.set $half (i32.shr_u (i32.add (local.get $n) (i32.const 1)) (i32.const 1)))
+        (local.set $m (i32.sub (local.get $n) (local.get $half)))
+        (local.set $gap (i32.shl (local.get $half) (i32.const 2)))
+        (local.set $i (i32.const 0))
+        (block $quads_done
+          (loop $quads
+            (br_if $quads_done (i32.gt_u (i32.add (local.get $i) (i32.const 4)) (local.get $m)))
+            (local.set $p (i32.add (local.get $buf) (i32.shl (local.get $i) (i32.const 2))))
+            (v128.store (local.get $p) (f32x4.add (v128.load (local.get $p))
+                                                  (v128.load (i32.add (local.get $p) (local.get $gap)))))
+            (local.set $i (i32.add (local.get $i) (i32.const 4)))
+            (br $quads)))
+        (block $rest_done
+          (loop $rest
+            (br_if $rest_done (i32.ge_u (local.get $i) (local.get $m)))
+            (local.set $p (i32.add (local.get $buf) (i32.shl (local.get $i) (i32.const 2))))
+            (f32.store (local.get $p) (f32.add (f32.load (local.get $p))
+                                               (f32.load (i32.add (local.get $p) (local.get $gap)))))
+            (local.set $i (i32.add (local.get $i) (i32.const 1)))
+            (br $rest)))
+        (local.set $n (local.get $half))
+        (br $level)))
+    (f32.load (local.get $buf)))
+
+  ;; detmath.psum over the last axis: x (R, n) f32 -> out (R,) f32; scratch holds n f32. Every
+  ;; input is taken (Inf arithmetic is deterministic); a NaN sum is written as the reference's
+  ;; canonical NaN, so the bits are the reference's for any input.
+  (func (export "daisychain_psum_rows_f32")
+        (param $x i32) (param $out i32) (param $scratch i32) (param $rows i32) (param $n i32)
+    (local $i i32) (local $s f32) (local $bytes i32)
+    (local.set $bytes (i32.shl (local.get $n) (i32.const 2)))
+    (block $done
+      (loop $row
+        (br_if $done (i32.ge_u (local.get $i) (local.get $rows)))
+        (memory.copy (local.get $scratch) (local.get $x) (local.get $bytes))
+        (local.set $s (call $tree_f32 (local.get $scratch) (local.get $n)))
+        (if (f32.ne (local.get $s) (local.get $s))
+          (then (local.set $s (f32.reinterpret_i32 (i32.const 0x7FC00000)))))
+        (f32.store (local.get $out) (local.get $s))
+        (local.set $x (i32.add (local.get $x) (local.get $bytes)))
+        (local.set $out (i32.add (local.get $out) (i32.const 4)))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $row))))
+
+  ;; The same for x (R, n) f64 -> out (R,) f64; scratch holds n f64.
+  (func (export "daisychain_psum_rows_f64")
+        (param $x i32) (param $out i32) (param $scratch i32) (param $rows i32) (param $n i32)
+    (local $i i32) (local $s f64) (local $bytes i32)
+    (local.set $bytes (i32.shl (local.get $n) (i32.const 3)))
+    (block $done
+      (loop $row
+        (br_if $done (i32.ge_u (local.get $i) (local.get $rows)))
+        (memory.copy (local.get $scratch) (local.get $x) (local.get $bytes))
+        (local.set $s (call $tree_f64 (local.get $scratch) (local.get $n)))
+        (if (f64.ne (local.get $s) (local.get $s))
+          (then (local.set $s (f64.reinterpret_i64 (i64.const 0x7FF8000000000000)))))
+        (f64.store (local.get $out) (local.get $s))
+        (local.set $x (i32.add (local.get $x) (local.get $bytes)))
+        (local.set $out (i32.add (local.get $out) (i32.const 8)))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $row))))
+
+  ;; ------------------------------------------------------------- softmax (fastmath.py)
+
+  ;; fastmath.softmax_rows (and the parts of log_softmax_parts) over x (R, n) f32:
+  ;;   top = max of the row's kept entries (f32), e = exp(f64(x) - top) where kept, else 0,
+  ;;   total = the psum tree of e (f64), out = f32(e / total).
+  ;; mask: 0 (every entry kept) or the address of (period, n) u8, row r using mask row
+  ;; r % period. totals (R,) f64 and tops (R,) f32 are written unless totals is 0. scratch
+  ;; holds 2n f64. 0 if x holds a NaN or an Inf anywhere, or a row keeps no entry.
+  (func (export "daisychain_softmax")
+        (param $x i32) (param $mask i32) (param $period i32) (param $out i32)
+        (param $totals i32) (param $tops i32) (param $scratch i32)
+        (param $rows i32) (param $n i32) (result i32)
+    (local $i i32) (local $j i32) (local $left i32) (local $mrow i32) (local $buf i32)
+    (local $v v128) (local $bits v128) (local $tv v128) (local $keep v128) (local $e v128)
+    (local $e1 v128) (local $at i32) (local $top f32) (local $top64 v128) (local $total f64) (local $tot v128)
+    (local.set $buf (i32.add (local.get $scratch) (i32.shl (local.get $n) (i32.const 3))))
+    (block $rows_done
+      (loop $row
+        (br_if $rows_done (i32.ge_u (local.get $i) (local.get $rows)))
+        (if (local.get $mask)
+          (then (local.set $mrow (i32.add (local.get $mask)
+            (i32.mul (i32.rem_u (local.get $i) (local.get $period)) (local.get $n))))))
+        ;; top of the kept entries; every entry must be finite
+        (local.set $tv (v128.const f32x4 -inf -inf -inf -inf))
+        (local.set $bits (v128.const i32x4 0 0 0 0))
+        (local.set $j (i32.const 0))
+        (block $top_done
+          (loop $top_loop
+            (br_if $top_done (i32.ge_u (local.get $j) (local.get $n)))
+            (local.set $left (i32.sub (local.get $n) (local.get $j)))
+            (local.set $v (call $load32_n (i32.add (local.get $x) (i32.shl (local.get $j) (i32.const 2)))
+                                          (local.get $left)))
+            (local.set $bits (i32x4.max_u (local.get $bits)
+              (v128.and (local.get $v) (v128.const i32x4 0x7FFFFFFF 0x7FFFFFFF 0x7FFFFFFF 0x7FFFFFFF))))
+            (if (local.get $mask)
+              (then (local.set $keep (call $load_mask_n (i32.add (local.get $mrow) (local.get $j))
+                                                         (local.get $left))))
+              (else (local.set $keep (call $lanes_below (local.get $left)))))
+            (local.set $tv (f32x4.max (local.get $tv)
+              (v128.bitselect (local.get $v) (v128.const f32x4 -inf -inf -inf -inf) (local.get $keep))))
+            (local.set $j (i32.add (local.get $j) (i32.const 4)))
+            (br $top_loop)))
+        (if (i32.ge_u (call $hmax_u (local.get $bits)) (i32.const 0x7F800000))
+          (then (return (i32.const 0))))
+        (local.set $top (call $hmax_f32 (local.get $tv)))
+        (if (f32.eq (local.get $top) (f32.const -inf)) (then (return (i32.const 0))))
+        (local.set $top64 (f64x2.splat (f64.promote_f32 (local.get $top))))
+        ;; e into scratch and buf: four at a time (none computed where all four are masked),
+        ;; then two, then the last one alone
+        (local.set $j (i32.const 0))
+        (block $quads_done
+          (loop $quads
+            (br_if $quads_done (i32.gt_u (i32.add (local.get $j) (i32.const 4)) (local.get $n)))
+            (local.set $v (v128.load (i32.add (local.get $x) (i32.shl (local.get $j) (i32.const 2)))))
+            (local.set $keep (v128.const i32x4 -1 -1 -1 -1))
+            (if (local.get $mask)
+              (then (local.set $keep (call $load_mask_n (i32.add (local.get $mrow) (local.get $j))
+                                                        (i32.const 4)))))
+            (if (v128.any_true (local.get $keep))
+              (then
+                (call $exp_neg4
+                  (f64x2.sub (f64x2.promote_low_f32x4 (local.get $v)) (local.get $top64))
+                  (f64x2.sub (f64x2.promote_low_f32x4 (i8x16.shuffle 8 9 10 11 12 13 14 15 8 9 10 11 12 13 14 15
+                                                        (local.get $v) (local.get $v)))
+                             (local.get $top64)))
+                (local.set $e1)
+                (local.set $e)
+                (local.set $e (v128.and (local.get $e) (i64x2.extend_low_i32x4_s (local.get $keep))))
+                (local.set $e1 (v128.and (local.get $e1) (i64x2.extend_high_i32x4_s (local.get $keep)))))
+              (else
+                (local.set $e (v128.const i64x2 0 0))
+                (local.set $e1 (v128.const i64x2 0 0))))
+            (local.set $at (i32.add (local.get $scratch) (i32.shl (local.get $j) (i32.const 3))))
+            (v128.store (local.get $at) (local.get $e))
+            (v128.store offset=16 (local.get $at) (local.get $e1))
+            (local.set $at (i32.add (local.get $buf) (i32.shl (local.get $j) (i32.const 3))))
+            (v128.store (local.get $at) (local.get $e))
+            (v128.store offset=16 (local.get $at) (local.get $e1))
+            (local.set $j (i32.add (local.get $j) (i32.const 4)))
+            (br $quads)))
+        (block $exp_done
+          (loop $exp_loop
+            (br_if $exp_done (i32.ge_u (local.get $j) (local.get $n)))
+            (local.set $left (i32.sub (local.get $n) (local.get $j)))
+            (if (i32.ge_u (local.get $left) (i32.const 2))
+              (then
+                (local.set $v (f64x2.promote_low_f32x4
+                  (v128.load64_zero (i32.add (local.get $x) (i32.shl (local.get $j) (i32.const 2))))))
+                (local.set $keep (v128.const i64x2 -1 -1))
+                (if (local.get $mask)
+                  (then (local.set $keep (i64x2.ne
+                    (i64x2.extend_low_i32x4_u (i32x4.extend_low_i16x8_u (i16x8.extend_low_i8x16_u
+                      (v128.load16_splat (i32.add (local.get $mrow) (local.get $j))))))
+                    (v128.const i64x2 0 0))))))
+              (else
+                (local.set $v (f64x2.splat (f64.promote_f32
+                  (f32.load (i32.add (local.get $x) (i32.shl (local.get $j) (i32.const 2)))))))
+                (local.set $keep (v128.const i64x2 -1 -1))
+                (if (local.get $mask)
+                  (then (if (i32.eqz (i32.load8_u (i32.add (local.get $mrow) (local.get $j))))
+                    (then (local.set $keep (v128.const i64x2 0 0))))))))
+            (local.set $v (f64x2.sub (local.get $v) (local.get $top64)))
+            (call $exp_neg4 (local.get $v) (local.get $v))
+            (drop)
+            (local.set $e)
+            (local.set $e (v128.and (local.get $keep) (local.get $e)))
+            (if (i32.ge_u (local.get $left) (i32.const 2))
+              (then
+                (v128.store (i32.add (local.get $scratch) (i32.shl (local.get $j) (i32.const 3))) (local.get $e))
+                (v128.store (i32.add (local.get $buf) (i32.shl (local.get $j) (i32.const 3))) (local.get $e)))
+              (else
+                (v128.store64_lane 0 (i32.add (local.get $scratch) (i32.shl (local.get $j) (i32.const 3))) (local.get $e))
+                (v128.store64_lane 0 (i32.add (local.get $buf) (i32.shl (local.get $j) (i32.const 3))) (local.get $e))))
+            (local.set $j (i32.add (local.get $j) (i32.const 2)))
+            (br $exp_loop)))
+        (local.set $total (call $tree_f64 (local.get $buf) (local.get $n)))
+        (local.set $tot (f64x2.splat (local.get $total)))
+        ;; out = f32(e / total)
+        (local.set $j (i32.const 0))
+        (block $div_done
+          (loop $div_loop
+            (br_if $div_done (i32.ge_u (local.get $j) (local.get $n)))
+            (local.set $v (f32x4.demote_f64x2_zero (f64x2.div
+              (v128.load (i32.add (local.get $scratch) (i32.shl (local.get $j) (i32.const 3))))
+              (local.get $tot))))
+            (if (i32.ge_u (i32.sub (local.get $n) (local.get $j)) (i32.const 2))
+              (then (v128.store64_lane 0 (i32.add (local.get $out) (i32.shl (local.get $j) (i32.const 2))) (local.get $v)))
+              (else (v128.store32_lane 0 (i32.add (local.get $out) (i32.shl (local.get $j) (i32.const 2))) (local.get $v))))
+            (local.set $j (i32.add (local.get $j) (i32.const 2)))
+            (br $div_loop)))
+        (if (local.get $totals)
+          (then
+            (f64.store (i32.add (local.get $totals) (i32.shl (local.get $i) (i32.const 3))) (local.get $total))
+            (f32.store (i32.add (local.get $tops) (i32.shl (local.get $i) (i32.const 2))) (local.get $top))))
+        (local.set $x (i32.add (local.get $x) (i32.shl (local.get $n) (i32.const 2))))
+        (local.set $out (i32.add (local.get $out) (i32.shl (local.get $n) (i32.const 2))))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $row)))
+    (i32.const 1))
+)
