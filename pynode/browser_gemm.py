@@ -45,10 +45,19 @@ def link_side_module(path: Path, so_name: str) -> Any:
 
     BackendUnavailableError when not under Pyodide, when this Pyodide cannot link a side
     module, or when the browser cannot compile the module (no wasm SIMD)."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise BackendUnavailableError(f"kernel {path.name} missing from the bundle") from exc
+    return link_wasm_bytes(data, path.name, so_name)
+
+
+def link_wasm_bytes(data: bytes, name: str, so_name: str) -> Any:
+    """`link_side_module` for a module given as bytes (`name` for messages)."""
     from pynode.platform import IN_PYODIDE
 
     if not IN_PYODIDE:
-        raise BackendUnavailableError(f"{path.name} runs only under Pyodide (the page)")
+        raise BackendUnavailableError(f"{name} runs only under Pyodide (the page)")
     import js  # only in the page
     import pyodide_js
     from pyodide.ffi import to_js
@@ -57,15 +66,11 @@ def link_side_module(path: Path, so_name: str) -> Any:
     if loader is None:
         raise BackendUnavailableError("this Pyodide has no side-module loader to share memory")
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise BackendUnavailableError(f"kernel {path.name} missing from the bundle") from exc
-    try:
         module = js.WebAssembly.Module.new(to_js(memoryview(data)))
         flags = js.Object.fromEntries(to_js({"loadAsync": False, "nodelete": True}))
         return loader(module, flags, so_name, js.Object.new())
     except Exception as exc:  # a JsException: CompileError (no SIMD), LinkError, ...
-        raise BackendUnavailableError(f"cannot load {path.name}: {exc}") from exc
+        raise BackendUnavailableError(f"cannot load {name}: {exc}") from exc
 
 
 @functools.lru_cache(maxsize=1)

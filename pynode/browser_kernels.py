@@ -7,7 +7,8 @@ is one JS call on the addresses of numpy arrays, with no copies. `WasmKernels` o
 every hot kernel of `Kernels` (pynode/core/kernels.py), as `NumbaKernels` does natively;
 what a kernel does not handle (other dtypes, empty or 0-d arrays) and any input with a NaN
 or an Inf go to the reference, so refusals and special values are the reference's own.
-Stochastic rounding reads the same 16-bit lanes of `rng.raw64` as the reference. The page
+Stochastic rounding reads the same 16-bit lanes of `rng.raw64` as the reference (drawn by
+the wasm Philox, `browser_philox.raw64_wasm`, which equals it word for word). The page
 computes with these kernels only after `gate_kernels` passed (`select_kernels`).
 
 Legend: B batch, R rows, C columns, n elements of a row; f32 float32, f64 float64.
@@ -24,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from pynode.browser_gemm import address, link_side_module
-from pynode.core import detmath, rng
+from pynode.browser_philox import raw64_wasm
+from pynode.core import detmath
 from pynode.core.gemm import BackendUnavailableError
 from pynode.core.kernels import REFERENCE, KernelGateReport, Kernels, gate_kernels
 
@@ -65,7 +67,7 @@ class WasmKernels(Kernels):
         rows, cols = x.shape[-2:]
         q = np.empty(x.shape, np.int8)
         # Lane i of the stream rounds element i in C order, as in the reference.
-        words = None if key is None else rng.raw64(key, (x.size + 3) // 4)  # (n/4,) u64
+        words = None if key is None else raw64_wasm(key, (x.size + 3) // 4)  # (n/4,) u64
         lanes = 0 if words is None else address(words)
         if axis == -1:
             scale = np.empty(x.shape[:-1], np.float32)  # (..., R) f32

@@ -136,7 +136,7 @@ def philox4x64(counter: np.ndarray, key: tuple[int, int]) -> np.ndarray:
     return np.stack([c0, c1, c2, c3])
 
 
-def _key_words64(key: Sequence[int]) -> tuple[list[int], list[int]]:
+def key_words64(key: Sequence[int]) -> tuple[list[int], list[int]]:
     """([k0, k1], [0, 0, c2, c3]) of numpy's Philox for a key, from BLAKE2b."""
     digest = hashlib.blake2b(_canonical_key(key), digest_size=32, person=_KEY_PERSON_64).digest()
     w = [int.from_bytes(digest[i : i + 8], "little") for i in range(0, 32, 8)]
@@ -145,7 +145,7 @@ def _key_words64(key: Sequence[int]) -> tuple[list[int], list[int]]:
 
 def raw64(key: Sequence[int], n: int) -> np.ndarray:
     """The first n 64-bit words of the key's Philox4x64 stream, (n,) uint64, at C speed."""
-    k, c = _key_words64(key)
+    k, c = key_words64(key)
     # uint64 arrays: numpy would read a list of large ints as float64 and round them.
     bit_generator = np.random.Philox(key=np.array(k, np.uint64), counter=np.array(c, np.uint64))
     return bit_generator.random_raw(n)
@@ -153,7 +153,7 @@ def raw64(key: Sequence[int], n: int) -> np.ndarray:
 
 def raw64_reference(key: Sequence[int], n: int) -> np.ndarray:
     """`raw64` computed by `philox4x64` (the oracle); same bits, much slower."""
-    k, c = _key_words64(key)
+    k, c = key_words64(key)
     blocks = (n + 3) // 4
     index = np.arange(1, blocks + 1, dtype=np.uint64)  # numpy counts before its first block
     counter = np.stack([index, np.zeros_like(index), np.full_like(index, c[2]),

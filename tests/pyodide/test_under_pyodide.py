@@ -12,6 +12,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from server.bundle import build_bundle
@@ -163,3 +164,33 @@ def test_wasm_simd_is_unavailable_natively():
     backends, skipped = available_backends(PAGE_ORDER, load_default_units().mul_lut)
     assert [b.name for b in backends] == list(PAGE_ORDER[1:])
     assert [name for name, _ in skipped] == ["wasm_simd"]
+
+
+def test_wasm_philox_under_pyodide(runtime, bundle, record_property):
+    """The page's wasm Philox4x64: numpy's words bit for bit, checked, faster than numpy."""
+    proc, report = run_in_pyodide(runtime, bundle, ["tests/pyodide/wasm_philox_cases.py"], [])
+    assert report is not None, f"runner gave no results (rc {proc.returncode}):\n{proc.stderr}"
+    failed = [r for r in report["results"] if r["status"] == "failed"]
+    assert not failed, "\n".join(f"{r['test']}:\n{r['detail']}" for r in failed)
+    skipped = [r for r in report["results"] if r["status"] == "skipped"]
+    if skipped and not report["passed"]:
+        _unavailable(skipped[0]["detail"])
+    assert report["passed"] == len(report["results"]) == 6, report["results"]
+    (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("PHILOX_BENCH ")]
+    bench = json.loads(line[len("PHILOX_BENCH "):])
+    for name in ("numpy_words_per_s", "wasm_words_per_s"):
+        record_property(f"philox_{name}", round(bench[name]))
+    print(f"Philox4x64 under Pyodide, {bench['words']} words: numpy "
+          f"{bench['numpy_words_per_s'] / 1e6:.1f} M words/s, wasm "
+          f"{bench['wasm_words_per_s'] / 1e6:.1f} M words/s")
+
+
+def test_wasm_philox_falls_back_to_numpy_natively():
+    from pynode import browser_philox
+    from pynode.core import rng
+
+    assert not browser_philox.available()
+    for key, n in [((), 0), ((1, 2), 7), ((2**64 - 1, 2**200), 1001)]:
+        assert np.array_equal(browser_philox.raw64_wasm(key, n), rng.raw64(key, n))
+    with pytest.raises(browser_philox.PhiloxKernelError, match="only under Pyodide"):
+        browser_philox.load_kernel()
