@@ -171,8 +171,23 @@ def run_checks(break_gate: bool = False, backend: str | None = None,
         rows.append(CheckRow("exact gate", f"{report.cases} shapes", result, report.backend,
                              report.seconds))
     rows.extend(kernel_rows)
+    rows.append(philox_row())
     checks.units, checks.gemm, checks.kernels = units, gemm, ops.name
     return checks
+
+
+def philox_row() -> CheckRow:
+    """Whether the stochastic-rounding draws run on the wasm Philox (its words equalled the
+    oracle's) or on numpy's Philox (the same words, slower)."""
+    import time
+
+    from pynode import browser_philox
+
+    started = time.perf_counter()
+    result = "pass" if browser_philox.available() else (
+        "skipped: numpy's Philox draws instead (same words; see the console for why)")
+    return CheckRow("wasm Philox", "== Philox4x64 oracle", result, "wasm",
+                    time.perf_counter() - started)
 
 
 def case_operands(case: dict) -> tuple[np.ndarray, np.ndarray]:
