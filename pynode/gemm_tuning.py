@@ -57,24 +57,35 @@ def macs(shapes: set[Shape]) -> int:
     return sum(bs * m * k * n for _, bs, m, k, n in shapes)
 
 
-def seconds(backend: Any, shape: Shape, repeats: int = 3, give_up: float = float("inf")) -> float:
-    """Best of `repeats` calls (after a warm-up) of `backend` on random int8 operands of
-    `shape`; a backend whose first timed call took over `give_up` seconds stops there."""
-    kind, bs, m, k, n = shape
+def _operands(shape: Shape) -> tuple[np.ndarray, np.ndarray]:
+    _, bs, m, k, n = shape
     g = np.random.default_rng(0)
-    a = g.integers(-127, 128, (bs, m, k), dtype=np.int8)
-    b = g.integers(-127, 128, (bs, k, n), dtype=np.int8)
-    call = (lambda: backend.bmm(a, b)) if kind == "bmm" else (lambda: backend.matmul(a[0], b[0]))
-    call()  # warm-up: first-call allocations, kernel JIT, lazy initialisation
+    return (g.integers(-127, 128, (bs, m, k), dtype=np.int8),
+            g.integers(-127, 128, (bs, k, n), dtype=np.int8))
+
+
+def _call(backend: Any, shape: Shape, a: np.ndarray, b: np.ndarray) -> float:
     started = time.perf_counter()
-    call()
-    best = time.perf_counter() - started
-    if best > give_up:
-        return best
-    for _ in range(repeats - 1):
-        started = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - started)
+    if shape[0] == "bmm":
+        backend.bmm(a, b)
+    else:
+        backend.matmul(a[0], b[0])
+    return time.perf_counter() - started
+
+
+def best_times(candidates: list[Any], shape: Shape, rounds: int = 3) -> dict[str, float]:
+    """Best call time of each backend on random int8 operands of `shape`, after a warm-up
+    call each (first-call allocations, kernel JIT). The candidates take turns round by
+    round, so a burst of load from other processes hits them alike; one already 4x
+    slower than the first after its first round is not timed further."""
+    a, b = _operands(shape)
+    for c in candidates:
+        _call(c, shape, a, b)
+    best = {c.name: _call(c, shape, a, b) for c in candidates}
+    alive = [c for c in candidates if best[c.name] <= 4 * best[candidates[0].name]]
+    for _ in range(rounds - 1):
+        for c in alive:
+            best[c.name] = min(best[c.name], _call(c, shape, a, b))
     return best
 
 
@@ -91,9 +102,7 @@ def tune_gemm(gemm: Any, shapes: set[Shape], margin: float = 0.9) -> list[Route]
     candidates = gemm.alternatives()
     routes = []
     for shape in sorted(shapes, key=lambda s: -s[1] * s[2] * s[3] * s[4]):
-        times = {gemm.backend.name: seconds(gemm.backend, shape)}
-        for c in candidates[1:]:
-            times[c.name] = seconds(c, shape, give_up=4 * times[gemm.backend.name])
+        times = best_times(candidates, shape)
         best = min(candidates, key=lambda c: times[c.name])
         if best is not gemm.backend and times[best.name] < margin * times[gemm.backend.name]:
             gemm.routes[shape] = best
