@@ -443,3 +443,30 @@ def test_bench_reports_every_backend(monkeypatch, capsys):
         r["exact"] and r["gops"] > 0 and r["ratio_vs_f32"] > 0 for r in rows[:-1] if "m" in r
     )
     assert rows[-1]["bench"] == "gemm_audit" and rows[-1]["cells"] >= 9
+
+
+@pytest.mark.parametrize("name", ["blas_float", "torch", "numpy_int", "reference"])
+def test_operand_edges_named_errors_or_exact_results(name):
+    """Subclasses are refused by name (np.matrix and masked arrays change what indexing and
+    products mean); a negative stride on a size-1 axis, which numpy calls contiguous and
+    torch refuses, gives the exact product on every backend."""
+    from pynode.core.errors import ShapeError
+    from pynode.core.gemm import BackendUnavailableError, make_backend
+    from pynode.unitfiles import load_default_units
+
+    try:
+        backend = make_backend(name, load_default_units().mul_lut)
+    except BackendUnavailableError as exc:
+        pytest.skip(str(exc))
+    g = np.random.default_rng(7)
+    b = g.integers(-128, 128, (5, 3), dtype=np.int8)
+    flipped = g.integers(-128, 128, (1, 5), dtype=np.int8)[::-1]
+    assert flipped.strides[0] < 0 and flipped.flags.c_contiguous
+    want = flipped.astype(np.int64) @ b.astype(np.int64)
+    assert np.array_equal(backend.matmul(flipped, b), want)
+    assert np.array_equal(backend.bmm(flipped[None], b[None])[0], want)
+    plain = g.integers(-128, 128, (4, 5), dtype=np.int8)
+    masked = np.ma.masked_array(plain, mask=np.eye(4, 5, dtype=bool))
+    for subclass in (masked, np.matrix(plain)):
+        with pytest.raises(ShapeError, match="subclass"):
+            backend.matmul(subclass, b)

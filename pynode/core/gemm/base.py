@@ -3,7 +3,8 @@
 A backend computes C = A @ B exactly for int8 operands with int32 results. The public
 `matmul` / `bmm` of `GemmBackend` refuse bad operands before any work is done, return an
 all-zero result for empty shapes, and hand the rest to the backend's `_matmul` / `_bmm`,
-which may assume int8 operands with 1 <= M, N and 1 <= K <= MAX_K (any strides).
+which may assume plain int8 ndarrays (no subclass) with 1 <= M, N and 1 <= K <= MAX_K
+and no negative stride (any other strides).
 
 Legend: B batch, M rows, K reduction length, N columns.
 """
@@ -33,8 +34,23 @@ def _desc(x: object) -> str:
 
 
 def _check_int8(what: str, x: object, ndim: int) -> None:
+    if isinstance(x, np.ndarray) and type(x) is not np.ndarray:
+        # np.matrix and masked arrays redefine indexing and products: a kernel written for
+        # plain arrays would compute something else (the LUT reference ignored a mask)
+        raise ShapeError(f"{what} must be a plain numpy array, got the subclass "
+                         f"{type(x).__name__}; pass np.asarray(x) (masked values included)")
     if not isinstance(x, np.ndarray) or x.dtype != np.int8 or x.ndim != ndim:
         raise ShapeError(f"{what} must be a {ndim}-d int8 array, got {_desc(x)}")
+
+
+def normalise(x: np.ndarray) -> np.ndarray:
+    """x with no negative stride (a copy if it has one), so every backend can take it.
+
+    numpy calls an array with a negative stride on a size-1 axis contiguous, so
+    np.ascontiguousarray keeps it, and torch.from_numpy then refuses it."""
+    if any(s < 0 for s in x.strides):
+        return x.copy(order="C")
+    return x
 
 
 def _check_k(k: int) -> None:
@@ -76,14 +92,14 @@ class GemmBackend:
         m, k, n = check_matmul(a, b)
         if m == 0 or k == 0 or n == 0:
             return np.zeros((m, n), np.int32)
-        return self._matmul(a, b)
+        return self._matmul(normalise(a), normalise(b))
 
     def bmm(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """a (B, M, K) int8 @ b (B, K, N) int8 -> (B, M, N) int32, a fresh array."""
         bs, m, k, n = check_bmm(a, b)
         if bs == 0 or m == 0 or k == 0 or n == 0:
             return np.zeros((bs, m, n), np.int32)
-        return self._bmm(a, b)
+        return self._bmm(normalise(a), normalise(b))
 
     def _matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         raise NotImplementedError
