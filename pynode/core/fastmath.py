@@ -9,8 +9,9 @@ temporaries stay in cache, and rounds once to float32. Measured and tested bound
     gelu_with_grad   gelu within 1 ulp; the gradient within 1 ulp + 2**-30 absolute
                      (it crosses zero near x = -0.75, where no relative bound holds)
     softmax_rows     within 1 ulp + 2**-149 absolute (results below 2**-126 lose bits)
-    log_softmax_parts  probabilities as softmax_rows; logsumexp within 1 ulp + 2**-24
-                       absolute (relative bounds fail where the result is near zero)
+    log_softmax_parts  probabilities as softmax_rows; logsumexp within 1 ulp + 2**-50
+                       absolute (no ulp bound holds near a zero result: rounding the
+                       float64 sum 1 + tiny costs ~2**-53 absolute, millions of ulps)
 
 detmath's correctly rounded functions stay the oracles. Inputs are float32 arrays;
 NaN in gives the canonical NaN out; +-inf follow the limits (gelu(-inf) = -0.0).

@@ -72,7 +72,27 @@ def test_log_softmax_parts_match_softmax_and_bound_logsumexp():
     assert np.array_equal(probs, fastmath.softmax_rows(x))
     want = detmath._logsumexp_rows(x.astype(np.float64))[:, 0]
     err = np.abs(lse.astype(np.float64) - want)
-    assert np.all(err <= np.spacing(np.abs(want.astype(F32))) + 2.0**-24)
+    assert np.all(err <= np.spacing(np.abs(want.astype(F32))) + 2.0**-50)
+
+
+def test_logsumexp_near_a_zero_result_needs_and_keeps_the_absolute_term():
+    """lse = log(1 + tiny): against mpmath, the error is ~2**-53 absolute, millions of ulps
+    of the result, so the bound is 1 ulp + 2**-50 and no ulp bound alone could hold."""
+    mpmath = pytest.importorskip("mpmath")
+    mpmath.mp.dps = 50
+    g = np.random.default_rng(6)
+    x = np.full((200, 16), F32(-30))
+    x[:, 1:] = -g.uniform(30, 40, (200, 15)).astype(F32)  # lse of rows with max 0: ~1e-14
+    x[:, 0] = g.choice(np.array([0.0, -1e-3, 1e-5, -1e-30], F32), 200)
+    _, lse = fastmath.log_softmax_parts(x)
+    worst_ulps = 0.0
+    for row, got in zip(x, lse, strict=True):
+        exact = mpmath.log(mpmath.fsum(mpmath.exp(mpmath.mpf(float(v))) for v in row))
+        err = abs(float(got) - float(exact))
+        ulp = float(np.spacing(np.abs(F32(float(exact)))))
+        assert err <= ulp + 2.0**-50
+        worst_ulps = max(worst_ulps, err / ulp)
+    assert worst_ulps > 1e3  # the absolute term is really needed
 
 
 def test_causal_mask_keeps_later_keys_out():
