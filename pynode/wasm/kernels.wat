@@ -156,6 +156,36 @@
       (else (local.set $t (f32x4.nearest (local.get $t)))))
     (i32x4.trunc_sat_f32x4_s (local.get $t)))
 
+  ;; $round_span's round-to-nearest groups of eight: the same operations on two vectors a
+  ;; step, stored as eight int8 at once. Returns how many elements it rounded.
+  (func $round_span_rint8 (param $x i32) (param $q i32) (param $s i32) (param $per_col i32)
+                          (param $count i32) (result i32)
+    (local $j i32) (local $d0 v128) (local $d1 v128) (local $t0 v128) (local $t1 v128)
+    (local $at i32)
+    (local.set $d0 (v128.load32_splat (local.get $s)))
+    (local.set $d1 (local.get $d0))
+    (block $done
+      (loop $each
+        (br_if $done (i32.gt_u (i32.add (local.get $j) (i32.const 8)) (local.get $count)))
+        (local.set $at (i32.shl (local.get $j) (i32.const 2)))
+        (if (local.get $per_col)
+          (then (local.set $d0 (v128.load (i32.add (local.get $s) (local.get $at))))
+                (local.set $d1 (v128.load offset=16 (i32.add (local.get $s) (local.get $at))))))
+        (local.set $t0 (f32x4.div (v128.load (i32.add (local.get $x) (local.get $at))) (local.get $d0)))
+        (local.set $t1 (f32x4.div (v128.load offset=16 (i32.add (local.get $x) (local.get $at)))
+                                  (local.get $d1)))
+        (local.set $t0 (f32x4.nearest (f32x4.min (f32x4.max (local.get $t0)
+          (v128.const f32x4 -127 -127 -127 -127)) (v128.const f32x4 127 127 127 127))))
+        (local.set $t1 (f32x4.nearest (f32x4.min (f32x4.max (local.get $t1)
+          (v128.const f32x4 -127 -127 -127 -127)) (v128.const f32x4 127 127 127 127))))
+        (local.set $t0 (i16x8.narrow_i32x4_s (i32x4.trunc_sat_f32x4_s (local.get $t0))
+                                             (i32x4.trunc_sat_f32x4_s (local.get $t1))))
+        (v128.store64_lane 0 (i32.add (local.get $q) (local.get $j))
+          (i8x16.narrow_i16x8_s (local.get $t0) (local.get $t0)))
+        (local.set $j (i32.add (local.get $j) (i32.const 8)))
+        (br $each)))
+    (local.get $j))
+
   ;; q (count,) i8 of x (count,) f32 divided by the scales at s: one scale splat (per_col = 0)
   ;; or one per element (per_col = 1); lanes: the u16 lanes (count,), or 0 for rint. Whole
   ;; groups of four inline; the last partial group through $round4.
@@ -165,6 +195,9 @@
     (local $sto i32)
     (local.set $sto (i32.ne (local.get $lanes) (i32.const 0)))
     (local.set $d (v128.load32_splat (local.get $s)))
+    (if (i32.eqz (local.get $sto))
+      (then (local.set $j (call $round_span_rint8 (local.get $x) (local.get $q) (local.get $s)
+                                                   (local.get $per_col) (local.get $count)))))
     (block $done
       (loop $each
         (br_if $done (i32.gt_u (i32.add (local.get $j) (i32.const 4)) (local.get $count)))
