@@ -144,12 +144,15 @@
     (if (f32.eq (local.get $s) (f32.const 0)) (then (return (f32.const 0x1p-149))))
     (local.get $s))
 
+  ;; Clips use pmin/pmax (`b < a ? b : a`, one instruction each on x64; V8 emulates the
+  ;; NaN and signed-zero rules of min/max): t is never a NaN, and a bound is never a zero, so
+  ;; both give the same values.
   ;; Four int8 values (as i32x4) of t = x / s: clip to [-127, 127], then rint (stochastic = 0)
   ;; or floor(t + u) with u = lane * 2**-16 for the u16 lanes in `u` (as i32x4). A lane is
   ;; below 2**16, so the signed conversion (one instruction; V8 emulates the unsigned one)
   ;; gives its exact value too.
   (func $round4 (param $t v128) (param $u v128) (param $stochastic i32) (result v128)
-    (local.set $t (f32x4.min (f32x4.max (local.get $t) (v128.const f32x4 -127 -127 -127 -127))
+    (local.set $t (f32x4.pmin (f32x4.pmax (local.get $t) (v128.const f32x4 -127 -127 -127 -127))
                              (v128.const f32x4 127 127 127 127)))
     (if (local.get $stochastic)
       (then (local.set $t (f32x4.floor (f32x4.add (local.get $t)
@@ -176,9 +179,9 @@
         (local.set $t0 (f32x4.div (v128.load (i32.add (local.get $x) (local.get $at))) (local.get $d0)))
         (local.set $t1 (f32x4.div (v128.load offset=16 (i32.add (local.get $x) (local.get $at)))
                                   (local.get $d1)))
-        (local.set $t0 (f32x4.nearest (f32x4.min (f32x4.max (local.get $t0)
+        (local.set $t0 (f32x4.nearest (f32x4.pmin (f32x4.pmax (local.get $t0)
           (v128.const f32x4 -127 -127 -127 -127)) (v128.const f32x4 127 127 127 127))))
-        (local.set $t1 (f32x4.nearest (f32x4.min (f32x4.max (local.get $t1)
+        (local.set $t1 (f32x4.nearest (f32x4.pmin (f32x4.pmax (local.get $t1)
           (v128.const f32x4 -127 -127 -127 -127)) (v128.const f32x4 127 127 127 127))))
         (local.set $t0 (i16x8.narrow_i32x4_s (i32x4.trunc_sat_f32x4_s (local.get $t0))
                                              (i32x4.trunc_sat_f32x4_s (local.get $t1))))
@@ -208,12 +211,12 @@
                                   (local.get $d1)))
         (local.set $u (v128.load (i32.add (local.get $lanes) (i32.shl (local.get $j) (i32.const 1)))))
         (local.set $t0 (f32x4.floor (f32x4.add
-          (f32x4.min (f32x4.max (local.get $t0) (v128.const f32x4 -127 -127 -127 -127))
+          (f32x4.pmin (f32x4.pmax (local.get $t0) (v128.const f32x4 -127 -127 -127 -127))
                      (v128.const f32x4 127 127 127 127))
           (f32x4.mul (f32x4.convert_i32x4_s (i32x4.extend_low_i16x8_u (local.get $u)))
                      (v128.const f32x4 0x1p-16 0x1p-16 0x1p-16 0x1p-16)))))
         (local.set $t1 (f32x4.floor (f32x4.add
-          (f32x4.min (f32x4.max (local.get $t1) (v128.const f32x4 -127 -127 -127 -127))
+          (f32x4.pmin (f32x4.pmax (local.get $t1) (v128.const f32x4 -127 -127 -127 -127))
                      (v128.const f32x4 127 127 127 127))
           (f32x4.mul (f32x4.convert_i32x4_s (i32x4.extend_high_i16x8_u (local.get $u)))
                      (v128.const f32x4 0x1p-16 0x1p-16 0x1p-16 0x1p-16)))))
@@ -247,7 +250,7 @@
           (then (local.set $d (v128.load (i32.add (local.get $s) (i32.shl (local.get $j) (i32.const 2)))))))
         (local.set $t (f32x4.div (v128.load (i32.add (local.get $x) (i32.shl (local.get $j) (i32.const 2))))
                                  (local.get $d)))
-        (local.set $t (f32x4.min (f32x4.max (local.get $t) (v128.const f32x4 -127 -127 -127 -127))
+        (local.set $t (f32x4.pmin (f32x4.pmax (local.get $t) (v128.const f32x4 -127 -127 -127 -127))
                                  (v128.const f32x4 127 127 127 127)))
         (if (local.get $sto)
           (then (local.set $t (f32x4.floor (f32x4.add (local.get $t)
@@ -438,8 +441,9 @@
   (func $exp_neg4 (param $y0 v128) (param $y1 v128) (result v128 v128)
     (local $k0 v128) (local $k1 v128) (local $r0 v128) (local $r1 v128)
     (local $a0 v128) (local $a1 v128)
-    (local.set $y0 (f64x2.max (local.get $y0) (v128.const f64x2 -0x1.b8p+6 -0x1.b8p+6)))  ;; _EXP_FLOOR
-    (local.set $y1 (f64x2.max (local.get $y1) (v128.const f64x2 -0x1.b8p+6 -0x1.b8p+6)))  ;; _EXP_FLOOR
+    ;; pmax (one instruction): y is never a NaN here (-inf at worst) and the floor not a zero
+    (local.set $y0 (f64x2.pmax (local.get $y0) (v128.const f64x2 -0x1.b8p+6 -0x1.b8p+6)))  ;; _EXP_FLOOR
+    (local.set $y1 (f64x2.pmax (local.get $y1) (v128.const f64x2 -0x1.b8p+6 -0x1.b8p+6)))  ;; _EXP_FLOOR
     (local.set $k0 (f64x2.nearest (f64x2.mul (local.get $y0)
       (v128.const f64x2 0x1.71547652b82fep+0 0x1.71547652b82fep+0))))  ;; _INV_LN2
     (local.set $k1 (f64x2.nearest (f64x2.mul (local.get $y1)
