@@ -86,13 +86,13 @@ class WasmSimdBackend(GemmBackend):
 
     def __init__(self) -> None:
         self._kernel = load_kernel()
-        self._scratch = np.empty(0, np.uint8)  # packed B, grown on demand, reused
+        self._scratch = np.empty(0, np.uint8)  # packed B and A, grown on demand, reused
         self._scratch_at = address(self._scratch)
 
     def _run(self, a: np.ndarray, b: np.ndarray, bs: int, m: int, k: int, n: int) -> np.ndarray:
         a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)  # views stay views if they can
         out = np.empty((bs, m, n), np.int32)  # (B, M, N) int32, every cell written
-        need = ((n + 7) // 8) * ((k + 1) // 2) * 32
+        need = ((n + 7) // 8) * ((k + 1) // 2) * 32 + m * ((k + 1) // 2) * 4  # B, A packed
         if self._scratch.size < need:
             self._scratch = np.empty(need, np.uint8)
             self._scratch_at = address(self._scratch)

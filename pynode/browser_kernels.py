@@ -63,23 +63,39 @@ class WasmKernels(Kernels):
     def quantize(self, x, axis, key):
         if not (_f32(x, 2) and axis in (-1, -2)):
             return super().quantize(x, axis, key)
-        xc = np.ascontiguousarray(x)  # (..., R, C) f32
-        rows, cols = x.shape[-2:]
-        q = np.empty(x.shape, np.int8)
+        if key is None and not x.flags.c_contiguous and x.swapaxes(-1, -2).flags.c_contiguous:
+            # A transposed view (x.T, k.transpose(0, 2, 1)): its rows are the columns of the
+            # contiguous xt, so the other axis's kernel takes the same elements, the same
+            # max and the same divisions (rounding to nearest draws no lanes, so element
+            # order does not matter); only the int8 result is transposed, a quarter of the
+            # bytes of copying x.
+            done = self._quantize(x.swapaxes(-1, -2), -2 if axis == -1 else -1, None)
+            if done is not None:
+                qt, scale = done  # (..., C, R) i8
+                return np.ascontiguousarray(qt.swapaxes(-1, -2)), scale  # (..., R, C) i8
+        else:
+            done = self._quantize(np.ascontiguousarray(x), axis, key)
+        if done is None:
+            return super().quantize(x, axis, key)  # raises the reference's NonFiniteError
+        return done
+
+    def _quantize(self, xc, axis, key):
+        """(q, scale) of a contiguous xc (..., R, C) f32 by the kernels; None where it
+        holds a NaN or an Inf."""
+        rows, cols = xc.shape[-2:]
+        q = np.empty(xc.shape, np.int8)
         # Lane i of the stream rounds element i in C order, as in the reference.
-        words = None if key is None else raw64_wasm(key, (x.size + 3) // 4)  # (n/4,) u64
+        words = None if key is None else raw64_wasm(key, (xc.size + 3) // 4)  # (n/4,) u64
         lanes = 0 if words is None else address(words)
         if axis == -1:
-            scale = np.empty(x.shape[:-1], np.float32)  # (..., R) f32
+            scale = np.empty(xc.shape[:-1], np.float32)  # (..., R) f32
             ok = self._fn["quantize_rows"](address(xc), address(q), address(scale), lanes,
-                                           x.size // cols, cols)
+                                           xc.size // cols, cols)
         else:
-            scale = np.empty(x.shape[:-2] + (cols,), np.float32)  # (..., C) f32
+            scale = np.empty(xc.shape[:-2] + (cols,), np.float32)  # (..., C) f32
             ok = self._fn["quantize_cols"](address(xc), address(q), address(scale), lanes,
-                                           x.size // (rows * cols), rows, cols)
-        if not ok:
-            return super().quantize(x, axis, key)  # raises the reference's NonFiniteError
-        return q, scale
+                                           xc.size // (rows * cols), rows, cols)
+        return (q, scale) if ok else None
 
     def epilogue(self, acc, sa, sb):
         ok = (isinstance(acc, np.ndarray) and acc.dtype == np.int32 and acc.ndim >= 2

@@ -38,18 +38,20 @@ def to_fixed(g: np.ndarray, frac_bits: int = DEFAULT_FRAC_BITS) -> np.ndarray:
     g = np.asarray(g)
     if g.dtype != np.float32:
         raise ShapeError(f"to_fixed takes float32 gradients, got {g.dtype}")
-    bad = ~np.isfinite(g)
-    if bad.any():
+    if not np.isfinite(g).all():
+        bad = ~np.isfinite(g)
         first = np.unravel_index(int(np.argmax(bad)), g.shape) if g.ndim else ()
         raise NonFiniteError(
             f"{int(bad.sum())} non-finite gradient value(s), first {g[first]} at index {first}"
         )
     # float32 -> float64 is exact and ldexp only moves the exponent, so the product is
     # exact; rint then rounds half to even exactly once.
-    scaled = np.rint(np.ldexp(g.astype(np.float64), frac_bits))  # (...) float64
+    scaled = g.astype(np.float64)  # (...) float64, a fresh array: rounded in place
+    np.rint(np.ldexp(scaled, frac_bits, out=scaled), out=scaled)
     limit = float(VALUE_BOUND)
-    over = np.abs(scaled) > limit
-    if over.any():
+    # max and min are exact, so this is |scaled| <= limit everywhere, without a temporary.
+    if scaled.size and not (scaled.max() <= limit and scaled.min() >= -limit):
+        over = np.abs(scaled) > limit
         worst = float(np.max(np.abs(g.astype(np.float64))))
         raise FixedPointOverflowError(
             f"{int(over.sum())} gradient value(s) exceed the fixed-point bound: "

@@ -115,10 +115,12 @@ def scatter_add_exact(index: np.ndarray, values: np.ndarray, rows: int) -> np.nd
         return np.zeros((rows, d), F32)
     _, exponent = math.frexp(amax)  # amax < 2**exponent
     shift = 62 - int(len(index)).bit_length() - exponent
-    fixed = np.rint(np.ldexp(values.astype(np.float64), shift)).astype(np.int64)  # (N, D)
+    scaled = values.astype(np.float64)  # (N, D) f64, a fresh array: scaled in place
+    np.rint(np.ldexp(scaled, shift, out=scaled), out=scaled)
     acc = np.zeros((rows, d), np.int64)  # (rows, D) int64
-    np.add.at(acc, index, fixed)
-    return np.ldexp(acc.astype(np.float64), -shift).astype(F32)  # (rows, D) f32
+    np.add.at(acc, index, scaled.astype(np.int64))
+    total = acc.astype(np.float64)  # (rows, D) f64
+    return np.ldexp(total, -shift, out=total).astype(F32)  # (rows, D) f32
 
 
 # ---------------------------------------------------------------- RMSNorm
@@ -148,7 +150,9 @@ def rmsnorm_backward(
     dxhat = dy * cache.g  # (M, D) f32
     dg = detmath.psum(dy * cache.xhat, axis=0)  # (D,) f32, pinned sum over positions
     proj = ops.psum_rows(dxhat * cache.xhat) / d  # (M,) f32
-    dx = (dxhat - cache.xhat * proj[:, None]) * cache.r[:, None]  # (M, D) f32
+    dx = cache.xhat * proj[:, None]  # (M, D) f32, then dx = (dxhat - it) * r in place
+    np.subtract(dxhat, dx, out=dx)
+    dx *= cache.r[:, None]
     return dx, dg
 
 

@@ -107,12 +107,24 @@ def adam_update(
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # checked below
         for name, p in params.items():
             g = grads[name]  # (...) float32
-            m = state.m[name] * b1 + g * one_minus_b1
-            v = state.v[name] * b2 + (g * g) * one_minus_b2
-            denom = np.sqrt(v) / sqrt_bias2 + eps32
-            # asarray: numpy turns 0-d results into scalars, and state must stay arrays
-            new_params[name] = np.asarray(p * decay - (m / denom) * step_size)
-            new_m[name], new_v[name] = np.asarray(m), np.asarray(v)
+            # asarray: numpy turns 0-d results into scalars, and state must stay arrays.
+            # Each line is one float32 op of the formula, in its order, on a fresh array
+            # (never on the inputs): m = m*b1 + g*(1-b1), v = v*b2 + (g*g)*(1-b2),
+            # denom = sqrt(v)/sqrt_bias2 + eps, p' = p*decay - (m/denom)*step_size.
+            m = np.asarray(state.m[name] * b1)
+            m += g * one_minus_b1
+            v = np.asarray(state.v[name] * b2)
+            gg = np.asarray(g * g)
+            gg *= one_minus_b2
+            v += gg
+            denom = np.asarray(np.sqrt(v))
+            denom /= sqrt_bias2
+            denom += eps32
+            update = np.asarray(m / denom)
+            update *= step_size
+            new_p = np.asarray(p * decay)
+            new_p -= update
+            new_params[name], new_m[name], new_v[name] = new_p, m, v
     for name in sorted(new_params):
         if not np.isfinite(new_params[name]).all():
             raise NonFiniteError(f"the step would make parameter {name!r} non-finite; refused")

@@ -144,17 +144,89 @@
     (if (f32.eq (local.get $s) (f32.const 0)) (then (return (f32.const 0x1p-149))))
     (local.get $s))
 
+  ;; Clips use pmin/pmax (`b < a ? b : a`, one instruction each on x64; V8 emulates the
+  ;; NaN and signed-zero rules of min/max): t is never a NaN, and a bound is never a zero, so
+  ;; both give the same values.
   ;; Four int8 values (as i32x4) of t = x / s: clip to [-127, 127], then rint (stochastic = 0)
-  ;; or floor(t + u) with u = lane * 2**-16 for the u16 lanes in `u` (as i32x4).
+  ;; or floor(t + u) with u = lane * 2**-16 for the u16 lanes in `u` (as i32x4). A lane is
+  ;; below 2**16, so the signed conversion (one instruction; V8 emulates the unsigned one)
+  ;; gives its exact value too.
   (func $round4 (param $t v128) (param $u v128) (param $stochastic i32) (result v128)
-    (local.set $t (f32x4.min (f32x4.max (local.get $t) (v128.const f32x4 -127 -127 -127 -127))
+    (local.set $t (f32x4.pmin (f32x4.pmax (local.get $t) (v128.const f32x4 -127 -127 -127 -127))
                              (v128.const f32x4 127 127 127 127)))
     (if (local.get $stochastic)
       (then (local.set $t (f32x4.floor (f32x4.add (local.get $t)
-              (f32x4.mul (f32x4.convert_i32x4_u (local.get $u))
+              (f32x4.mul (f32x4.convert_i32x4_s (local.get $u))
                          (v128.const f32x4 0x1p-16 0x1p-16 0x1p-16 0x1p-16))))))
       (else (local.set $t (f32x4.nearest (local.get $t)))))
     (i32x4.trunc_sat_f32x4_s (local.get $t)))
+
+  ;; $round_span's round-to-nearest groups of eight: the same operations on two vectors a
+  ;; step, stored as eight int8 at once. Returns how many elements it rounded.
+  (func $round_span_rint8 (param $x i32) (param $q i32) (param $s i32) (param $per_col i32)
+                          (param $count i32) (result i32)
+    (local $j i32) (local $d0 v128) (local $d1 v128) (local $t0 v128) (local $t1 v128)
+    (local $at i32)
+    (local.set $d0 (v128.load32_splat (local.get $s)))
+    (local.set $d1 (local.get $d0))
+    (block $done
+      (loop $each
+        (br_if $done (i32.gt_u (i32.add (local.get $j) (i32.const 8)) (local.get $count)))
+        (local.set $at (i32.shl (local.get $j) (i32.const 2)))
+        (if (local.get $per_col)
+          (then (local.set $d0 (v128.load (i32.add (local.get $s) (local.get $at))))
+                (local.set $d1 (v128.load offset=16 (i32.add (local.get $s) (local.get $at))))))
+        (local.set $t0 (f32x4.div (v128.load (i32.add (local.get $x) (local.get $at))) (local.get $d0)))
+        (local.set $t1 (f32x4.div (v128.load offset=16 (i32.add (local.get $x) (local.get $at)))
+                                  (local.get $d1)))
+        (local.set $t0 (f32x4.nearest (f32x4.pmin (f32x4.pmax (local.get $t0)
+          (v128.const f32x4 -127 -127 -127 -127)) (v128.const f32x4 127 127 127 127))))
+        (local.set $t1 (f32x4.nearest (f32x4.pmin (f32x4.pmax (local.get $t1)
+          (v128.const f32x4 -127 -127 -127 -127)) (v128.const f32x4 127 127 127 127))))
+        (local.set $t0 (i16x8.narrow_i32x4_s (i32x4.trunc_sat_f32x4_s (local.get $t0))
+                                             (i32x4.trunc_sat_f32x4_s (local.get $t1))))
+        (v128.store64_lane 0 (i32.add (local.get $q) (local.get $j))
+          (i8x16.narrow_i16x8_s (local.get $t0) (local.get $t0)))
+        (local.set $j (i32.add (local.get $j) (i32.const 8)))
+        (br $each)))
+    (local.get $j))
+
+  ;; $round_span's stochastic groups of eight: floor(clip(x / s) + lane * 2**-16), two
+  ;; vectors a step (eight u16 lanes in one load). Returns how many elements it rounded.
+  (func $round_span_sto8 (param $x i32) (param $q i32) (param $lanes i32) (param $s i32)
+                         (param $per_col i32) (param $count i32) (result i32)
+    (local $j i32) (local $d0 v128) (local $d1 v128) (local $t0 v128) (local $t1 v128)
+    (local $u v128) (local $at i32)
+    (local.set $d0 (v128.load32_splat (local.get $s)))
+    (local.set $d1 (local.get $d0))
+    (block $done
+      (loop $each
+        (br_if $done (i32.gt_u (i32.add (local.get $j) (i32.const 8)) (local.get $count)))
+        (local.set $at (i32.shl (local.get $j) (i32.const 2)))
+        (if (local.get $per_col)
+          (then (local.set $d0 (v128.load (i32.add (local.get $s) (local.get $at))))
+                (local.set $d1 (v128.load offset=16 (i32.add (local.get $s) (local.get $at))))))
+        (local.set $t0 (f32x4.div (v128.load (i32.add (local.get $x) (local.get $at))) (local.get $d0)))
+        (local.set $t1 (f32x4.div (v128.load offset=16 (i32.add (local.get $x) (local.get $at)))
+                                  (local.get $d1)))
+        (local.set $u (v128.load (i32.add (local.get $lanes) (i32.shl (local.get $j) (i32.const 1)))))
+        (local.set $t0 (f32x4.floor (f32x4.add
+          (f32x4.pmin (f32x4.pmax (local.get $t0) (v128.const f32x4 -127 -127 -127 -127))
+                     (v128.const f32x4 127 127 127 127))
+          (f32x4.mul (f32x4.convert_i32x4_s (i32x4.extend_low_i16x8_u (local.get $u)))
+                     (v128.const f32x4 0x1p-16 0x1p-16 0x1p-16 0x1p-16)))))
+        (local.set $t1 (f32x4.floor (f32x4.add
+          (f32x4.pmin (f32x4.pmax (local.get $t1) (v128.const f32x4 -127 -127 -127 -127))
+                     (v128.const f32x4 127 127 127 127))
+          (f32x4.mul (f32x4.convert_i32x4_s (i32x4.extend_high_i16x8_u (local.get $u)))
+                     (v128.const f32x4 0x1p-16 0x1p-16 0x1p-16 0x1p-16)))))
+        (local.set $t0 (i16x8.narrow_i32x4_s (i32x4.trunc_sat_f32x4_s (local.get $t0))
+                                             (i32x4.trunc_sat_f32x4_s (local.get $t1))))
+        (v128.store64_lane 0 (i32.add (local.get $q) (local.get $j))
+          (i8x16.narrow_i16x8_s (local.get $t0) (local.get $t0)))
+        (local.set $j (i32.add (local.get $j) (i32.const 8)))
+        (br $each)))
+    (local.get $j))
 
   ;; q (count,) i8 of x (count,) f32 divided by the scales at s: one scale splat (per_col = 0)
   ;; or one per element (per_col = 1); lanes: the u16 lanes (count,), or 0 for rint. Whole
@@ -165,6 +237,12 @@
     (local $sto i32)
     (local.set $sto (i32.ne (local.get $lanes) (i32.const 0)))
     (local.set $d (v128.load32_splat (local.get $s)))
+    (if (i32.eqz (local.get $sto))
+      (then (local.set $j (call $round_span_rint8 (local.get $x) (local.get $q) (local.get $s)
+                                                   (local.get $per_col) (local.get $count))))
+      (else (local.set $j (call $round_span_sto8 (local.get $x) (local.get $q) (local.get $lanes)
+                                                 (local.get $s) (local.get $per_col)
+                                                 (local.get $count)))))
     (block $done
       (loop $each
         (br_if $done (i32.gt_u (i32.add (local.get $j) (i32.const 4)) (local.get $count)))
@@ -172,11 +250,11 @@
           (then (local.set $d (v128.load (i32.add (local.get $s) (i32.shl (local.get $j) (i32.const 2)))))))
         (local.set $t (f32x4.div (v128.load (i32.add (local.get $x) (i32.shl (local.get $j) (i32.const 2))))
                                  (local.get $d)))
-        (local.set $t (f32x4.min (f32x4.max (local.get $t) (v128.const f32x4 -127 -127 -127 -127))
+        (local.set $t (f32x4.pmin (f32x4.pmax (local.get $t) (v128.const f32x4 -127 -127 -127 -127))
                                  (v128.const f32x4 127 127 127 127)))
         (if (local.get $sto)
           (then (local.set $t (f32x4.floor (f32x4.add (local.get $t)
-                  (f32x4.mul (f32x4.convert_i32x4_u (i32x4.extend_low_i16x8_u (v128.load64_zero
+                  (f32x4.mul (f32x4.convert_i32x4_s (i32x4.extend_low_i16x8_u (v128.load64_zero
                                (i32.add (local.get $lanes) (i32.shl (local.get $j) (i32.const 1))))))
                              (v128.const f32x4 0x1p-16 0x1p-16 0x1p-16 0x1p-16))))))
           (else (local.set $t (f32x4.nearest (local.get $t)))))
@@ -363,8 +441,9 @@
   (func $exp_neg4 (param $y0 v128) (param $y1 v128) (result v128 v128)
     (local $k0 v128) (local $k1 v128) (local $r0 v128) (local $r1 v128)
     (local $a0 v128) (local $a1 v128)
-    (local.set $y0 (f64x2.max (local.get $y0) (v128.const f64x2 -0x1.b8p+6 -0x1.b8p+6)))  ;; _EXP_FLOOR
-    (local.set $y1 (f64x2.max (local.get $y1) (v128.const f64x2 -0x1.b8p+6 -0x1.b8p+6)))  ;; _EXP_FLOOR
+    ;; pmax (one instruction): y is never a NaN here (-inf at worst) and the floor not a zero
+    (local.set $y0 (f64x2.pmax (local.get $y0) (v128.const f64x2 -0x1.b8p+6 -0x1.b8p+6)))  ;; _EXP_FLOOR
+    (local.set $y1 (f64x2.pmax (local.get $y1) (v128.const f64x2 -0x1.b8p+6 -0x1.b8p+6)))  ;; _EXP_FLOOR
     (local.set $k0 (f64x2.nearest (f64x2.mul (local.get $y0)
       (v128.const f64x2 0x1.71547652b82fep+0 0x1.71547652b82fep+0))))  ;; _INV_LN2
     (local.set $k1 (f64x2.nearest (f64x2.mul (local.get $y1)

@@ -132,13 +132,14 @@ def test_special_values_get_the_reference_refusals_and_bits():
     fast = kernels()
     x = np.ones((4, 5), np.float32)
     x[2, 3] = np.nan
-    for axis in (-1, -2):
-        for key in (None, (1, 2)):
-            try:
-                fast.quantize(x, axis, key)
-            except NonFiniteError:
-                continue
-            raise AssertionError(f"quantize took a NaN (axis {axis}, key {key})")
+    for view in (x, x.T):  # x.T: the transposed view goes through the other axis's kernel
+        for axis in (-1, -2):
+            for key in (None, (1, 2)):
+                try:
+                    fast.quantize(view, axis, key)
+                except NonFiniteError:
+                    continue
+                raise AssertionError(f"quantize took a NaN ({view.shape}, axis {axis}, key {key})")
     specials = np.array([np.inf, -np.inf, np.nan, 1.0, -2.5], np.float32)
     same(fast.gelu_with_grad(specials), REFERENCE.gelu_with_grad(specials), "gelu specials")
     rows = np.array([[1.0, np.inf, 2.0], [-np.inf, 0.0, 1.0]], np.float32)
