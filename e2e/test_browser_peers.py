@@ -16,9 +16,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
 SMALL = {"task": "gpt", "width": 32, "layers": 1, "heads": 2, "seq": 16, "microbatch_size": 2,
          "microbatches": 4, "steps": 3, "lr": 0.003, "seed": 11}
-# Steps long enough (about a second each in a tab) to click around while one computes.
+# A run long enough to click around while it computes: with the wasm kernels a step of this
+# config takes ~0.1 s in a tab, so 60 of them outlast the ~1.5 s of clicks and lag probe.
 SLOWER = {**SMALL, "width": 64, "layers": 2, "heads": 4, "seq": 48, "microbatch_size": 4,
-          "steps": 12, "seed": 12}
+          "steps": 60, "seed": 12}
 # Worst delay (ms) of 25 timers of 20 ms in a row: how long the page's main thread is busy.
 EVENT_LOOP_LAG = """() => new Promise(done => {
   let worst = 0, last = performance.now(), n = 0;
