@@ -123,12 +123,22 @@ if numba is not None:
 
     @jit
     def _epilogue(acc, sa, sb, out):
+        """out = (f32(acc) * sa) * sb; False (nothing written) if a scale is NaN or Inf."""
         nb, nr, nc = acc.shape
+        bad = np.float32(0)
+        for b in range(nb):
+            for i in range(nr):
+                bad += sa[b, i] * np.float32(0)  # NaN if the scale is NaN or Inf
+            for j in range(nc):
+                bad += sb[b, j] * np.float32(0)
+        if bad != 0:
+            return False
         for b in range(nb):
             for i in range(nr):
                 for j in range(nc):
                     y = np.float32(acc[b, i, j]) * sa[b, i]
                     out[b, i, j] = y * sb[b, j]
+        return True
 
     _BLOCK = 256  # elements per pass of a vectorised loop
 
@@ -280,6 +290,9 @@ if numba is not None:
         return True
 
 
+_NO_LANES = np.zeros((1, 1, 1), np.uint16)  # what the kernels get when rounding to nearest
+
+
 def _batched(x: np.ndarray) -> np.ndarray:
     return x if x.ndim == 3 else x.reshape((-1,) + x.shape[-2:]) if x.ndim > 3 else x[None]
 
@@ -290,12 +303,12 @@ class NumbaKernels(Kernels):
     name = "numba"
 
     def quantize(self, x, axis, key):
-        if not (isinstance(x, np.ndarray) and x.dtype == np.float32 and 2 <= x.ndim <= 3
+        if not (type(x) is np.ndarray and x.dtype == np.float32 and 2 <= x.ndim <= 3
                 and axis in (-1, -2)):
             return super().quantize(x, axis, key)
-        xb = _batched(x)  # (B, R, C) f32, a view
+        xb = x if x.ndim == 3 else x[None]  # (B, R, C) f32, a view
         if key is None:
-            lanes = np.zeros((1, 1, 1), np.uint16)
+            lanes = _NO_LANES
         else:
             n = x.size
             words = rng.raw64(key, (n + 3) // 4).astype("<u8", copy=False)
@@ -317,16 +330,18 @@ class NumbaKernels(Kernels):
                                                  else x.shape[:-2] + x.shape[-1:])
 
     def epilogue(self, acc, sa, sb):
-        ok = (isinstance(acc, np.ndarray) and acc.dtype == np.int32 and 2 <= acc.ndim <= 3
-              and isinstance(sa, np.ndarray) and isinstance(sb, np.ndarray)
+        shape = acc.shape if type(acc) is np.ndarray else ()
+        ok = (len(shape) in (2, 3) and acc.dtype == np.int32
+              and type(sa) is np.ndarray and type(sb) is np.ndarray
               and sa.dtype == np.float32 and sb.dtype == np.float32
-              and sa.shape == acc.shape[:-1] and sb.shape == acc.shape[:-2] + acc.shape[-1:]
-              and np.isfinite(sa).all() and np.isfinite(sb).all())
+              and sa.shape == shape[:-1] and sb.shape == shape[:-2] + shape[-1:])
+        if ok:
+            out = np.empty(shape, np.float32)
+            lead = shape[0] if len(shape) == 3 else 1
+            ok = _epilogue(acc.reshape(lead, *shape[-2:]), sa.reshape(lead, shape[-2]),
+                           sb.reshape(lead, shape[-1]), out.reshape(lead, *shape[-2:]))
         if not ok:
             return super().epilogue(acc, sa, sb)  # the reference's refusals
-        out = np.empty(acc.shape, np.float32)
-        _epilogue(_batched(acc), sa.reshape(-1, acc.shape[-2]), sb.reshape(-1, acc.shape[-1]),
-                  _batched(out))
         return out
 
     def gelu_with_grad(self, x):
