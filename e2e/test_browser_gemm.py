@@ -73,3 +73,19 @@ def test_bench_browser_reports_a_tab_and_a_native_step():
     assert report["threads"]["native_blas"] == 1 and set(report["cpu"]["flags"]) == {
         "avx2", "avx512f", "avx512_vnni", "avx_vnni"}
     assert {tuple(r["shape"]) for r in report["page_gemm"]} >= {(1, 512, 64, 192)}
+
+
+def test_bench_browser_stops_with_the_reason_when_the_tab_cannot_start(tmp_path):
+    """No Pyodide runtime in the cache: the tab's worker cannot load, and the benchmark must
+    say so and exit 2 (it used to wait forever on a page that could never start)."""
+    reason = missing_browser_parts()
+    if reason:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{reason} (CI=true: the browser tests must run)")
+        pytest.skip(reason)
+    env = {**os.environ, "DAISYCHAIN_CACHE": str(tmp_path / "empty-cache")}
+    done = subprocess.run([sys.executable, "-m", "pynode", "bench", "browser", "--steps", "2"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, (done.stdout[-2000:], done.stderr[-2000:])
+    assert "the tab could not start" in done.stderr
+    assert "python -m server.runtime fetch" in done.stderr

@@ -244,6 +244,11 @@ export class PageNode extends EventTarget {
   }
 
   request(msg) {
+    // A worker that failed (crashed, or its checks failed to load) answers nothing: refuse
+    // at once with the reason instead of leaving the caller waiting forever.
+    if (this.state.state === "failed") {
+      return Promise.reject(new Error(`this tab cannot compute: ${this.state.error}`));
+    }
     const id = this.nextStart++;
     return new Promise((resolve, reject) => {
       this.starts.set(id, { resolve, reject });

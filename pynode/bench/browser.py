@@ -161,6 +161,11 @@ def tab_steps(session: BrowserSession, config: dict) -> dict:
     page = session.tab()
     wait_page(page, "s => ['ready', 'failed'].includes(s.state)", BOOT_TIMEOUT_MS)
     boot = time.perf_counter() - started
+    booted = page_status(page)
+    if booted["state"] != "ready":
+        page.context.close()
+        raise RuntimeError(f"the tab could not start: {booted['error']} (is the Pyodide "
+                           "runtime fetched? `python -m server.runtime fetch`)")
     page.evaluate("(c) => daisychain.start(c)", config)
     wait_page(page, "s => ['done', 'failed'].includes(s.state)", 60_000 * config["steps"])
     s = page_status(page)
@@ -284,14 +289,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--config", default="{}", help="RunConfig overrides as JSON")
     args = parser.parse_args(argv)
     cfg = RunConfig.from_dict({**json.loads(args.config), "steps": args.steps})
-    report = measure(json.loads(cfg.to_json()))
+    try:
+        report = measure(json.loads(cfg.to_json()))
+    except RuntimeError as exc:  # no browser, the server or the tab could not start
+        print(f"bench browser: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(report, sort_keys=True))
         return 0
     cpu = report["cpu"]
     flags = " ".join(f for f, has in cpu["flags"].items() if has) or "none of " + str(CPU_FLAGS)
     print(f"config {cfg.to_json()}")
-    print(f"cpu {cpu['model']} ({flags}); {cpu['cores']} cores; {report['chromium']}")
+    print(f"cpu {cpu['model']} ({flags}); {cpu['cores']} cores; Chromium {report['chromium']}")
     print(f"tab     {report['tab_step_ms']:8.1f} ms/step  backend {report['tab_backend']:<10} "
           f"kernels {report['tab_kernels']!s:<6} 1 thread (Pyodide worker); boot to "
           f"verified {report['tab_boot_s']:.1f} s")
