@@ -293,10 +293,6 @@ if numba is not None:
 _NO_LANES = np.zeros((1, 1, 1), np.uint16)  # what the kernels get when rounding to nearest
 
 
-def _batched(x: np.ndarray) -> np.ndarray:
-    return x if x.ndim == 3 else x.reshape((-1,) + x.shape[-2:]) if x.ndim > 3 else x[None]
-
-
 class NumbaKernels(Kernels):
     """The reference's kernels fused by numba; anything unusual goes to the reference."""
 
