@@ -12,7 +12,7 @@ import pytest
 
 from pynode.comm.base import PeerLost, ReduceResult
 from pynode.comm.mesh import MemoryNetwork, MeshRouter
-from pynode.comm.webrtc import HEADER, MeshCollective, chunk_bounds, connect
+from pynode.comm.webrtc import HEADER, MeshCollective, Op, chunk_bounds, connect
 from pynode.core.errors import FixedPointOverflowError, ShapeError
 
 T = 5.0  # collective timeout (s); tests that wait for a deadline use less
@@ -108,6 +108,68 @@ def test_a_peer_that_vanishes_is_dropped_and_the_rest_sum_without_it():
         gathered = await asyncio.gather(*(coll[i].allgather_bytes(b"%d" % i, timeout=T)
                                           for i in (0, 1, 3)))
         assert all(g == [b"0", b"1", None, b"3"] for g in gathered)
+    run(body())
+
+
+def dies_while_sending_its_sum(net: MemoryNetwork, peer_id: str, reaches: set[str],
+                               members: int) -> None:
+    """`peer_id`, one of `members`, hands its reduced chunk to `reaches` only, then vanishes
+    (a tab closed between the leader's commit and the all-gather)."""
+    end = net.ends[peer_id]
+    plain_send, sent = end.send, []
+
+    def send(peer: str, data: bytes) -> None:
+        if data[2] != Op.SUM:
+            return plain_send(peer, data)
+        sent.append(peer)
+        if peer in reaches:
+            plain_send(peer, data)
+        if len(sent) == members - 1:
+            net.cut(peer_id)
+
+    end.send = send
+
+
+@pytest.mark.parametrize("reaches", [set(), {"p0"}, {"p2"}, {"p0", "p3"}])
+def test_a_peer_lost_after_the_commit_costs_time_not_agreement(reaches):
+    """Whoever got the lost owner's reduced chunk passes it on; if nobody got it, every
+    survivor retries without that peer. Either way all survivors return the same sum."""
+    async def body():
+        net = MemoryNetwork()
+        coll = await group(4, net)
+        xs = vectors(4, 1001, seed=len(reaches))
+        dies_while_sending_its_sum(net, "p1", reaches, 4)
+        outcomes = await reduce_all(coll, xs, errors=True)
+        assert isinstance(outcomes[1], PeerLost)
+        survivors = [outcomes[i] for i in (0, 2, 3)]
+        expected = (0, 1, 2, 3) if reaches else (0, 2, 3)
+        for res in survivors:
+            assert isinstance(res, ReduceResult), res
+            assert res.contributors == expected
+            assert np.array_equal(res.total, exact_sum([xs[r] for r in expected]))
+        more = await asyncio.gather(*(coll[i].allreduce_int64(xs[i], timeout=T)
+                                      for i in (0, 2, 3)))
+        assert all(r.contributors == (0, 2, 3) for r in more)
+    run(body())
+
+
+def test_a_peer_admitted_at_a_commit_that_is_retried_joins_at_the_retry():
+    async def body():
+        net = MemoryNetwork()
+        coll = await group(3, net)
+        joiner_mesh = net.join("late")
+        assert coll[0].admit("late") == 3
+        xs = vectors(4, 64)
+        dies_while_sending_its_sum(net, "p1", set(), 3)
+        outcomes = await reduce_all(coll, xs[:3], errors=True)
+        assert [o.contributors for o in (outcomes[0], outcomes[2])] == [(0, 2)] * 2
+        assert all(coll[i].members == (0, 2, 3) for i in (0, 2))
+        late = await connect(joiner_mesh, coll[0].ranks, group=7, members=coll[0].members,
+                             seq=coll[0].seq)
+        everyone = [coll[0], coll[2], late]
+        results = await reduce_all(everyone, [xs[0], xs[2], xs[3]])
+        assert all(r.contributors == (0, 2, 3) for r in results)
+        assert all(np.array_equal(r.total, xs[0] + xs[2] + xs[3]) for r in results)
     run(body())
 
 

@@ -158,14 +158,15 @@ def test_two_native_peers_and_two_tabs_then_a_resumed_run_and_refused_files(
 
 
 def test_faults_across_the_mesh_cost_time_not_bits(tabs, natives, native_reference):
-    """In step 3 a native peer is SIGKILLed and another one's training loop stalls (its
-    links stay up, its messages stop); in step 5 a tab is closed. The survivors, a native
+    """In step 3 a native peer is SIGKILLed as it hands out its reduced chunk (after the
+    leader's commit) and another one's training loop stalls (its links stay up, its messages
+    stop); in step 5 a tab is closed. The survivors, a native
     leader and a tab, end on the reference hashes of every step."""
     config = {**SMALL, "steps": 7, "seed": 23}
     host = tabs.open("?create=1")
     code = status(host)["room"]
     tab = tabs.open(f"?room={code}")
-    killed = natives("killed", "--room", code, env={"PYNODE_JOIN_FAULT": "3:kill"})
+    killed = natives("killed", "--room", code, env={"PYNODE_JOIN_FAULT": "3:sum"})
     stalled = natives("stalled", "--room", code, env={"PYNODE_JOIN_FAULT": "3:stall"})
     leader = natives("leader", "--room", code, "--start", "--min-peers", "5",
                      *config_flags(config))

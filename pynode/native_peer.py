@@ -298,12 +298,28 @@ def verified_trainer(units: Any, gemm: Any, cfg: RunConfig, collective: Any, res
 
 
 def install_fault(trainer: Trainer) -> None:
+    """For the fault tests: PYNODE_JOIN_FAULT=STEP:KIND, KIND one of kill (SIGKILL before the
+    step's compute), stall (the training loop hangs, links stay up) or sum (SIGKILL while
+    handing out its reduced chunk, after the leader committed the all-reduce)."""
     spec = os.environ.get(FAULT_ENV)
     if not spec:
         return
     step_text, _, kind = spec.partition(":")
     at = int(step_text)
     original = trainer.microbatch_partial
+    if kind == "sum":
+        from pynode.comm.webrtc import Op
+
+        coll = trainer.collective
+        plain_send = coll._send
+
+        def send(peer: str, op: Op, *args: Any, **kw: Any) -> None:
+            plain_send(peer, op, *args, **kw)
+            if op == Op.SUM and trainer.state.step + 1 == at:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        coll._send = send
+        return
 
     def faulty(indices: list[int]) -> Any:
         if trainer.state.step + 1 == at:  # with or without microbatches of its own

@@ -7,6 +7,11 @@ allreduce_int64   reduce-scatter + all-gather: member i owns chunk i of the vect
                   and sends the sum to everyone. Between the phases the leader (rank 0)
                   commits who contributed, so every member returns the same sum. Each member
                   sends 2 (n-1)/n of the vector, like a ring, in 4 message delays, not 2 (n-1).
+                  An owner lost after the commit may have handed its sum to some members
+                  only: a member missing a chunk asks every other member for it (FETCH), and
+                  each answers from what it held when its own all-gather ended (GIVE). If one
+                  had it, everyone ends with the same sum; if nobody had it, nobody returned,
+                  and every survivor retries the all-reduce without the lost owner.
 broadcast, allgather, barrier   a star through the leader (small payloads), combined by star.py.
 
 A member that vanishes (its channel closes, it says BYE, or it misses the deadline) is
@@ -66,6 +71,11 @@ class Op(IntEnum):
     STAR = 5  # member -> leader: a star collective's frame (chunk: wire Kind, arg: root)
     RESULT = 6  # leader -> member: star result (pack_result of meta, blob)
     BYE = 7  # leaving the group
+    FETCH = 8  # member -> member: the chunks it lacks after the all-gather (u32 each)
+    GIVE = 9  # member -> member: one of them (chunk: its index; status 1: not held)
+
+
+_KEPT = 4  # ended all-gathers whose chunks a member keeps for others' FETCHes
 
 
 class _Msg:
@@ -98,6 +108,8 @@ class MeshCollective(Collective):
         self._changed = asyncio.Condition()
         self._lock = asyncio.Lock()
         self._broken: CommError | None = None
+        self._held: dict[tuple[int, int], dict[int, memoryview]] = {}  # ended all-gathers
+        self._asked: dict[tuple[int, int], list[tuple[str, list[int]]]] = {}  # FETCHes due
         self.bytes_sent = 0
         self._pump = asyncio.ensure_future(self._read())
 
@@ -163,6 +175,9 @@ class MeshCollective(Collective):
                 continue
             if tag != TAG or version != VERSION or group != self.group:
                 continue  # another group's (an earlier run's) frame
+            if op == Op.FETCH:  # answered even after this member moved on
+                self._answer_fetch(peer, seq, attempt, memoryview(data)[HEADER.size:])
+                continue
             if seq < self._done_below and op != Op.BYE:
                 continue
             if op == Op.BYE:
@@ -265,6 +280,8 @@ class MeshCollective(Collective):
         self._done_below = max(self._done_below, seq + 1)
         for key in [k for k in self._inbox if k[0] <= seq]:
             del self._inbox[key]
+        for key in [k for k in self._asked if k[0] <= seq]:
+            del self._asked[key]  # never ended here: this member broke and said BYE
 
     def _break(self, exc: CommError) -> CommError:
         """This member cannot go on: tell the others, and raise `exc` from every later call."""
@@ -299,7 +316,14 @@ class MeshCollective(Collective):
                 raise self._break(PeerLost([self.rank], f"the leader dropped rank {self.rank}"))
             if decision["commit"]:
                 total = await self._gather_sums(seq, attempt, members, parts, timeout)
-                return ReduceResult(total, tuple(members))
+                if total is not None:
+                    return ReduceResult(total, tuple(members))
+                # Nobody holds a lost owner's sum: retry without it. Peers admitted by this
+                # commit still join at the next one.
+                joined = [r for r in self._members if r not in members]
+                self._members = tuple(members)
+                if self.rank == 0:
+                    self._joining = joined + self._joining
             members, attempt = self._members, attempt + 1
             if attempt > 255:
                 raise self._break(CommError("all-reduce did not settle in 255 attempts"))
@@ -379,8 +403,10 @@ class MeshCollective(Collective):
     async def _gather_sums(
         self, seq: int, attempt: int, members: tuple[int, ...], parts: dict[str, _Msg],
         timeout: float,
-    ) -> np.ndarray:
-        """Sum the own chunk (the leader committed every member's slice), exchange the sums."""
+    ) -> np.ndarray | None:
+        """Sum the own chunk (the leader committed every member's slice), exchange the sums.
+
+        None when no survivor holds a lost owner's sum (then none returns it: retry)."""
         ids = [self._ranks[r] for r in members]
         me = members.index(self.rank)
         length = next(iter(parts.values())).arg
@@ -396,14 +422,87 @@ class MeshCollective(Collective):
                 self._send(peer, Op.SUM, seq, payload, attempt=attempt, chunk=me)
         others = [p for p in ids if p != self.mesh.self_id]
         sums = await self._collect_sums(seq, attempt, ids, others, timeout)
-        missing = [members[j] for j, p in enumerate(ids) if p in others and p not in sums]
-        if missing:
-            raise self._break(PeerLost(missing, f"rank(s) {missing} left before sending their "
-                                                f"reduced chunk of all-reduce #{seq}"))
-        for j, peer in enumerate(ids):
-            if peer in sums:
-                total[bounds[j] : bounds[j + 1]] = np.frombuffer(sums[peer], _INT64)
+        held = {j: sums[p] for j, p in enumerate(ids) if p in sums}
+        held[me] = memoryview(payload)
+        self._end_gather(seq, attempt, held)
+        lacking = [j for j in range(len(ids)) if j not in held]
+        if lacking and not await self._recover(seq, attempt, ids, held, lacking, timeout):
+            return None
+        for j, chunk in held.items():
+            if j != me:
+                total[bounds[j] : bounds[j + 1]] = np.frombuffer(chunk, _INT64)
         return total.astype(np.int64, copy=False)
+
+    def _end_gather(self, seq: int, attempt: int, held: dict[int, memoryview]) -> None:
+        """From now on answer FETCHes of this all-gather from `held` (as it is now)."""
+        self._held[seq, attempt] = dict(held)
+        while len(self._held) > _KEPT:
+            del self._held[next(iter(self._held))]
+        for peer, chunks in self._asked.pop((seq, attempt), []):
+            self._give(peer, seq, attempt, chunks)
+
+    def _answer_fetch(self, peer: str, seq: int, attempt: int, payload: memoryview) -> None:
+        chunks = np.frombuffer(payload, "<u4").tolist() if len(payload) % 4 == 0 else []
+        if (seq, attempt) in self._held:
+            self._give(peer, seq, attempt, chunks)
+        elif seq >= self._done_below:
+            self._asked.setdefault((seq, attempt), []).append((peer, chunks))
+        # else: an all-reduce this member left without ending its all-gather (it said BYE)
+
+    def _give(self, peer: str, seq: int, attempt: int, chunks: list[int]) -> None:
+        held = self._held[seq, attempt]
+        for j in chunks:
+            if j in held:
+                self._send(peer, Op.GIVE, seq, held[j], attempt=attempt, chunk=j)
+            else:
+                self._send(peer, Op.GIVE, seq, status=1, attempt=attempt, chunk=j)
+
+    async def _recover(self, seq: int, attempt: int, ids: list[str],
+                       held: dict[int, memoryview], lacking: list[int], timeout: float) -> bool:
+        """Ask every other member for the `lacking` chunks; True once `held` has them all.
+
+        False when nobody holds one: every other member said so, except its lost owner. Only
+        a single such loss is told apart safely (two lost peers could have passed a chunk
+        between them before leaving); anything else unresolved at the deadline ends the group.
+        """
+        others = [p for p in ids if p != self.mesh.self_id]
+        ask = np.asarray(lacking, "<u4").tobytes()
+        for peer in others:
+            self._send(peer, Op.FETCH, seq, ask, attempt=attempt)
+        loop = asyncio.get_running_loop()
+        until = self._deadline(timeout, 2)
+        async with self._changed:
+            while True:
+                unheld, unsure, awaited = [], [], False
+                for j in lacking:
+                    if j in held:
+                        continue
+                    box = self._inbox.get((seq, attempt, Op.GIVE, j), {})
+                    given = next((m for m in box.values() if m.status == 0), None)
+                    if given is not None:
+                        held[j] = given.payload
+                        continue
+                    silent = [p for p in others if p not in box]
+                    if silent == [ids[j]] and ids[j] in self._gone:
+                        unheld.append(j)
+                    else:
+                        unsure.append(j)
+                        awaited |= any(p not in self._gone for p in silent)
+                left = until - loop.time()
+                if not awaited or left <= 0:
+                    break
+                try:
+                    await asyncio.wait_for(self._changed.wait(), left)
+                except asyncio.TimeoutError:
+                    pass
+        if unsure or len(unheld) > 1:
+            lost = sorted(self._ranks.index(ids[j]) for j in [*unsure, *unheld])
+            raise self._break(PeerLost(lost, f"rank(s) {lost} left before every member had "
+                                             f"their reduced chunk of all-reduce #{seq}"))
+        if unheld:
+            log.warning("all-reduce #%d: nobody holds the sum of lost rank(s) %s; retrying "
+                        "without", seq, [self._ranks.index(ids[j]) for j in unheld])
+        return not unheld
 
     async def _collect_sums(self, seq: int, attempt: int, ids: list[str], others: list[str],
                             timeout: float) -> dict[str, memoryview]:
