@@ -14,7 +14,7 @@ import json
 import time
 
 from pynode.config import RunConfig
-from pynode.session import build_trainer
+from pynode.run.assemble import build_trainer
 
 
 def final_loss(cfg: RunConfig, tail: int = 10) -> tuple[float, float]:

@@ -27,7 +27,7 @@ def join_argv() -> tuple[str, ...]:
                           capture_output=True, text=True, timeout=60)
     if done.returncode == 0:
         return (sys.executable, "-m", "pynode", "join")
-    return (sys.executable, "-m", "pynode.cli_join")
+    return (sys.executable, "-m", "pynode", "join")
 
 
 def config_flags(config: dict[str, Any]) -> list[str]:

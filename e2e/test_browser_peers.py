@@ -222,7 +222,7 @@ PAGE_RESUME_BASE64 = """async (text) => {
 MAKE_CHECKPOINT = """
 import asyncio, json, sys
 from pynode.config import RunConfig
-from pynode.session import build_trainer
+from pynode.run.assemble import build_trainer
 cfg, steps, path = RunConfig.from_dict(json.loads(sys.argv[1])), int(sys.argv[2]), sys.argv[3]
 trainer = build_trainer(cfg)
 for _ in range(steps):

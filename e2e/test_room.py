@@ -1,4 +1,4 @@
-"""pynode.room over the in-process MemoryNetwork with real trainers: the protocol the page runs.
+"""pynode.run.protocol over the in-process MemoryNetwork with real trainers, as the page runs it.
 
 Hashes are compared with a single trainer of the same config: the room must not change a bit,
 whoever starts, whoever joins late and whoever vanishes.
@@ -13,7 +13,7 @@ import pytest
 from pynode.browser import Checks, run_checks
 from pynode.comm.mesh import MemoryNetwork
 from pynode.config import ConfigError
-from pynode.room import RoomError, RoomPeer
+from pynode.run.protocol import RoomError, RoomPeer
 
 CONFIG = {"task": "gpt", "width": 32, "layers": 1, "heads": 2, "seq": 16, "microbatch_size": 2,
           "microbatches": 4, "steps": 4, "lr": 0.003, "seed": 5}
@@ -179,7 +179,7 @@ def corrupting(checks: Checks, at_step: int):
                 name = next(iter(t.state.params))
                 t.state.params[name] = t.state.params[name].copy()
                 t.state.params[name].reshape(-1)[0] += 1.0
-        trainer.fault_hook = flip
+        trainer.after_update.append(flip)
         return trainer
     return make
 

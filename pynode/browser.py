@@ -29,10 +29,9 @@ import numpy as np
 
 from pynode.comm.mesh import Mesh
 from pynode.config import RunConfig
-from pynode.core.checkpoint import load_checkpoint
 from pynode.core.errors import DaisyError, GateError
-from pynode.room import RoomPeer
-from pynode.trainer import Trainer
+from pynode.run.protocol import RoomPeer
+from pynode.run.trainer import Trainer
 from pynode.verify import CheckRow
 
 GEMM_CASE_PURPOSE = 0x6E3C  # rng key of case_operands' random operands
@@ -95,16 +94,12 @@ class Checks:
         })
 
     def make_trainer(self, cfg: RunConfig, collective: Any, resume: Any) -> Trainer:
-        """A trainer on the verified units and gated GEMM (the loop of `pynode train`)."""
-        from pynode.session import state_from_checkpoint
-        from pynode.tasks import load_task
+        """A trainer on the verified units and gated GEMM (pynode.run.assemble)."""
+        from pynode.run.assemble import build_trainer
 
         if not self.ready:
             raise GateError("this peer did not pass its start-up checks; it must not train")
-        state = None if resume is None else state_from_checkpoint(resume)
-        trainer = Trainer(cfg, load_task(cfg.task), self.gemm, collective, state)
-        trainer.units = self.units
-        return trainer
+        return build_trainer(cfg, collective, resume, arithmetic=(self.units, self.gemm))
 
 
 def page_backends(mul_lut: np.ndarray, checks: Checks) -> tuple[list[Any], list[tuple]]:
@@ -114,8 +109,9 @@ def page_backends(mul_lut: np.ndarray, checks: Checks) -> tuple[list[Any], list[
     (`?backend=webgpu`) or when every CPU backend failed its gate. SwiftShader, the
     software adapter of headless Chromium, is far slower than numpy_int; order alone must
     not pick it."""
-    from pynode.browser_gemm import PAGE_ORDER, available_backends
+    from pynode.browser_gemm import PAGE_ORDER
     from pynode.core.gemm import BackendUnavailableError
+    from pynode.gemm_backends import available_backends
     from pynode.webgpu_gemm import open_webgpu
 
     order, skipped = available_backends(PAGE_ORDER, mul_lut)
@@ -307,14 +303,11 @@ class BrowserPeer:
         """Lead a run continuing the uploaded .pt (a JS ArrayBuffer): validated whole first
         (magic, version, dims, vocab, finiteness, hash), then broadcast to every ready peer
         as their sync. JSON {ok, ranks} or {ok: false, error}; a bad file changes nothing."""
-        from pynode.session import checkpoint_expectations
+        from pynode.run.assemble import read_resume
 
         try:
             data = buffer.to_bytes() if hasattr(buffer, "to_bytes") else bytes(buffer)
-            stored = load_checkpoint(data)
-            config = {k: v for k, v in stored.config.items() if k != "vocab"}
-            cfg = RunConfig.from_dict(config)
-            ckpt = load_checkpoint(data, expect=checkpoint_expectations(cfg))
+            cfg, ckpt = read_resume(data, {})
             ranks = await self.room.start_resumed(cfg, ckpt)
         except (DaisyError, ValueError, TypeError) as exc:
             return json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"})

@@ -19,13 +19,12 @@ Legend: B batch, M rows, K reduction length, N columns.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from pynode.core import gemm as core_gemm
 from pynode.core.gemm import NO_BLAS_ORDER, BackendUnavailableError, GemmBackend
 
 WASM_PATH = Path(__file__).resolve().parent / "wasm" / "gemm_i8.wasm"
@@ -106,23 +105,3 @@ class WasmSimdBackend(GemmBackend):
     def _bmm(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         (bs, m, k), n = a.shape, b.shape[2]
         return self._run(a, b, bs, m, k, n)  # (B, M, N) int32
-
-
-def build_backend(name: str, mul_lut: np.ndarray) -> GemmBackend:
-    """`make_backend` plus wasm_simd; BackendUnavailableError if it cannot run here."""
-    if name == WasmSimdBackend.name:
-        return WasmSimdBackend()
-    return core_gemm.make_backend(name, mul_lut)
-
-
-def available_backends(
-    names: Sequence[str], mul_lut: np.ndarray
-) -> tuple[list[GemmBackend], list[tuple[str, str]]]:
-    """The backends of `names` that can run here, in order, and (name, why not) for the rest."""
-    backends, skipped = [], []
-    for name in names:
-        try:
-            backends.append(build_backend(name, mul_lut))
-        except BackendUnavailableError as exc:
-            skipped.append((name, str(exc)))
-    return backends, skipped

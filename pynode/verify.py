@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pynode.gemm_backends import backend_order
+
 
 @dataclass(frozen=True)
 class CheckRow:
@@ -76,9 +78,9 @@ def unit_checks(rows: list[CheckRow]):
 
 def gate_rows(units) -> list[CheckRow]:
     """Gate every backend this platform has against the LUT reference, best first."""
-    from pynode.browser_gemm import build_backend
     from pynode.core.gemm import BackendUnavailableError, ExactGate
     from pynode.core.gemm.reference import ReferenceBackend
+    from pynode.gemm_backends import build_backend
 
     gate = ExactGate(ReferenceBackend(units.mul_lut))
     rows = []
@@ -101,7 +103,7 @@ def route_rows() -> list[CheckRow]:
     from pynode.config import RunConfig
     from pynode.core.errors import DaisyError
     from pynode.gemm_tuning import model_shapes, tune_gemm
-    from pynode.session import build_trainer
+    from pynode.run.assemble import build_trainer
 
     try:
         trainer = build_trainer(RunConfig(), backend=backend_order()[0])  # untuned
@@ -158,15 +160,6 @@ def kernel_gate(wrap: Callable[[Any], Any] | None = None) -> tuple[Any, list[Che
     row = CheckRow("kernel gate", f"{report.cases // 2} cases x2 == numpy", result, report.kernels,
                    time.perf_counter() - started)
     return (candidate if report.passed else REFERENCE), [row]
-
-
-def backend_order() -> tuple[str, ...]:
-    """GEMM backends to gate here, best first: the page adds its wasm SIMD kernel."""
-    from pynode.browser_gemm import PAGE_ORDER
-    from pynode.core.gemm import BACKEND_ORDER
-    from pynode.platform import IN_PYODIDE
-
-    return PAGE_ORDER if IN_PYODIDE else BACKEND_ORDER
 
 
 def verify_command(json_rows: bool = False) -> int:

@@ -1,6 +1,6 @@
 """Exact int8 GEMM throughput of every available backend against numpy float32 matmul.
 
-Every backend this platform gates (`pynode.verify.backend_order`): natively the
+Every backend this platform gates (`pynode.gemm_backends.backend_order`): natively the
 BACKEND_ORDER of pynode/core/gemm, under Pyodide the page's order (wasm_simd first).
 
     python -m pynode bench gemm [--json] [--repeats N]
@@ -101,9 +101,8 @@ def _audit_row(mul_lut: np.ndarray, repeats: int) -> dict:
 
 def run(json_out: bool, repeats: int = 7, shapes: tuple[int, ...] | None = None) -> list[dict]:
     """Time every backend at 256^3, 512^3, 1024^3; print rows (JSON lines or a table)."""
-    from pynode.browser_gemm import build_backend
+    from pynode.gemm_backends import backend_order, build_backend
     from pynode.unitfiles import load_default_units
-    from pynode.verify import backend_order
 
     lut = load_default_units().mul_lut
     gate = ExactGate(ReferenceBackend(lut))

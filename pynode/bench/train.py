@@ -21,7 +21,7 @@ from pynode.config import RunConfig
 
 def measure(task: str, cfg: RunConfig, steps: int) -> dict:
     """Train `steps` steps of `task` here; returns tokens/s (after one warm-up step)."""
-    from pynode.session import build_trainer
+    from pynode.run.assemble import build_trainer
 
     cfg = cfg.with_(task=task, steps=steps + 1)
     trainer = build_trainer(cfg)

@@ -1,7 +1,7 @@
 """Transports behind one collective interface, picked by name.
 
 base.py       Collective, ReduceResult, PeerLost and the checks every transport shares
-wire.py       frame header and result payloads of the star protocol
+wire.py       frame header of the star protocol; the one codec of structured messages
 star.py       what a hub computes from its members' frames (pure)
 streams.py    asyncio stream links (native only)
 loopback.py   processes on one machine in a star around rank 0
@@ -10,7 +10,10 @@ mesh.py       Mesh: whole messages between peer ids (WebRTC in the page, in-memo
 webrtc.py     a Collective over a Mesh: reduce-scatter + all-gather, leader-committed members
 native_mesh.py  the Mesh of a native peer: aiortc data channels + the server's signaling
 mdns.py       Chromium's mDNS answers made readable to aioice (a tab's .local candidate)
+signaling.py  the client of the server's signaling websocket (native peers)
 bridge.py     a gloo cluster that takes part in a room through its rank 0
+
+Transports know nothing of training: the run layer (pynode.run) drives them.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from pynode.comm.streams import (
     read_frame,
     start_server,
 )
-from pynode.comm.wire import VERSION, Frame, Kind, encode_header, pack_result, unpack_result
+from pynode.comm.wire import VERSION, Frame, Kind, encode_header, pack_message, unpack_message
 from pynode.core.errors import DaisyError
 
 log = logging.getLogger(__name__)
@@ -140,7 +140,7 @@ class LoopbackCollective(Collective):
                 await self._drop(rank, item, own.seq)
         members = tuple(r for r in self._members if r in frames)
         status, meta, blob = star.combine(own, frames, members, self.world_size)
-        result = pack_result(meta, blob)
+        result = pack_message(meta, blob)
         # Echo each member's own kind and seq, so a member that called the wrong collective
         # reads the usage error instead of a protocol violation.
         sent = await asyncio.gather(
@@ -199,7 +199,7 @@ class LoopbackCollective(Collective):
                     f"the hub answered {frame.kind.name} #{frame.seq} to {own.kind.name} #{own.seq}"
                 )
             else:
-                meta, blob = unpack_result(frame.payload)
+                meta, blob = unpack_message(frame.payload)
                 return frame.status, meta, blob
         raise await self._break(lost)
 
@@ -279,7 +279,7 @@ async def _form_group(
         server.close()
         if not isinstance(address, tuple):
             Path(address).unlink(missing_ok=True)
-    welcome = pack_result({"members": list(range(world_size))})
+    welcome = pack_message({"members": list(range(world_size))})
     for link in joined.values():
         await link.send(Frame(Kind.WELCOME, 0, 0, 0, 0, welcome))
     return joined
@@ -306,7 +306,7 @@ def _check_hello(frame: Frame, world_size: int, group: str, joined: dict[int, Li
 def _refuse(writer: asyncio.StreamWriter, exc: BaseException) -> None:
     if isinstance(exc, CollectiveUsageError):
         status, meta, _ = star.error_result(exc, ())
-        payload = pack_result(meta)
+        payload = pack_message(meta)
         writer.write(encode_header(Frame(Kind.WELCOME, status, 0, 0, 0, payload)) + payload)
     writer.close()  # flushes what was written first
 
@@ -315,7 +315,7 @@ async def _abort_joined(joined: dict[int, Link], lost: PeerLost) -> None:
     status, meta, _ = star.error_result(lost, ())
     for link in joined.values():
         try:
-            await link.send(Frame(Kind.WELCOME, status, 0, 0, 0, pack_result(meta)))
+            await link.send(Frame(Kind.WELCOME, status, 0, 0, 0, pack_message(meta)))
         except LinkGone:
             pass
         await link.close()
@@ -348,7 +348,7 @@ async def _join_group(
     if frame.kind != Kind.WELCOME:
         writer.close()
         raise CommError(f"the hub answered HELLO with {frame.kind.name}")
-    meta, _ = unpack_result(frame.payload)
+    meta, _ = unpack_message(frame.payload)
     if frame.status:
         writer.close()
         raise refusal_error(frame.status, str(meta.get("error")), meta.get("ranks", ()))

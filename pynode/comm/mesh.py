@@ -3,7 +3,7 @@
 The page's mesh is WebRTC data channels driven by the JS bridge (pynode.browser.JsMesh),
 a native one will be aiortc, and `MemoryNetwork` is the real in-process one tests use.
 `MeshRouter` splits one mesh into channels by a tag byte, so the run protocol
-(pynode.room) and the collective (pynode.comm.webrtc) share the same connections.
+(pynode.run.protocol) and the collective (pynode.comm.webrtc) share the same connections.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from typing import Any
 from pynode.comm.base import CommError
 from pynode.comm.mdns import read_chromium_answers
 from pynode.comm.mesh import Mesh
-from pynode.signaling_client import SignalingClient
+from pynode.comm.signaling import SignalingClient
 
 log = logging.getLogger(__name__)
 

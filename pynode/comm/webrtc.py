@@ -51,7 +51,7 @@ from pynode.comm.base import (
     refusal_error,
 )
 from pynode.comm.mesh import Mesh
-from pynode.comm.wire import Frame, Kind, pack_result, unpack_result
+from pynode.comm.wire import Frame, Kind, pack_message, unpack_message
 from pynode.core.errors import DaisyError, ShapeError
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class Op(IntEnum):
     DECIDE = 3  # leader -> members: JSON commit / retry / error, members and ranks
     SUM = 4  # owner -> members: the reduced chunk
     STAR = 5  # member -> leader: a star collective's frame (chunk: wire Kind, arg: root)
-    RESULT = 6  # leader -> member: star result (pack_result of meta, blob)
+    RESULT = 6  # leader -> member: star result (pack_message of meta, blob)
     BYE = 7  # leaving the group
     FETCH = 8  # member -> member: the chunks it lacks after the all-gather (u32 each)
     GIVE = 9  # member -> member: one of them (chunk: its index; status 1: not held)
@@ -143,7 +143,7 @@ class MeshCollective(Collective):
         """Leader only: `peer_id` becomes a member after the next collective; returns its rank.
 
         The joiner must then `connect` with `ranks`, `members` and `seq` as they are after
-        that collective (the leader sends them; see pynode.room).
+        that collective (the leader sends them; see pynode.run.protocol).
         """
         if self.rank != 0:
             raise CollectiveUsageError("only the leader (rank 0) admits peers")
@@ -547,7 +547,7 @@ class MeshCollective(Collective):
                                   self._deadline(timeout, 2))
         if leader not in got:
             raise self._lost_leader(f"during {own.kind.name.lower()} #{own.seq}")
-        meta, blob = unpack_result(bytes(got[leader].payload))
+        meta, blob = unpack_message(bytes(got[leader].payload))
         return got[leader].status, meta, blob
 
     async def _hub(self, own: Frame, timeout: float) -> tuple[int, dict[str, Any], bytes]:
@@ -566,7 +566,7 @@ class MeshCollective(Collective):
         meta["members"] = sorted([*members, *self._joining])
         meta["ranks"] = self._ranks
         self._joining = []
-        result = pack_result(meta, blob)
+        result = pack_message(meta, blob)
         for peer in ids:
             self._send(peer, Op.RESULT, own.seq, result, status=status, chunk=own.kind)
         return status, meta, blob

@@ -2,8 +2,11 @@
 
 Header (little-endian): magic b"DCHN", version u8, kind u8, status u8, pad u8,
 seq u32, rank i32, arg i64, length u64. `status` is 0 or a refusal code of base.py;
-`arg` is the broadcast root where one is needed. A result payload is a JSON
-meta section (u32 length first) followed by a binary blob.
+`arg` is the broadcast root where one is needed.
+
+`pack_message` / `unpack_message` is the one codec of structured messages: a u32 length, a
+JSON object, then a binary blob. Star results, the run protocol (pynode.run.protocol) and
+the cluster bridge all use it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,10 @@ MAGIC = b"DCHN"
 VERSION = 1
 HEADER = struct.Struct("<4sBBBxIiqQ")
 _META_LEN = struct.Struct("<I")
+
+
+class MessageError(CommError):
+    """A structured message that does not decode (truncated, not JSON, not an object)."""
 
 
 class Kind(IntEnum):
@@ -73,17 +80,21 @@ def decode_header(raw: bytes, max_payload: int) -> tuple[Kind, int, int, int, in
     return kind, status, seq, rank, arg, length
 
 
-def pack_result(meta: dict[str, Any], blob: bytes = b"") -> bytes:
-    head = json.dumps(meta, separators=(",", ":")).encode()
-    return _META_LEN.pack(len(head)) + head + blob
+def pack_message(head: dict[str, Any], blob: bytes = b"") -> bytes:
+    """u32 length, the JSON object `head`, then `blob`."""
+    text = json.dumps(head, separators=(",", ":")).encode()
+    return _META_LEN.pack(len(text)) + text + blob
 
 
-def unpack_result(payload: bytes) -> tuple[dict[str, Any], bytes]:
+def unpack_message(data: bytes | memoryview) -> tuple[dict[str, Any], bytes]:
+    """(head, blob) of a `pack_message`; MessageError for anything malformed."""
     try:
-        (n,) = _META_LEN.unpack_from(payload)
-        meta = json.loads(payload[_META_LEN.size : _META_LEN.size + n])
+        (n,) = _META_LEN.unpack_from(data)
+        if _META_LEN.size + n > len(data):
+            raise ValueError(f"JSON of {n} bytes in a message of {len(data)}")
+        head = json.loads(bytes(data[_META_LEN.size : _META_LEN.size + n]))
     except (struct.error, ValueError) as exc:
-        raise CommError(f"malformed result payload: {exc}") from None
-    if not isinstance(meta, dict):
-        raise CommError("malformed result payload: meta is not an object")
-    return meta, payload[_META_LEN.size + n :]
+        raise MessageError(f"malformed message: {exc}") from None
+    if not isinstance(head, dict):
+        raise MessageError("malformed message: its head is not a JSON object")
+    return head, bytes(data[_META_LEN.size + n :])

@@ -16,7 +16,7 @@ from comm_helpers import REPO  # noqa: F401  (puts the repo and tests/ on sys.pa
 from netns import private_network
 
 from pynode.config import RunConfig
-from pynode.session import build_trainer
+from pynode.run.assemble import build_trainer
 
 CFG = RunConfig(
     steps=4, seed=1, width=32, layers=1, heads=2, seq=16, microbatch_size=2, microbatches=8

@@ -6,17 +6,18 @@ import asyncio
 
 import pytest
 
-from pynode import group
 from pynode.config import RunConfig
+from pynode.run import group
+from pynode.run.protocol import start_message
 
 
 class LeaderSaid:
-    """The follower's view of a collective: the leader's broadcasts, then nothing."""
+    """The follower's view of a collective: the leader's `go`, then nothing."""
 
     rank, world_size, members, bytes_sent = 1, 2, (0, 1), 0
 
     def __init__(self, cfg: RunConfig):
-        self.broadcasts = [cfg.to_json().encode(), b"0"]
+        self.broadcasts = [start_message("go", cfg)]
         self.gathered = 0
 
     async def broadcast_bytes(self, data, *, root=0, timeout):

@@ -30,7 +30,7 @@ from pynode.comm.native_mesh import (
     fragment,
     fragment_count,
 )
-from pynode.signaling_client import SignalingClient, SignalingError, ws_url
+from pynode.comm.signaling import SignalingClient, SignalingError, ws_url
 
 SIZES = [0, 1, FRAGMENT_BYTES - 1, FRAGMENT_BYTES, FRAGMENT_BYTES + 1, 3 * FRAGMENT_BYTES,
          (1 << 20) + 3]
@@ -221,7 +221,7 @@ def test_a_declined_peer_learns_why_and_an_absent_server_is_a_named_error(server
 
 # ----------------------------------------------------------------------------- the command
 def join(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pynode.cli_join", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "pynode", "join", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, **(env or {})})
 
@@ -247,12 +247,12 @@ def test_join_refuses_bad_input_before_it_connects(tmp_path):
 BLOCK_TORCH = """
 import asyncio, sys
 sys.modules["torch"] = None  # any `import torch` now fails, as on a numpy-only install
-from pynode.cli_join import add_join_parser, join_command  # noqa: F401
+from pynode.cli.join import add_join_parser, join_command  # noqa: F401
 import aiortc, websockets  # noqa: F401
 from pynode.comm.native_mesh import NativeMesh  # noqa: F401
 from pynode.config import RunConfig
-from pynode.session import load_units_and_gemm
-from pynode.trainer import Trainer
+from pynode.run.assemble import load_units_and_gemm
+from pynode.run.trainer import Trainer
 from pynode.tasks import load_task
 units, gemm = load_units_and_gemm()
 cfg = RunConfig(width=32, layers=1, heads=2, seq=16, microbatch_size=2, steps=1)
@@ -284,8 +284,8 @@ def checks():
 @pytest.fixture(scope="module")
 def reference(checks) -> list[str]:
     from pynode.config import RunConfig
+    from pynode.run.trainer import Trainer
     from pynode.tasks import load_task
-    from pynode.trainer import Trainer
 
     trainer = Trainer(RunConfig.from_dict(CONFIG), load_task("gpt"), checks.gemm)
 
@@ -299,12 +299,12 @@ async def bridged_room(checks, cluster_size: int, late: bool):
     """A tab-like peer leads; a cluster of `cluster_size` ranks is one more room peer, from
     the start or synced in after step 2. Returns {who: {step: hash}}."""
     from pynode.comm import webrtc
-    from pynode.comm.bridge import ClusterBridge, follow_bridge
     from pynode.comm.mesh import MemoryNetwork
-    from pynode.config import RunConfig
     from pynode.core import checkpoint
-    from pynode.native_peer import verified_trainer
-    from pynode.room import RoomPeer
+    from pynode.run.assemble import build_trainer
+    from pynode.run.cluster import ClusterBridge, follow_bridge
+    from pynode.run.protocol import RoomPeer
+    from pynode.run.trainer import TrainOptions
 
     room, cluster = MemoryNetwork(), MemoryNetwork()
     names = [f"rank{i}" for i in range(cluster_size)]
@@ -324,15 +324,18 @@ async def bridged_room(checks, cluster_size: int, late: bool):
                 finished[who].set()
         return report
 
+    arithmetic = (checks.units, checks.gemm)
+
     def bridge_trainer(cfg, coll, resume):
         state = None if resume is None else checkpoint.save_checkpoint(resume)
-        return verified_trainer(checks.units, checks.gemm, cfg,
-                                bridge.wrap(coll, cfg.to_json(), state), resume, cluster=True)
+        return build_trainer(cfg, bridge.wrap(coll, cfg, state), resume, arithmetic=arithmetic,
+                             options=TrainOptions(share=(0, cluster_size)))
 
-    def follower_trainer(config, coll, state):
-        cfg = RunConfig.from_dict(config)
-        ckpt = None if state is None else checkpoint.load_checkpoint(state)
-        return verified_trainer(checks.units, checks.gemm, cfg, coll, ckpt, cluster=True)
+    def follower_trainer(rank):
+        def make(cfg, coll, ckpt):
+            return build_trainer(cfg, coll, ckpt, arithmetic=arithmetic,
+                                 options=TrainOptions(share=(rank, cluster_size)))
+        return make
 
     followers = []
     for i in range(1, cluster_size):
@@ -342,7 +345,7 @@ async def bridged_room(checks, cluster_size: int, late: bool):
         def note(result, log=log):
             log[result.step] = result.hash
         followers.append(asyncio.ensure_future(follow_bridge(
-            inner[i], follower_trainer, lambda line: None, note)))
+            inner[i], follower_trainer(i), lambda line: None, (note,))))
     def leader_trainer(cfg, coll, resume):
         """In a late test, step 3 waits until the bridge asked to join: admitted before it."""
         trainer = checks.make_trainer(cfg, coll, resume)
@@ -359,7 +362,8 @@ async def bridged_room(checks, cluster_size: int, late: bool):
     tasks = [asyncio.ensure_future(leader.serve())]
 
     def join_bridge():
-        peer = RoomPeer(room.join("bridge"), bridge_trainer, reporter("bridge"))
+        peer = RoomPeer(room.join("bridge"), bridge_trainer, reporter("bridge"),
+                        (bridge.before_step,))
         tasks.append(asyncio.ensure_future(peer.serve()))
 
     if not late:

@@ -180,11 +180,10 @@ BAD_CHECKPOINTS = {
 def initial_checkpoint() -> bytes:
     """A valid step-0 checkpoint of the default GPT (no units needed to build it)."""
     from pynode.config import RunConfig
-    from pynode.session import checkpoint_bytes
+    from pynode.run.trainer import Trainer
     from pynode.tasks.gpt import GPTTask
-    from pynode.trainer import Trainer
 
-    return checkpoint_bytes(Trainer(RunConfig(steps=3, seed=1), GPTTask(), None))
+    return Trainer(RunConfig(steps=3, seed=1), GPTTask(), None).state_bytes()
 
 
 def bad_checkpoint_plans(folder: Path) -> dict[str, tuple[list[str], Path, Path, str, str]]:

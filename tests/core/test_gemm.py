@@ -32,6 +32,7 @@ from pynode.core.gemm import (
 from pynode.core.gemm.blas_exact import CHUNK_K, BlasFloatBackend
 from pynode.core.gemm.gate import gate_cases
 from pynode.core.gemm.reference import ReferenceBackend
+from pynode.gemm_backends import build_backend
 
 VALUES = np.arange(-128, 128, dtype=np.int64)
 LUT = (VALUES[:, None] * VALUES[None, :]).astype(np.int32)  # (256, 256) int32
@@ -65,7 +66,7 @@ def exact(a, b):
 
 def available(name):
     try:
-        return make_backend(name, LUT)
+        return build_backend(name, LUT)
     except BackendUnavailableError as exc:
         pytest.skip(str(exc))
 
@@ -334,7 +335,7 @@ def test_select_gemm_demotes_failing_backend_with_warning(units, caplog):
 
 def test_select_gemm_prefer(units):
     assert select_gemm(units, prefer="reference").backend_name == "reference"
-    with pytest.raises(UnknownBackendError, match="blas_float, torch, numpy_int, reference"):
+    with pytest.raises(UnknownBackendError, match="blas_float, numpy_int, reference"):
         select_gemm(units, prefer="cuda")
     with pytest.raises(GateError, match="forced GEMM backend 'int16_accumulator'"):
         select_gemm(units, prefer="int16_accumulator", order=[Int16Accumulator(), "reference"])
@@ -342,9 +343,12 @@ def test_select_gemm_prefer(units):
 
 def test_missing_torch_is_skipped_or_refused(units, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # makes `import torch` fail
-    assert select_gemm(units, order=["torch", "numpy_int"]).backend_name == "numpy_int"
+    order = ["torch", "numpy_int"]
+    assert select_gemm(units, order=order, build=build_backend).backend_name == "numpy_int"
     with pytest.raises(BackendUnavailableError, match="torch backend unavailable"):
-        select_gemm(units, prefer="torch")
+        select_gemm(units, prefer="torch", order=order, build=build_backend)
+    with pytest.raises(UnknownBackendError, match="unknown GEMM backend 'torch'"):
+        make_backend("torch", LUT)  # the core builds numpy-only backends alone
 
 
 def test_no_blas_order_prefers_einsum(units):
@@ -451,11 +455,11 @@ def test_operand_edges_named_errors_or_exact_results(name):
     products mean); a negative stride on a size-1 axis, which numpy calls contiguous and
     torch refuses, gives the exact product on every backend."""
     from pynode.core.errors import ShapeError
-    from pynode.core.gemm import BackendUnavailableError, make_backend
+    from pynode.core.gemm import BackendUnavailableError
     from pynode.unitfiles import load_default_units
 
     try:
-        backend = make_backend(name, load_default_units().mul_lut)
+        backend = build_backend(name, load_default_units().mul_lut)
     except BackendUnavailableError as exc:
         pytest.skip(str(exc))
     g = np.random.default_rng(7)

@@ -115,12 +115,13 @@ def default_units():
 
 def gemm_backends(units) -> list[tuple[str, object]]:
     """(label, gemm) for every backend that can run here, raw, plus the one select_gemm picks."""
-    from pynode.core.gemm import BACKEND_ORDER, BackendUnavailableError, make_backend, select_gemm
+    from pynode.core.gemm import BackendUnavailableError, select_gemm
+    from pynode.gemm_backends import NATIVE_ORDER, build_backend
 
     backends = []
-    for name in BACKEND_ORDER:
+    for name in NATIVE_ORDER:
         try:
-            backends.append((name, make_backend(name, units.mul_lut)))
+            backends.append((name, build_backend(name, units.mul_lut)))
         except BackendUnavailableError:
             continue
     selected = select_gemm(units)

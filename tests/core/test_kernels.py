@@ -134,7 +134,7 @@ def test_select_kernels_prefers_numba_and_can_be_forced_to_numpy():
 @needs_numba
 def test_training_hashes_equal_with_numba_and_numpy_kernels():
     from pynode.config import RunConfig
-    from pynode.session import build_trainer
+    from pynode.run.assemble import build_trainer
 
     cfg = RunConfig(steps=3, seed=2, width=32, layers=1, heads=2, seq=16, microbatch_size=2,
                     microbatches=3)

@@ -18,15 +18,14 @@ from pynode.comm.base import ReduceResult
 from pynode.config import RunConfig
 from pynode.core import checkpoint
 from pynode.core.errors import DaisyError, FixedPointOverflowError, NonFiniteError, ShapeError
-from pynode.session import (
+from pynode.run.assemble import (
     build_trainer,
-    checkpoint_bytes,
     checkpoint_expectations,
     state_from_checkpoint,
 )
+from pynode.run.trainer import ContributionError, StepResult, Trainer
 from pynode.tasks import UnknownTaskError, load_task
 from pynode.tasks.gpt import GPTTask
-from pynode.trainer import ContributionError, StepResult, Trainer
 
 # A few seconds per run: 4 steps of a 1-block GPT, 4 microbatches of 2 x 16 bytes.
 TINY = RunConfig(
@@ -119,7 +118,7 @@ def test_microbatches_in_any_order_or_split_give_the_same_partial_sum(reference)
 def test_resume_from_checkpoint_continues_bit_identically(reference, k):
     first = build_trainer(TINY)
     train(first, k)
-    blob = checkpoint_bytes(first)
+    blob = first.state_bytes()
     ckpt = checkpoint.load_checkpoint(blob, expect=checkpoint_expectations(TINY))
     assert ckpt.step == k and ckpt.state_hash == reference[k - 1].hash
     resumed = build_trainer(TINY, resume=ckpt)
@@ -128,7 +127,7 @@ def test_resume_from_checkpoint_continues_bit_identically(reference, k):
 
 
 def test_state_from_checkpoint_copies_the_state():
-    ckpt = checkpoint.load_checkpoint(checkpoint_bytes(build_trainer(TINY)))
+    ckpt = checkpoint.load_checkpoint(build_trainer(TINY).state_bytes())
     state = state_from_checkpoint(ckpt)
     assert state.hash() == ckpt.state_hash and state.step == 0
 

@@ -77,7 +77,7 @@ def test_gate_rows_fail_for_a_backend_with_one_wrong_cell(monkeypatch):
         backend = real(name, lut)
         return OffByOne(backend) if name == "numpy_int" else backend
 
-    monkeypatch.setattr("pynode.core.gemm.make_backend", broken)
+    monkeypatch.setattr("pynode.gemm_backends.make_backend", broken)
     units = pynode.unitfiles.load_default_units()
     rows = {row.backend: row for row in verify.gate_rows(units)}
     assert rows["numpy_int"].result.startswith("FAIL")

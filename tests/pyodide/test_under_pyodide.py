@@ -97,7 +97,7 @@ def test_training_steps_match_native_under_pyodide(runtime, bundle):
     import asyncio
 
     from pynode.config import RunConfig
-    from pynode.session import build_trainer
+    from pynode.run.assemble import build_trainer
 
     cfg = RunConfig(steps=3, seed=1, width=32, layers=1, heads=2, seq=16, microbatch_size=2,
                     microbatches=3)
@@ -155,8 +155,9 @@ def test_wasm_kernels_are_unavailable_natively():
 
 
 def test_wasm_simd_is_unavailable_natively():
-    from pynode.browser_gemm import PAGE_ORDER, WasmSimdBackend, available_backends
+    from pynode.browser_gemm import PAGE_ORDER, WasmSimdBackend
     from pynode.core.gemm import BackendUnavailableError
+    from pynode.gemm_backends import available_backends
     from pynode.unitfiles import load_default_units
 
     with pytest.raises(BackendUnavailableError, match="only under Pyodide"):

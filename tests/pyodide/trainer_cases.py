@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from pynode.config import RunConfig
-from pynode.session import build_trainer
+from pynode.run.assemble import build_trainer
 
 EXPECTED = Path(__file__).resolve().parents[2] / "artifacts" / "pyodide_trainer_expected.json"
 

@@ -4,10 +4,12 @@ base.py          GemmBackend contract and the shared operand checks (int8, shape
 reference.py     LUT reference: every product from the verified multiply table (the oracle)
 numpy_int.py     int32 einsum, no BLAS needed
 blas_exact.py    float32 sgemm on integer values, K chunked at 1024 (fast native path)
-torch_backend.py torch._int_mm (torch imported lazily; unavailable -> skipped)
 gate.py          discriminating cases, bit-level comparison, GateReport
 audit.py         sampled re-check of live results (structural + seeded cells)
 select.py        select_gemm: gate best first, demote failures, wrap in Gemm
+
+Backends that need more than numpy (torch, the page's WebAssembly SIMD) are built outside
+the core (pynode/gemm_backends.py) and handed to select_gemm as instances or a `build`.
 """
 
 from pynode.core.gemm.audit import GemmAudit

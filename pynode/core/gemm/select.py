@@ -11,7 +11,7 @@ Legend: B batch, M rows, K reduction length, N columns.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,28 +23,28 @@ from pynode.core.gemm.blas_exact import BlasFloatBackend
 from pynode.core.gemm.gate import ExactGate, GateReport
 from pynode.core.gemm.numpy_int import NumpyIntBackend
 from pynode.core.gemm.reference import ReferenceBackend
-from pynode.core.gemm.torch_backend import TorchBackend
 from pynode.core.kernels import REFERENCE, Kernels
 
 log = logging.getLogger(__name__)
 
-# Best first. blas_float is the fast native path; torch costs a heavy import; numpy_int
-# needs no BLAS (the fast one under Pyodide); the reference is the oracle itself.
-BACKEND_ORDER = ("blas_float", "torch", "numpy_int", "reference")
+# The core's backends, best first. blas_float is the fast native path; numpy_int needs no
+# BLAS (the fast one under Pyodide); the reference is the oracle itself. Backends that need
+# more than numpy (torch's, the page's WebAssembly SIMD) live outside the core
+# (pynode/gemm_backends.py), which builds every backend by name.
+BACKEND_ORDER = ("blas_float", "numpy_int", "reference")
 # Without BLAS (Pyodide's numpy) float32 matmul is a plain loop: int32 einsum measured
 # ~2x faster there (256^3: 15 ms vs 27-36 ms). The page puts its WebAssembly SIMD kernel
-# (pynode/browser_gemm.py, outside the core) ahead of this order.
+# ahead of this order.
 NO_BLAS_ORDER = ("numpy_int", "blas_float", "reference")
 
 Candidate = str | GemmBackend
+Build = Callable[[str, np.ndarray], GemmBackend]  # (name, mul_lut) -> backend
 
 
 def make_backend(name: str, mul_lut: np.ndarray) -> GemmBackend:
     """Build the backend called `name`; BackendUnavailableError if it cannot run here."""
     if name == "blas_float":
         return BlasFloatBackend()
-    if name == "torch":
-        return TorchBackend()
     if name == "numpy_int":
         return NumpyIntBackend()
     if name == "reference":
@@ -59,12 +59,14 @@ def _name(c: Candidate) -> str:
 class _Chooser:
     """Walks the candidates in order, gating each, until one passes."""
 
-    def __init__(self, gate: ExactGate, mul_lut: np.ndarray, candidates: Sequence[Candidate]):
+    def __init__(self, gate: ExactGate, mul_lut: np.ndarray, candidates: Sequence[Candidate],
+                 build: Build):
         self.gate, self.mul_lut, self.pending = gate, mul_lut, list(candidates)
+        self.build = build
         self.reports: list[GateReport] = []
 
     def gate_one(self, c: Candidate) -> tuple[GemmBackend, GateReport]:
-        backend = make_backend(c, self.mul_lut) if isinstance(c, str) else c
+        backend = self.build(c, self.mul_lut) if isinstance(c, str) else c
         report = self.gate.run(backend)
         self.reports.append(report)
         log.info("GEMM gate %s: %s in %.3fs", report.backend, report.passed, report.seconds)
@@ -186,6 +188,7 @@ def select_gemm(
     order: Sequence[Candidate] = BACKEND_ORDER,
     audit_every: int = AUDIT_EVERY,
     kernels: Kernels = REFERENCE,
+    build: Build = make_backend,
 ) -> Gemm:
     """Gate backends best first against the LUT reference of `units` and wrap the winner.
 
@@ -194,6 +197,8 @@ def select_gemm(
     order: backends to try, best first, as names or backend instances.
     audit_every: audit one call in this many (see audit.py).
     kernels: the hot kernels the model uses with it, already gated (core/kernels.py).
+    build: builds a backend named in `order` (pynode.gemm_backends.build_backend knows the
+        ones outside the core).
     """
     names = [_name(c) for c in order]
     if prefer is not None and prefer not in names:
@@ -201,10 +206,10 @@ def select_gemm(
     gate = ExactGate(ReferenceBackend(units.mul_lut))
     audit = GemmAudit(units.mul_lut, every=audit_every)
     if prefer is None:
-        chooser = _Chooser(gate, units.mul_lut, order)
+        chooser = _Chooser(gate, units.mul_lut, order, build)
         return Gemm(units, *chooser.next_passing(), chooser, audit, kernels)
     at = names.index(prefer)
-    chooser = _Chooser(gate, units.mul_lut, order[at + 1 :])
+    chooser = _Chooser(gate, units.mul_lut, order[at + 1 :], build)
     backend, report = chooser.gate_one(order[at])
     if not report.passed:
         raise GateError(

@@ -1,4 +1,4 @@
-"""The one training loop, for one peer or many (async; the transport decides who the others are).
+"""One training step, for one peer or many (async; the transport decides who the others are).
 
 A step is a fixed list of microbatches. Each peer computes the ones the plan gives it,
 turns each gradient into int64 fixed point and adds it to its partial sum. The partials
@@ -27,7 +27,7 @@ from pynode.core.probe import probe_hash
 from pynode.core.statehash import state_hash
 from pynode.tasks.base import Task
 
-log = logging.getLogger("pynode.trainer")
+log = logging.getLogger("pynode.run")
 
 # Each microbatch's mean loss travels as fixed point too, so the logged loss is exact.
 LOSS_FRAC_BITS = 32
@@ -39,6 +39,20 @@ class ForkError(DaisyError):
 
 class ContributionError(DaisyError):
     """A reduced step covers some microbatch twice or never: it must not be applied."""
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """How a trainer takes part in its group (every field has the single-peer default)."""
+
+    min_deadline: float = 30.0  # least seconds to wait for the others in a collective
+    capacities: dict[int, float] | None = None  # fixed relative speed per rank (--capacity);
+    #                                             None: planned by the speeds peers measure
+    share: tuple[int, int] = (0, 1)  # (index, count): compute every count-th of this rank's
+    #                                  microbatches, from the index-th (a cluster behind a rank)
+
+
+ALONE = TrainOptions()  # the defaults: alone, or planned by measured speeds
 
 
 @dataclass
@@ -62,7 +76,12 @@ class StepResult:
 
 
 class Trainer:
-    """Trains `task` under `cfg`. Alone when `collective` is None, else as one member."""
+    """Trains `task` under `cfg`. Alone when `collective` is None, else as one member.
+
+    `units` are the verified units the GEMM was gated on (None for a float task); they count
+    every invocation. Build one with pynode.run.assemble.build_trainer, drive it with
+    pynode.run.loop.train.
+    """
 
     def __init__(
         self,
@@ -71,19 +90,25 @@ class Trainer:
         gemm: Any,
         collective: Any = None,
         state: TrainState | None = None,
+        *,
+        units: Any = None,
+        options: TrainOptions = ALONE,
     ) -> None:
         self.cfg = cfg
         self.task = task
         self.gemm = gemm
+        self.units = units
         self.collective = collective
+        self.options = options
         self.model = task.build_model(cfg, gemm)
         self.shapes = self.model.param_shapes()
         self.state = state if state is not None else self.initial_state()
-        self.capacities: dict[int, float] = {}
-        self.plan_by_speed = True  # False when the user fixed --capacity
+        self.capacities: dict[int, float] = dict(options.capacities or {})
         self.microbatch_seconds = 0.0
-        self.min_deadline = 30.0
-        self.fault_hook: Callable[[Trainer], None] | None = None
+        # Observers (fault injection in tests): before_compute(step about to run, own
+        # microbatches) as the step starts computing; after_update(trainer) once applied.
+        self.before_compute: list[Callable[[int, list[int]], None]] = []
+        self.after_update: list[Callable[[Trainer], None]] = []
 
     def initial_state(self) -> TrainState:
         params = self.model.init_params(self.cfg.seed)
@@ -94,7 +119,12 @@ class Trainer:
         """Sum of the fixed-point gradients, losses and coverage counts of `indices`.
 
         Returns (P + 1 + n,) int64: gradient sum, loss sum, then one count per microbatch.
+        With a `share` of (i, c) only every c-th of `indices` from the i-th is computed here.
         """
+        index, count = self.options.share
+        indices = indices[index::count]
+        for hook in self.before_compute:
+            hook(self.state.step + 1, indices)
         cfg, step = self.cfg, self.state.step
         size = sum(int(np.prod(s)) for s in self.shapes.values())
         partial = np.zeros(size + 1 + cfg.microbatches, dtype=np.int64)
@@ -147,7 +177,12 @@ class Trainer:
     def deadline(self) -> float:
         """Seconds to wait for the others: generous against the measured step time."""
         expected = self.microbatch_seconds * self.cfg.microbatches
-        return max(self.min_deadline, 4.0 * expected)
+        return max(self.options.min_deadline, 4.0 * expected)
+
+    def adopt_capacities(self, capacities: dict[int, float]) -> None:
+        """The planning speeds of the group (a joiner's from the leader, a cluster rank's
+        from its bridge), so this peer plans the next step like the others."""
+        self.capacities = {int(r): float(v) for r, v in capacities.items()}
 
     async def reduce(self, partial: np.ndarray, plan: dict[int, list[int]]) -> np.ndarray:
         """Exact sum of every member's partial, re-planning microbatches nobody delivered."""
@@ -192,8 +227,8 @@ class Trainer:
             weight_decay=cfg.weight_decay, clip=cfg.clip,
         )
         self.state = TrainState(step=self.state.step + 1, params=params, opt=opt)
-        if self.fault_hook is not None:
-            self.fault_hook(self)
+        for hook in self.after_update:
+            hook(self)
         result = StepResult(
             step=self.state.step, loss=loss, hash=self.state.hash(),
             probe=probe_hash(self.gemm), plan=plan, seconds=time.perf_counter() - started,
@@ -217,7 +252,7 @@ class Trainer:
             vote, _, peer_speed = entry.partition(b"|")
             votes.append(vote)
             speeds[rank] = float(peer_speed)
-        if self.plan_by_speed:
+        if self.options.capacities is None:
             self.capacities = speeds
         if any(v != mine for v in votes):
             await self.resolve_fork(result, mine, seen)

@@ -1,26 +1,28 @@
 """What every member of a training group runs (SPMD), whatever the transport.
 
-Leader-follower: rank 0 broadcasts the run config and, when resuming, the checkpoint;
-followers refuse a config they cannot hold in memory; then all members train in lockstep
-and rank 0 reports the plan, the loss and the cluster-wide unit-invocation counts.
+Leader-follower: rank 0 broadcasts the run's `go` message (pynode.run.protocol: the config
+and, when resuming, the checkpoint); followers refuse a config they cannot hold in memory;
+then all members train in lockstep (pynode.run.loop) and rank 0 reports the plan, the loss
+and the cluster-wide unit-invocation counts.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from pynode import platform
 from pynode.config import ConfigError, RunConfig
-from pynode.core import checkpoint
-from pynode.session import build_trainer, checkpoint_expectations
-from pynode.trainer import StepResult, Trainer
+from pynode.run.assemble import build_trainer
+from pynode.run.loop import OnStep, train
+from pynode.run.protocol import read_start, start_message
+from pynode.run.trainer import ALONE, Trainer, TrainOptions
 
-log = logging.getLogger("pynode.group")
+log = logging.getLogger("pynode.run")
 
 SETUP_TIMEOUT = 120.0
 UNIT_NAMES = ("mul", "requant", "relu")
@@ -54,19 +56,12 @@ def memory_needed(cfg: RunConfig, param_count: int) -> int:
 
 
 async def agree_on_config(collective, cfg: RunConfig | None, resume: bytes | None):
-    """Rank 0's config (and checkpoint, if resuming) reaches every member."""
+    """Rank 0's config (and checkpoint, if resuming) reaches every member, validated."""
     leader = collective.rank == 0
-    text = await collective.broadcast_bytes(
-        cfg.to_json().encode() if leader else None, timeout=SETUP_TIMEOUT
+    message = await collective.broadcast_bytes(
+        start_message("go", cfg, resume) if leader else None, timeout=SETUP_TIMEOUT
     )
-    cfg = RunConfig.from_json(text.decode())
-    flag = await collective.broadcast_bytes(
-        (b"1" if resume else b"0") if leader else None, timeout=SETUP_TIMEOUT
-    )
-    state = None
-    if flag == b"1":
-        data = await collective.broadcast_bytes(resume if leader else None, timeout=SETUP_TIMEOUT)
-        state = checkpoint.load_checkpoint(data, expect=checkpoint_expectations(cfg))
+    _, cfg, state = read_start(message)
     return cfg, state
 
 
@@ -76,14 +71,15 @@ async def run_member(
     *,
     resume: bytes | None = None,
     backend: str | None = None,
-    capacities: dict[int, float] | None = None,
-    on_step: Callable[[Trainer, StepResult], None] | None = None,
+    options: TrainOptions = ALONE,
+    on_step: Sequence[OnStep] = (),
     report: Callable[[str], None] = print,
     prepare: Callable[[Trainer], None] | None = None,
-) -> Trainer:
-    """Join the group's run and train it to the end; returns the trainer (final state)."""
+) -> tuple[Trainer, dict]:
+    """Join the group's run and train it to the end; returns the trainer (final state) and
+    the traffic each member sent (see report_traffic)."""
     cfg, state = await agree_on_config(collective, cfg, resume)
-    trainer = build_trainer(cfg, backend=backend, collective=collective, resume=state)
+    trainer = build_trainer(cfg, collective, state, backend=backend, options=options)
     if prepare is not None:
         prepare(trainer)
     param_count = sum(p.size for p in trainer.state.params.values())
@@ -94,22 +90,16 @@ async def run_member(
             f"{memory_needed(cfg, param_count) / 2**20:.1f} MiB, only "
             f"{available / 2**20:.1f} MiB available; ask the leader for a smaller config"
         )
-    if capacities is not None:
-        trainer.capacities = dict(capacities)
-        trainer.plan_by_speed = False
     me = PeerInfo(collective.rank, platform.device_name(), platform.cpu_count(), available)
     infos = await collective.allgather_bytes(me.to_bytes(), timeout=SETUP_TIMEOUT)
     peers = [PeerInfo.from_bytes(b) for b in infos if b is not None]
     if collective.rank == 0:
         report(plan_table(peers, trainer.plan()))
-    while trainer.state.step < cfg.steps:
-        result = await trainer.step()
-        if on_step is not None:
-            on_step(trainer, result)
+    await train(trainer, on_step=on_step)
     await report_unit_counts(collective, trainer, report)
     first_step = state.step if state is not None else 0
-    await report_traffic(collective, trainer, report, steps=cfg.steps - first_step)
-    return trainer
+    traffic = await report_traffic(collective, trainer, report, steps=cfg.steps - first_step)
+    return trainer, traffic
 
 
 def plan_table(peers: list[PeerInfo], plan: dict[int, list[int]]) -> str:
@@ -126,7 +116,7 @@ def plan_table(peers: list[PeerInfo], plan: dict[int, list[int]]) -> str:
 
 async def report_unit_counts(collective, trainer: Trainer, report: Callable[[str], None]) -> None:
     """Sum every member's unit counters exactly; rank 0 reports them (refusing zeros)."""
-    units = getattr(trainer, "units", None)
+    units = trainer.units
     counts = units.counts.snapshot() if units is not None else {}
     mine = np.array([counts.get(n, 0) for n in UNIT_NAMES], dtype=np.int64)
     total = (await collective.allreduce_int64(mine, timeout=SETUP_TIMEOUT)).total
@@ -138,7 +128,7 @@ async def report_unit_counts(collective, trainer: Trainer, report: Callable[[str
         report(f"cluster-wide unit invocations: {pretty}")
 
 
-async def report_traffic(collective, trainer: Trainer, report, steps: int) -> None:
+async def report_traffic(collective, trainer: Trainer, report, steps: int) -> dict:
     """Bytes each member sent per step, next to the ring all-reduce optimum 2(N-1)/N x G."""
     sent = await collective.allgather_bytes(
         str(collective.bytes_sent).encode(), timeout=SETUP_TIMEOUT
@@ -147,10 +137,10 @@ async def report_traffic(collective, trainer: Trainer, report, steps: int) -> No
     n = len(per_rank)
     grad_bytes = 8 * sum(p.size for p in trainer.state.params.values())
     optimum = 2 * (n - 1) / n * grad_bytes if n > 1 else 0.0
-    trainer.traffic = {"per_rank_bytes_per_step": {r: b / max(steps, 1) for r, b in
-                                                  per_rank.items()},
-                       "ring_optimum_bytes_per_step": optimum, "gradient_bytes": grad_bytes}
+    traffic = {"per_rank_bytes_per_step": {r: b / max(steps, 1) for r, b in per_rank.items()},
+               "ring_optimum_bytes_per_step": optimum, "gradient_bytes": grad_bytes}
     if collective.rank == 0 and n > 1:
         worst = max(per_rank.values()) / max(steps, 1)
         report(f"traffic: up to {worst / 1e6:.2f} MB sent per peer per step "
                f"(ring all-reduce optimum {optimum / 1e6:.2f} MB, ratio {worst / optimum:.2f})")
+    return traffic

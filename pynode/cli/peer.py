@@ -1,10 +1,10 @@
 """A native peer in a room: signaling, the aiortc mesh and the run protocol glued together.
 
 pyodide_app/node.js does the same for a tab. `NativePeer` is what `python -m pynode join`
-runs (pynode.cli_join reads the flags): it joins, waits for approval, serves the room's run
-protocol (pynode.room) and reports to the terminal (`say`, a progress bar, --log), to the
-pages (the "ui" channel) and to the server (status frames). With a cluster behind it
-(`--cluster`), its trainer reduces through the cluster first (pynode.comm.bridge).
+runs (pynode.cli.join reads the flags): it joins, waits for approval, serves the room's run
+protocol (pynode.run.protocol) and reports to the terminal (`say`, a progress bar, --log),
+to the pages (the "ui" channel) and to the server (status frames). With a cluster behind it
+(`--cluster`), its trainer reduces through the cluster first (pynode.run.cluster).
 """
 
 from __future__ import annotations
@@ -12,36 +12,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import signal
-import sys
 import time
 from typing import Any
 
-from pynode.cli_train import StepReporter
+from pynode.cli.faults import install_fault
+from pynode.cli.flags import train_options
+from pynode.cli.report import Saver, StepReporter, say
 from pynode.config import RunConfig
 from pynode.core import checkpoint
-from pynode.room import RoomError
-from pynode.trainer import StepResult, Trainer
+from pynode.run.assemble import build_trainer
+from pynode.run.protocol import RoomError
+from pynode.run.trainer import StepResult, Trainer
 
-# Test hook, read only here: "STEP:KIND" makes this peer misbehave in step STEP, as it starts
-# computing (whether or not the plan gave it microbatches). kill: SIGKILL itself; stall:
-# block its training loop (its links stay up, its messages stop: the deadline drops it).
-FAULT_ENV = "PYNODE_JOIN_FAULT"
 JOIN_WAIT_S = 10.0  # a resumed run waits this long for the ready peers to ask to join
 STATUS_EVERY_S = 0.25  # status frames to the server at most this often (it allows 50/s)
 EXIT_DONE, EXIT_FAILED, EXIT_REFUSED = 0, 3, 4
-
-
-def say(text: str) -> None:
-    """A line for the person at the terminal (above the progress bar, if one is drawn)."""
-    line = f"{time.strftime('%H:%M:%S')} {text}"
-    try:
-        from tqdm import tqdm
-
-        tqdm.write(line, file=sys.stderr)
-    except ImportError:
-        print(line, file=sys.stderr, flush=True)
 
 
 class NativePeer:
@@ -57,7 +42,8 @@ class NativePeer:
         self.serving: asyncio.Task | None = None
         self.trainer: Trainer | None = None
         self.reporter: StepReporter | None = None
-        self.agreed: bytes | None = None  # checkpoint of the last step every member agreed on
+        self.saver = Saver(args.save, args.save_every)
+        self.save_step: Any = None  # the saver's hook for the current trainer
         self.shown: dict[str, Any] = {"state": "ready", "step": 0, "loss": None, "hash": None,
                                       "probe": None, "leader": None, "run": None, "error": None}
         self.last_status = 0.0
@@ -73,9 +59,10 @@ class NativePeer:
             if not await self.until(lambda: self.signaling.approved, None):
                 return await self.finished
             say("the host approved this peer")
-        from pynode.room import RoomPeer
+        from pynode.run.protocol import RoomPeer
 
-        self.room = RoomPeer(self.mesh, self.make_trainer, self.report)
+        hooks = () if self.bridge is None else (self.bridge.before_step,)
+        self.room = RoomPeer(self.mesh, self.make_trainer, self.report, hooks)
         self.serving = asyncio.ensure_future(self.room.serve())
         if cfg is not None:
             await self.lead(cfg, resume)
@@ -85,7 +72,7 @@ class NativePeer:
 
     async def connect(self) -> None:
         from pynode.comm.native_mesh import NativeMesh, NetThread
-        from pynode.signaling_client import SignalingClient
+        from pynode.comm.signaling import SignalingClient
 
         self.net = NetThread()
         self.signaling = SignalingClient(self.args.server, room=self.args.room,
@@ -191,21 +178,22 @@ class NativePeer:
 
     # ----------------------------------------------------------------- training
     def make_trainer(self, cfg: RunConfig, collective: Any, resume: Any) -> Trainer:
-        """A trainer on the verified units and gated GEMM (the loop of `pynode train`);
-        behind a cluster, one whose collective reduces through the cluster first."""
+        """A trainer on the verified units and gated GEMM; behind a cluster, one whose
+        collective reduces through the cluster first and that computes rank 0's share."""
+        share = (0, 1)
         if self.bridge is not None:
             state = None if resume is None else checkpoint.save_checkpoint(resume)
-            collective = self.bridge.wrap(collective, cfg.to_json(), state)
-        trainer = verified_trainer(self.units, self.gemm, cfg, collective, resume,
-                                self.bridge is not None)
-        if self.args.timeout is not None:
-            trainer.min_deadline = self.args.timeout
+            collective = self.bridge.wrap(collective, cfg, state)
+            share = (0, self.bridge.inner.world_size)
+        options = train_options(self.args, share=share)
+        trainer = build_trainer(cfg, collective, resume, arithmetic=(self.units, self.gemm),
+                                options=options)
         install_fault(trainer)
-        self.trainer = trainer
+        self.trainer, self.save_step = trainer, self.saver.hook(trainer)
         return trainer
 
     def report(self, kind: str, fields: dict[str, Any]) -> None:
-        """What the room reports (see pynode.room.RoomPeer), on the training loop."""
+        """What the room reports (see pynode.run.protocol.RoomPeer), on the training loop."""
         if kind == "run":
             self.on_run(fields)
         elif kind == "step":
@@ -236,12 +224,8 @@ class NativePeer:
             self.reporter(result)
         self.shown.update(step=result.step, loss=result.loss, hash=result.hash,
                           probe=result.probe)
-        if self.args.save and self.trainer is not None:
-            from pynode.session import checkpoint_bytes, write_atomically
-
-            self.agreed = checkpoint_bytes(self.trainer)
-            if self.args.save_every and result.step % self.args.save_every == 0:
-                write_atomically(self.args.save, self.agreed)
+        if self.save_step is not None:
+            self.save_step(result)
         now = time.monotonic()
         if now - self.last_status >= STATUS_EVERY_S:
             self.last_status = now
@@ -264,69 +248,8 @@ class NativePeer:
                                f"hash {fields['hash'][:16]}")
 
     def save(self, final: bool) -> None:
-        from pynode.session import checkpoint_bytes, write_atomically
-
-        if not self.args.save or self.trainer is None:
+        if self.trainer is None:
             return
-        data = checkpoint_bytes(self.trainer) if final else self.agreed
-        if data is None:
-            return
-        write_atomically(self.args.save, data)
-        step = checkpoint.load_checkpoint(data).step
-        say(f"saved {'the' if final else 'the last agreed'} state (step {step}) to "
-            f"{self.args.save}")
-
-
-def verified_trainer(units: Any, gemm: Any, cfg: RunConfig, collective: Any, resume: Any,
-                  cluster: bool = False) -> Trainer:
-    """A trainer of `cfg` on verified `units` and `gemm`, from checkpoint `resume` or fresh;
-    a ClusterTrainer (its share of the cluster's microbatches) when `cluster`."""
-    from pynode.comm.bridge import ClusterTrainer
-    from pynode.session import state_from_checkpoint
-    from pynode.tasks import load_task
-
-    task = load_task(cfg.task)
-    uses_gemm = getattr(task, "uses_units", True)
-    state = None if resume is None else state_from_checkpoint(resume)
-    kind = ClusterTrainer if cluster else Trainer
-    trainer = kind(cfg, task, gemm if uses_gemm else None, collective, state)
-    trainer.units = units
-    if cluster:
-        inner = collective.inner
-        trainer.cluster_rank, trainer.cluster_size = inner.rank, inner.world_size
-    return trainer
-
-
-def install_fault(trainer: Trainer) -> None:
-    """For the fault tests: PYNODE_JOIN_FAULT=STEP:KIND, KIND one of kill (SIGKILL before the
-    step's compute), stall (the training loop hangs, links stay up) or sum (SIGKILL while
-    handing out its reduced chunk, after the leader committed the all-reduce)."""
-    spec = os.environ.get(FAULT_ENV)
-    if not spec:
-        return
-    step_text, _, kind = spec.partition(":")
-    at = int(step_text)
-    original = trainer.microbatch_partial
-    if kind == "sum":
-        from pynode.comm.webrtc import Op
-
-        coll = trainer.collective
-        plain_send = coll._send
-
-        def send(peer: str, op: Op, *args: Any, **kw: Any) -> None:
-            plain_send(peer, op, *args, **kw)
-            if op == Op.SUM and trainer.state.step + 1 == at:
-                os.kill(os.getpid(), signal.SIGKILL)
-
-        coll._send = send
-        return
-
-    def faulty(indices: list[int]) -> Any:
-        if trainer.state.step + 1 == at:  # with or without microbatches of its own
-            if kind == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
-            if kind == "stall":
-                time.sleep(3600)
-        return original(indices)
-
-    trainer.microbatch_partial = faulty  # type: ignore[method-assign]
+        line = self.saver.final(self.trainer) if final else self.saver.last_agreed()
+        if line:
+            say(line)

@@ -1,13 +1,15 @@
-"""Training runs in a room of peers joined by a mesh: start, membership, late joiners.
+"""The run protocol: how a run starts, who is in it, how late joiners and ranks follow.
 
+Every message is one `pack_message` (pynode.comm.wire: u32 length, JSON head with its kind
+in "t", then a blob). Three carriers speak it:
+
+In a room (RoomPeer, over a mesh channel tagged b"R"; each message starts with the tag).
 Whoever starts a run leads it (rank 0): it proposes the config to every ready peer, fixes
 the ranks from those that accept, and admits late joiners between steps, sending each the
 state of the step just finished as a checkpoint (weights, optimizer state, step; the data
 cursor is the step) that the joiner validates and checks against the agreed hash. From
-then on every member runs the same loop: the leader's control broadcast, then one
-`Trainer.step()`, whose hash and probe check stops any peer that forks.
-
-Messages on channel b"R": tag, u32 length, JSON header, then an optional blob.
+then on every member runs the one loop (pynode.run.loop) with the leader's control
+broadcast before each step; the step's hash and probe check stops any peer that forks.
 
     hello   {state, run}            on every new channel and on each change; `run` is
                                     {id, leader, step, steps} or null
@@ -18,6 +20,11 @@ Messages on channel b"R": tag, u32 length, JSON header, then an optional blob.
     cancel  {run}                   leader -> accepted peers left out
     join    {run, open}             idle ready peer -> leader (`open`: peers it reaches)
     sync    {run, config, ranks, members, seq, group, hash, capacities} + checkpoint
+
+In a group (pynode.run.group), rank 0 broadcasts `go {config}` (+ checkpoint when resuming).
+Behind a cluster bridge (pynode.run.cluster), rank 0 broadcasts to its ranks `go {config}`
+(+ checkpoint), `end` when that run is over and `stop` when it leaves.
+Every start is read by `read_start`, so each refuses the same bad configs and files.
 """
 
 from __future__ import annotations
@@ -26,9 +33,8 @@ import asyncio
 import json
 import logging
 import secrets
-import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,15 +43,16 @@ import numpy as np
 from pynode.comm import webrtc
 from pynode.comm.base import PeerLost
 from pynode.comm.mesh import Mesh, MeshRouter
+from pynode.comm.wire import MessageError, pack_message, unpack_message
 from pynode.config import ConfigError, RunConfig
 from pynode.core import checkpoint
 from pynode.core.errors import DaisyError
-from pynode.trainer import ForkError, StepResult, Trainer
+from pynode.run.loop import BeforeStep, train
+from pynode.run.trainer import ForkError, StepResult, Trainer
 
 log = logging.getLogger(__name__)
 
 TAG = b"R"
-_LEN = struct.Struct("<I")
 PROPOSE_WAIT_S = 5.0  # how long the leader waits for answers to a proposal
 PENDING_S = 15.0  # a peer that accepted waits this long for `go` before it is free again
 BENCH_TIMEOUT_S = 120.0  # per collective of an all-reduce benchmark
@@ -64,16 +71,47 @@ class RoomError(DaisyError):
 
 
 def encode(kind: str, blob: bytes = b"", **fields: Any) -> bytes:
-    head = json.dumps({"t": kind, **fields}, separators=(",", ":")).encode()
-    return TAG + _LEN.pack(len(head)) + head + blob
+    """A run message of `kind` (without a carrier's tag)."""
+    return pack_message({"t": kind, **fields}, blob)
 
 
-def decode(data: bytes) -> tuple[dict[str, Any], bytes]:
-    (n,) = _LEN.unpack_from(data, 1)
-    head = json.loads(bytes(data[1 + _LEN.size : 1 + _LEN.size + n]))
-    if not isinstance(head, dict) or not isinstance(head.get("t"), str):
-        raise ValueError("a run message needs a JSON object with a type")
-    return head, bytes(data[1 + _LEN.size + n :])
+def decode(data: bytes | memoryview) -> tuple[dict[str, Any], bytes]:
+    """(head, blob) of a run message; MessageError unless it is one."""
+    head, blob = unpack_message(data)
+    if not isinstance(head.get("t"), str):
+        raise MessageError("a run message needs a kind (\"t\")")
+    return head, blob
+
+
+def start_message(kind: str, cfg: RunConfig, state: bytes | None = None,
+                  **fields: Any) -> bytes:
+    """A message that starts (or syncs into) a run of `cfg`, from checkpoint `state`."""
+    return encode(kind, state or b"", config=json.loads(cfg.to_json()), **fields)
+
+
+def read_start(data: bytes | memoryview | None = None, *, head: dict | None = None,
+               blob: bytes = b"") -> tuple[dict[str, Any], RunConfig,
+                                          checkpoint.CheckpointState | None]:
+    """(head, config, checkpoint or None) of a start message (`data`, or its decoded
+    `head` and `blob`): the config checked, the checkpoint validated against the model the
+    config describes and, when the head names a "hash", against that. ConfigError or
+    CheckpointError otherwise: nothing of it is used."""
+    from pynode.run.assemble import checkpoint_expectations
+
+    if head is None:
+        head, blob = decode(data)
+    try:
+        cfg = RunConfig.from_dict(head["config"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"the run's config cannot be used: {exc}") from exc
+    ckpt = None
+    if blob:
+        ckpt = checkpoint.load_checkpoint(blob, expect=checkpoint_expectations(cfg))
+        if "hash" in head and ckpt.state_hash != head["hash"]:
+            raise checkpoint.CheckpointError(
+                f"the state sent hashes to {ckpt.state_hash[:16]}, the run agreed on "
+                f"{str(head['hash'])[:16]}")
+    return head, cfg, ckpt
 
 
 @dataclass
@@ -99,13 +137,17 @@ class RoomPeer:
       bench   {size, members, seconds, bytes_sent, exact}   an all-reduce benchmark's timing
     """
 
-    def __init__(self, mesh: Mesh, make_trainer: TrainerFactory, report: Reporter) -> None:
+    def __init__(self, mesh: Mesh, make_trainer: TrainerFactory, report: Reporter,
+                 before_step: Sequence[BeforeStep] = ()) -> None:
+        """`before_step`: hooks of this peer's own (a cluster bridge's) after the control
+        word of every step (see pynode.run.loop)."""
         self.id = mesh.self_id
         self.router = MeshRouter(mesh)
         self.chan = self.router.channel(TAG)
         self.coll_chan = self.router.channel(webrtc.TAG)
         self.make_trainer = make_trainer
         self.report = report
+        self.before_step = tuple(before_step)
         self.hellos: dict[str, dict[str, Any]] = {}  # peer -> its last hello
         self.run: Run | None = None
         self.last_trainer: Trainer | None = None  # of the run that ended last (checkpoints)
@@ -128,15 +170,15 @@ class RoomPeer:
                     self.send(peer, "hello", **self.hello())
                     self.maybe_join()
                 else:
-                    head, blob = decode(data)
+                    head, blob = decode(memoryview(data)[len(TAG):])
                     await self.handle(peer, head, blob)
-            except (ValueError, KeyError, TypeError, struct.error) as exc:
+            except (MessageError, ValueError, KeyError, TypeError) as exc:
                 log.warning("room: bad message from %s: %s", peer, exc)
             except DaisyError as exc:
                 self.report("failed", {"error": f"{type(exc).__name__}: {exc}"})
 
     def send(self, peer: str, kind: str, blob: bytes = b"", **fields: Any) -> None:
-        self.chan.send(peer, encode(kind, blob, **fields))
+        self.chan.send(peer, TAG + encode(kind, blob, **fields))
 
     def hello(self) -> dict[str, Any]:
         run = self.run
@@ -314,32 +356,25 @@ class RoomPeer:
         return admitted
 
     def send_sync(self, run: Run, peer: str) -> None:
-        from pynode.session import checkpoint_bytes
-
         trainer = run.trainer
-        self.send(peer, "sync", checkpoint_bytes(trainer), run=run.id,
-                  config=json.loads(run.cfg.to_json()), ranks=list(run.coll.ranks),
-                  members=list(run.coll.members), seq=run.coll.seq, group=run.coll.group,
-                  hash=trainer.state.hash(), capacities=trainer.capacities)
+        self.chan.send(peer, TAG + start_message(
+            "sync", run.cfg, trainer.state_bytes(), run=run.id, ranks=list(run.coll.ranks),
+            members=list(run.coll.members), seq=run.coll.seq, group=run.coll.group,
+            hash=trainer.state.hash(), capacities=trainer.capacities))
 
     async def on_sync(self, leader: str, head: dict[str, Any], blob: bytes) -> None:
-        from pynode.session import checkpoint_expectations
-
         coll = await webrtc.connect(self.coll_chan, head["ranks"], group=head["group"],
                                     members=head["members"], seq=head["seq"])
         try:
-            cfg = RunConfig.from_dict(head["config"])
-            ckpt = checkpoint.load_checkpoint(blob, expect=checkpoint_expectations(cfg))
-            if ckpt.state_hash != head["hash"]:
-                raise checkpoint.CheckpointError(
-                    f"sync state hashes to {ckpt.state_hash[:16]}, the run agreed on "
-                    f"{head['hash'][:16]}")
+            if not blob:
+                raise checkpoint.CheckpointError("the sync carries no state")
+            _, cfg, ckpt = read_start(head=head, blob=blob)
             trainer = self.make_trainer(cfg, coll, ckpt)
         except DaisyError as exc:
             await coll.close()  # the others drop us at once instead of at their deadline
             self.report("failed", {"error": f"could not sync with the run: {exc}"})
             return
-        trainer.capacities = {int(r): float(v) for r, v in head["capacities"].items()}
+        trainer.adopt_capacities(head["capacities"])
         self.launch(Run(head["run"], leader, cfg, trainer, coll), joined=True)
 
     def checkpoint(self) -> bytes:
@@ -359,16 +394,24 @@ class RoomPeer:
         self.task = asyncio.ensure_future(self.train(run, skip_control=joined))
 
     async def train(self, run: Run, skip_control: bool = False) -> None:
-        """The loop every member runs: leader's control broadcast, then one step."""
+        """Every member: the one loop, with the leader's control broadcast before each step
+        (a joiner synced between steps skips its first: the others had it already)."""
         trainer, coll = run.trainer, run.coll
         before = set(coll.member_ids())
+
+        async def control(_: Trainer) -> None:
+            nonlocal skip_control
+            if not skip_control:
+                await self.control(run)
+            skip_control = False
+
+        def report_step(result: StepResult) -> None:
+            nonlocal before
+            before = self.report_step(run, result, before)
+
         try:
-            while trainer.state.step < run.cfg.steps:
-                if not skip_control:
-                    await self.control(run)
-                skip_control = False
-                result = await trainer.step()
-                before = self.report_step(run, result, before)
+            await train(trainer, before_step=(control, *self.before_step),
+                        on_step=(report_step,))
             self.report("done", {"step": trainer.state.step, "hash": trainer.state.hash()})
         except ForkError as exc:
             self.report("failed", {"error": f"fork detected: {exc}"})

@@ -10,61 +10,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 from pynode import platform
-from pynode.cli_train import StepReporter, explicit_config, print_summary
+from pynode.cli.faults import install_fault
+from pynode.cli.flags import (
+    check_output_flags,
+    explicit_config,
+    parse_capacity,
+    train_options,
+)
+from pynode.cli.report import Saver, StepReporter, print_summary, write_summary
 from pynode.comm import CommError, make_collective
 from pynode.config import ConfigError, RunConfig
 from pynode.core.errors import DaisyError
-from pynode.group import run_member
-from pynode.session import checkpoint_bytes, load_resume, write_atomically
-from pynode.trainer import ForkError, Trainer
-
-# Test hook, read only by the CLI: "RANK:STEP:KIND" makes rank RANK misbehave at STEP.
-# KIND: kill (SIGKILL itself while computing), flip (flip one weight bit after the update),
-# nan (a NaN gradient), stall (stop answering).
-FAULT_ENV = "PYNODE_FAULT"
-
-
-def install_fault(trainer: Trainer, rank: int) -> None:
-    spec = os.environ.get(FAULT_ENV)
-    if not spec:
-        return
-    fault_rank, fault_step, kind = spec.split(":")
-    if int(fault_rank) != rank:
-        return
-    at = int(fault_step)
-    if kind == "flip":
-        def flip(t: Trainer) -> None:
-            if t.state.step == at:
-                name = next(iter(t.state.params))
-                t.state.params[name].reshape(-1).view(np.uint32)[0] ^= 1
-        trainer.fault_hook = flip
-        return
-    original = trainer.microbatch_partial
-
-    def faulty(indices):
-        if trainer.state.step + 1 == at and indices:
-            if kind == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
-            if kind == "stall":
-                import time
-
-                time.sleep(3600)
-            if kind == "nan":
-                trainer.state.params[next(iter(trainer.state.params))].reshape(-1)[0] = np.nan
-        return original(indices)
-
-    trainer.microbatch_partial = faulty
+from pynode.run.assemble import load_resume
+from pynode.run.group import run_member
+from pynode.run.trainer import ForkError, StepResult, Trainer
 
 
 async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities) -> int:
@@ -74,54 +40,38 @@ async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities)
     if args.resume:
         cfg, _ = load_resume(args.resume, explicit_config(args))
         resume = Path(args.resume).read_bytes()
+    saver = Saver(args.save, args.save_every)
     reporter: StepReporter | None = None
-    last = {"trainer": None, "result": None, "agreed": None}
-
-    def on_step(trainer: Trainer, result) -> None:
-        nonlocal reporter
-        if reporter is None:
-            reporter = StepReporter(trainer, cfg.steps, args.log, not args.no_progress)
-        reporter(result)
-        last["result"] = result
-        last["agreed"] = checkpoint_bytes(trainer) if args.save else None
-        every = getattr(args, "save_every", None)
-        if every and result.step % every == 0:
-            write_atomically(args.save, last["agreed"])
+    hooks: list = []  # the loop's on_step hooks, filled once the trainer exists
+    last: list[StepResult] = []
 
     def prepare(trainer: Trainer) -> None:
-        last["trainer"] = trainer
-        # `cluster --timeout` bounds how long a rank waits for the others during training too
-        trainer.min_deadline = getattr(args, "timeout", trainer.min_deadline)
+        nonlocal reporter
         install_fault(trainer, 0)
+        reporter = StepReporter(trainer, cfg.steps, args.log, not args.no_progress)
+        hooks.extend([reporter, saver.hook(trainer), last.append])
 
+    options = train_options(args, capacities=capacities)
     try:
-        trainer = await run_member(
-            collective, cfg, resume=resume, backend=args.backend, capacities=capacities,
-            on_step=on_step, report=lambda line: print(line, file=sys.stderr), prepare=prepare,
+        trainer, traffic = await run_member(
+            collective, cfg, resume=resume, backend=args.backend, options=options,
+            on_step=hooks, report=lambda line: print(line, file=sys.stderr), prepare=prepare,
         )
     except (CommError, ForkError) as exc:
         print(f"error: the group stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
-        if args.save and last["agreed"] is not None:
-            write_atomically(args.save, last["agreed"])
-            step = last["result"].step
-            print(f"saved the last agreed state (step {step}) to {args.save}", file=sys.stderr)
+        saved = saver.last_agreed()
+        if saved:
+            print(saved, file=sys.stderr)
         return 3
     finally:
         if reporter is not None:
             reporter.close()
-    if args.save:
-        write_atomically(args.save, checkpoint_bytes(trainer))
-    if getattr(args, "summary", None):
-        write_summary(args.summary, trainer, collective.world_size)
-    print_summary(trainer, last["result"], 0.0, local_units=False)
+    saver.final(trainer)
+    if args.summary:
+        write_summary(args.summary, trainer, collective.world_size, traffic)
+    print_summary(trainer, last[-1] if last else None, 0.0, local_units=False)
     print(trainer.state.hash())
     return 0
-
-
-def write_summary(path: str, trainer: Trainer, peers: int) -> None:
-    summary = {"hash": trainer.state.hash(), "step": trainer.state.step, "peers": peers,
-               "traffic": getattr(trainer, "traffic", None)}
-    Path(path).write_text(json.dumps(summary, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def pin_to_core(rank: int) -> None:
@@ -131,18 +81,14 @@ def pin_to_core(rank: int) -> None:
         os.sched_setaffinity(0, {cores[rank % len(cores)]})
 
 
-async def follow(collective, backend: str | None, capacities, timeout: float | None = None) -> int:
+async def follow(collective, args: argparse.Namespace, capacities) -> int:
     rank = collective.rank
     pin_to_core(rank)
-
-    def prepare(trainer: Trainer) -> None:
-        if timeout is not None:
-            trainer.min_deadline = timeout
-        install_fault(trainer, rank)
-
+    options = train_options(args, capacities=capacities)
     try:
-        await run_member(collective, None, backend=backend, capacities=capacities,
-                         report=lambda line: None, prepare=prepare)
+        await run_member(collective, None, backend=args.backend, options=options,
+                         report=lambda line: None,
+                         prepare=lambda trainer: install_fault(trainer, rank))
     except DaisyError as exc:
         print(f"rank {rank}: stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 3
@@ -194,26 +140,23 @@ def threads_per_peer(peers: int) -> dict[str, str]:
 
 async def peer_command(args) -> int:
     """Hidden `_peer` subcommand: one loopback follower process."""
-    from pynode.cli_train import parse_capacity
-
     collective = await make_collective(
         "loopback", rank=args.rank, world_size=args.world, address=args.address, timeout=60.0
     )
     try:
-        return await follow(collective, args.backend, parse_capacity(args.capacity, args.world))
+        return await follow(collective, args, parse_capacity(args.capacity, args.world))
     finally:
         await collective.close()
 
 
 async def cluster_command(args, cfg: RunConfig) -> int:
     """gloo group from MASTER_ADDR / MASTER_PORT / WORLD_SIZE / RANK."""
-    from pynode.cli_train import parse_capacity
-
+    check_output_flags(args)
     collective = await make_collective("gloo", timeout=args.timeout)
     capacities = parse_capacity(args.capacity, collective.world_size)
     try:
         if collective.rank == 0:
             return await lead(args, cfg, collective, capacities)
-        return await follow(collective, args.backend, capacities, timeout=args.timeout)
+        return await follow(collective, args, capacities)
     finally:
         await asyncio.shield(collective.close())

@@ -2,8 +2,9 @@
 
 It checks its arithmetic (units, LUTs, GEMM gate), connects to the server's signaling,
 waits for the host's approval like any tab, opens data channels to every approved peer
-(pynode.comm.native_mesh) and runs the room's run protocol (pynode.room): it follows the
-run a leader proposes, is synced into a run already going, or leads one with --start.
+(pynode.comm.native_mesh) and runs the room's run protocol (pynode.run.protocol, hosted by
+pynode.cli.peer): it follows the run a leader proposes, is synced into a run already
+going, or leads one with --start.
 numpy, aiortc and websockets suffice; torch is imported only for --cluster (gloo).
 
 Exit codes: 0 the run finished; 2 bad input, nothing joined or changed (a bad --resume file
@@ -15,20 +16,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 from typing import Any
 
-from pynode.cli_train import StepReporter, check_writable, explicit_config
+from pynode.cli.faults import install_fault
+from pynode.cli.flags import (
+    add_config_flags,
+    add_output_flags,
+    check_output_flags,
+    config_from_args,
+    explicit_config,
+    train_options,
+)
+from pynode.cli.peer import NativePeer
+from pynode.cli.report import StepReporter, say
 from pynode.config import ConfigError, RunConfig
-from pynode.native_peer import NativePeer, say, verified_trainer
+from pynode.run.assemble import build_trainer, load_resume, load_units_and_gemm
 
 CLUSTER_TIMEOUT_S = 60.0  # how long the cluster's ranks wait for each other to form
 
 
 def add_join_parser(subparsers: Any) -> argparse.ArgumentParser:
     """The `join` subcommand and its flags (the config flags of `train` for --start)."""
-    from pynode.__main__ import add_config_flags
-
     p = subparsers.add_parser("join", help="join a room as a WebRTC peer, like a browser tab")
     p.add_argument("--server", required=True, help="the DaisyChain server, http://HOST:PORT")
     where = p.add_mutually_exclusive_group()
@@ -45,11 +53,7 @@ def add_join_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="--start: give up if --min-peers are not ready after S seconds")
     p.add_argument("--resume", help="--start: continue from this .pt checkpoint; it is "
                    "validated here and sent to every peer that joins the run")
-    p.add_argument("--save", help="write a .pt checkpoint of the run's state here at the end "
-                   "(of the last agreed step if this peer stops)")
-    p.add_argument("--save-every", type=int, metavar="N", help="also write --save every N steps")
-    p.add_argument("--log", help="append one JSON object per step to this file")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_output_flags(p)
     p.add_argument("--timeout", type=float, metavar="S",
                    help="least seconds to wait for the other peers in a step (default 30)")
     p.add_argument("--backend", help="force a GEMM backend (default: best that passes)")
@@ -63,9 +67,6 @@ def add_join_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def start_plan(args: argparse.Namespace) -> tuple[RunConfig | None, Any]:
     """The run this peer leads (config, resumed checkpoint or None), checked before joining."""
-    from pynode.__main__ import config_from_args
-    from pynode.session import load_resume
-
     given = explicit_config(args)
     if not args.start:
         if given or args.resume:
@@ -81,14 +82,9 @@ def start_plan(args: argparse.Namespace) -> tuple[RunConfig | None, Any]:
 
 async def join_command(args: argparse.Namespace) -> int:
     """Run `join` to its end; returns the exit code."""
-    from pynode.session import load_units_and_gemm
-
     require_webrtc()
     cfg, resume = start_plan(args)
-    if args.save:
-        check_writable(args.save)
-    if args.save_every is not None and (args.save_every < 1 or not args.save):
-        raise ConfigError("--save-every needs --save and a positive number of steps")
+    check_output_flags(args)
     if args.timeout is not None and args.timeout <= 0:
         raise ConfigError("--timeout must be a positive number of seconds")
     if resume is not None:
@@ -118,7 +114,7 @@ async def join_as_cluster(args: argparse.Namespace, units: Any, gemm: Any,
                           cfg: RunConfig | None, resume: Any) -> int:
     """--cluster: rank 0 is the room peer (the bridge); the other ranks follow it."""
     from pynode.comm import make_collective
-    from pynode.comm.bridge import ClusterBridge, follow_bridge
+    from pynode.run.cluster import ClusterBridge, follow_bridge
 
     inner = await make_collective("gloo", timeout=CLUSTER_TIMEOUT_S)
     try:
@@ -127,14 +123,17 @@ async def join_as_cluster(args: argparse.Namespace, units: Any, gemm: Any,
                 "joins the room for the cluster")
             reporters: list[StepReporter] = []
 
-            def make(config: dict, coll: Any, state: bytes | None) -> Any:
-                trainer = follower_trainer(args, units, gemm, config, coll, state)
+            def make(cfg: RunConfig, coll: Any, ckpt: Any) -> Any:
+                options = train_options(args, share=(inner.rank, inner.world_size))
+                trainer = build_trainer(cfg, coll, ckpt, arithmetic=(units, gemm),
+                                        options=options)
+                install_fault(trainer)
                 reporters.append(StepReporter(trainer, trainer.cfg.steps, args.log,
                                               progress=not args.no_progress))
                 return trainer
 
             try:
-                await follow_bridge(inner, make, say, lambda result: reporters[-1](result))
+                await follow_bridge(inner, make, say, (lambda result: reporters[-1](result),))
             finally:
                 for reporter in reporters:
                     reporter.close()
@@ -150,41 +149,3 @@ async def join_as_cluster(args: argparse.Namespace, units: Any, gemm: Any,
             await bridge.stop()
     finally:
         await inner.close()
-
-
-def follower_trainer(args: argparse.Namespace, units: Any, gemm: Any, config: dict,
-                     collective: Any, state: bytes | None) -> Any:
-    from pynode.core import checkpoint
-    from pynode.session import checkpoint_expectations
-
-    cfg = RunConfig.from_dict(config)
-    ckpt = None if state is None else checkpoint.load_checkpoint(
-        state, expect=checkpoint_expectations(cfg))
-    trainer = verified_trainer(units, gemm, cfg, collective, ckpt, cluster=True)
-    if args.timeout is not None:
-        trainer.min_deadline = args.timeout
-    return trainer
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m pynode.cli_join ...`: the same command before `pynode join` is wired."""
-    import logging
-
-    from pynode.core.errors import DaisyError
-
-    parser = argparse.ArgumentParser(prog="python -m pynode")
-    add_join_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["join", *(sys.argv[1:] if argv is None else argv)])
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        return asyncio.run(join_command(args))
-    except (DaisyError, FileNotFoundError, IsADirectoryError) as exc:
-        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

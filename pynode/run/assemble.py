@@ -1,7 +1,7 @@
 """Putting a peer together: verified units, the gated GEMM, the task, the trainer, checkpoints.
 
-Shared by every entry point (CLI train / cluster / join, and the page), so each of them
-starts a peer the same way and refuses the same things.
+The one place that builds a Trainer: every entry point (CLI train / cluster / join, the
+cluster's ranks, the page) starts a peer the same way and refuses the same things.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Any
 
 from pynode.config import RunConfig
 from pynode.core import checkpoint
+from pynode.run.trainer import ALONE, Trainer, TrainOptions, TrainState
 from pynode.tasks import load_task
-from pynode.trainer import Trainer, TrainState
 
-log = logging.getLogger("pynode.session")
+log = logging.getLogger("pynode.run")
 
 
 def load_units_and_gemm(
@@ -24,40 +24,48 @@ def load_units_and_gemm(
 ) -> tuple[Any, Any]:
     """Verified units (full-domain check), the best gated GEMM backend (or `backend`) and
     the fastest gated hot kernels (or `kernels`: "numpy" forces the reference)."""
-    from pynode.browser_gemm import WASM_SIMD, available_backends
     from pynode.core.detmath import check_float_environment
     from pynode.core.gemm import select_gemm
     from pynode.core.rng import check_bit_generator
+    from pynode.gemm_backends import backend_order, build_backend
+    from pynode.platform import IN_PYODIDE
     from pynode.unitfiles import load_default_units
-    from pynode.verify import backend_order
 
     check_float_environment()
     check_bit_generator()
     units = load_default_units()
-    order = backend_order()
-    if WASM_SIMD in order:  # the page: a backend core cannot build by name; wasm kernels
+    if IN_PYODIDE:
         from pynode.browser_kernels import select_kernels
-
-        order, _ = available_backends(order, units.mul_lut)
     else:
         from pynode.native_kernels import select_kernels
     ops, _ = select_kernels(kernels)
-    return units, select_gemm(units, prefer=backend, order=order, kernels=ops)
+    return units, select_gemm(units, prefer=backend, order=backend_order(), kernels=ops,
+                              build=build_backend)
 
 
 def build_trainer(
-    cfg: RunConfig, backend: str | None = None, collective: Any = None,
-    resume: checkpoint.CheckpointState | None = None, kernels: str | None = None,
+    cfg: RunConfig, collective: Any = None,
+    resume: checkpoint.CheckpointState | None = None, *,
+    arithmetic: tuple[Any, Any] | None = None, backend: str | None = None,
+    kernels: str | None = None, options: TrainOptions = ALONE,
 ) -> Trainer:
+    """The trainer of `cfg`, fresh or from the validated checkpoint `resume`.
+
+    `arithmetic` is (units, gemm) a peer verified already (a room peer checks once, then
+    trains run after run; the page checks in its own way); without it they are loaded and
+    checked here (`backend`, `kernels` as in load_units_and_gemm) and, unless `backend`
+    forces one, the GEMM backend is chosen per shape of this model (pynode.gemm_tuning).
+    """
     task = load_task(cfg.task)
-    gemm = None
-    units = None
+    units = gemm = None
+    tune = False
     if getattr(task, "uses_units", True):
-        units, gemm = load_units_and_gemm(backend, kernels)
+        if arithmetic is None:
+            arithmetic, tune = load_units_and_gemm(backend, kernels), backend is None
+        units, gemm = arithmetic
     state = None if resume is None else state_from_checkpoint(resume)
-    trainer = Trainer(cfg, task, gemm, collective=collective, state=state)
-    trainer.units = units
-    if gemm is not None and backend is None:
+    trainer = Trainer(cfg, task, gemm, collective, state, units=units, options=options)
+    if tune:
         from pynode.gemm_tuning import tune_trainer
 
         tune_trainer(trainer)
@@ -74,10 +82,16 @@ def state_from_checkpoint(ckpt: checkpoint.CheckpointState) -> TrainState:
 def load_resume(
     path: str | os.PathLike, overrides: dict
 ) -> tuple[RunConfig, checkpoint.CheckpointState]:
-    """The checkpoint at `path` and the config to continue it with: the checkpoint's own
-    config, then the explicit `overrides`. Raises CheckpointError (nothing loaded) for a bad
-    file or one that does not fit the model the config describes."""
-    data = Path(path).read_bytes()
+    """`read_resume` of the checkpoint file at `path`."""
+    return read_resume(Path(path).read_bytes(), overrides)
+
+
+def read_resume(
+    data: bytes, overrides: dict
+) -> tuple[RunConfig, checkpoint.CheckpointState]:
+    """The checkpoint `data` and the config to continue it with: the checkpoint's own config,
+    then the explicit `overrides`. Raises CheckpointError (nothing loaded) for a bad file or
+    one that does not fit the model the config describes."""
     stored = checkpoint.load_checkpoint(data)
     config = {k: v for k, v in stored.config.items() if k != "vocab"}
     try:
@@ -94,11 +108,6 @@ def checkpoint_expectations(cfg: RunConfig) -> dict:
     if vocab is not None:
         expect["vocab"] = vocab
     return expect
-
-
-def checkpoint_bytes(trainer: Trainer) -> bytes:
-    """The trainer's current state as a .pt file (see pynode.core.checkpoint)."""
-    return trainer.state_bytes()
 
 
 def write_atomically(path: str | os.PathLike, data: bytes) -> None:

@@ -1,0 +1,77 @@
+"""Fault injection for the fault tests, read only by the command line.
+
+PYNODE_FAULT="[RANK:]STEP:KIND" makes this peer misbehave in step STEP (1-based), as it
+starts computing (whether or not the plan gave it microbatches); with RANK, only the group
+member of that rank. KIND:
+  kill   SIGKILL itself
+  stall  block its training loop (its links stay up, its messages stop: deadlines drop it)
+  nan    a NaN weight, so its gradient is not finite
+  flip   flip one weight bit after the step's update (a silent fork)
+  sum    SIGKILL while handing out its reduced chunk of the step's all-reduce, after the
+         leader committed it (webrtc transport only)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+from pynode.config import ConfigError
+from pynode.run.trainer import Trainer
+
+FAULT_ENV = "PYNODE_FAULT"
+KINDS = ("kill", "stall", "nan", "flip", "sum")
+
+
+def install_fault(trainer: Trainer, rank: int | None = None) -> None:
+    """Arm the fault PYNODE_FAULT names on `trainer` (group rank `rank`), if any."""
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return
+    parts = spec.split(":")
+    if len(parts) not in (2, 3) or parts[-1] not in KINDS:
+        raise ConfigError(f"{FAULT_ENV} must be [RANK:]STEP:KIND with KIND one of "
+                          f"{', '.join(KINDS)}; got {spec!r}")
+    *who, step_text, kind = parts
+    if who and int(who[0]) != rank:
+        return
+    at = int(step_text)
+    if kind == "flip":
+        def flip(t: Trainer) -> None:
+            if t.state.step == at:
+                name = next(iter(t.state.params))
+                t.state.params[name].reshape(-1).view("<u4")[0] ^= 1
+
+        trainer.after_update.append(flip)
+    elif kind == "sum":
+        die_handing_out_sums(trainer, at)
+    else:
+        def misbehave(step: int, indices: list[int]) -> None:
+            if step != at:
+                return
+            if kind == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if kind == "stall":
+                time.sleep(3600)
+            if kind == "nan":
+                trainer.state.params[next(iter(trainer.state.params))].reshape(-1)[0] = float("nan")
+
+        trainer.before_compute.append(misbehave)
+
+
+def die_handing_out_sums(trainer: Trainer, at: int) -> None:
+    from pynode.comm.webrtc import MeshCollective, Op
+
+    coll = trainer.collective
+    if not isinstance(coll, MeshCollective):
+        raise ConfigError(f"{FAULT_ENV} kind 'sum' needs the webrtc transport")
+    plain_send = coll._send
+
+    def send(peer: str, op: Op, *args: Any, **kw: Any) -> None:
+        plain_send(peer, op, *args, **kw)
+        if op == Op.SUM and trainer.state.step + 1 == at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    coll._send = send  # type: ignore[method-assign]

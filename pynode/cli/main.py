@@ -1,0 +1,98 @@
+"""Command line: `python -m pynode {train,verify,bench,cluster,join} ...`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from pynode.cli.flags import add_config_flags, add_output_flags, config_from_args
+from pynode.cli.join import add_join_parser
+from pynode.config import ConfigError
+from pynode.core.errors import DaisyError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m pynode", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser("train", help="train on this machine (one or more local peers)")
+    add_config_flags(train)
+    train.add_argument("--backend", help="force a GEMM backend (default: best that passes)")
+    add_output_flags(train)
+    train.add_argument("--resume", help="continue from this .pt checkpoint")
+    train.add_argument("--peers", type=int, default=1, help="local peer processes (loopback)")
+    train.add_argument("--capacity", help="relative speeds of the local peers, e.g. 1,2,5")
+    train.add_argument("--summary", help="write a JSON summary (final hash, traffic) here")
+
+    cluster = sub.add_parser(
+        "cluster", help="gloo cluster from MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK"
+    )
+    add_config_flags(cluster)
+    cluster.add_argument("--backend", help="force a GEMM backend")
+    add_output_flags(cluster, who="(rank 0) ")
+    cluster.add_argument("--resume", help="(rank 0) continue from this .pt checkpoint")
+    cluster.add_argument("--capacity", help="relative speeds of the ranks, e.g. 1,2")
+    cluster.add_argument("--timeout", type=float, default=60.0,
+                         help="seconds a rank waits for the others before giving up")
+    cluster.add_argument("--summary", help="(rank 0) write a JSON summary here")
+
+    peer = sub.add_parser("_peer")  # internal: a loopback follower spawned by train --peers
+    peer.add_argument("--rank", type=int, required=True)
+    peer.add_argument("--world", type=int, required=True)
+    peer.add_argument("--address", required=True)
+    peer.add_argument("--backend")
+    peer.add_argument("--capacity")
+
+    add_join_parser(sub)
+
+    verify = sub.add_parser("verify", help="check units, LUTs and GEMM backends; exit 1 on failure")
+    verify.add_argument("--json", action="store_true", help="print rows as JSON lines")
+
+    bench = sub.add_parser("bench", help="benchmarks: gemm, train, scaling, browser")
+    bench.add_argument("name", choices=["gemm", "train", "scaling", "browser"])
+    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        if args.command == "train":
+            from pynode.cli.train import train_command
+
+            return asyncio.run(train_command(args, config_from_args(args)))
+        if args.command == "cluster":
+            from pynode.cli.group import cluster_command
+
+            return asyncio.run(cluster_command(args, config_from_args(args)))
+        if args.command == "_peer":
+            from pynode.cli.group import peer_command
+
+            return asyncio.run(peer_command(args))
+        if args.command == "join":
+            from pynode.cli.join import join_command
+
+            return asyncio.run(join_command(args))
+        if args.command == "verify":
+            from pynode.verify import verify_command
+
+            return verify_command(json_rows=args.json)
+        if args.command == "bench":
+            import importlib
+
+            module = importlib.import_module(f"pynode.bench.{args.name}")
+            return module.main(args.rest)
+    except (DaisyError, ConfigError, FileNotFoundError, IsADirectoryError) as exc:
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0

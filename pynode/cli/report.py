@@ -1,0 +1,113 @@
+"""What the commands show and write: progress, step logs, summaries, checkpoints."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pynode.run.assemble import write_atomically
+from pynode.run.trainer import StepResult, Trainer
+
+
+def say(text: str) -> None:
+    """A line for the person at the terminal (above the progress bar, if one is drawn)."""
+    line = f"{time.strftime('%H:%M:%S')} {text}"
+    try:
+        from tqdm import tqdm
+
+        tqdm.write(line, file=sys.stderr)
+    except ImportError:
+        print(line, file=sys.stderr, flush=True)
+
+
+def gemm_summary(gemm: Any) -> str:
+    """GEMM backend(s) and kernels of a run, for its header line."""
+    if gemm is None:
+        return "float (torch)"
+    from pynode.gemm_tuning import summary
+
+    return f"{summary(gemm)}  kernels {gemm.kernels.name}"
+
+
+class StepReporter:
+    """Progress bar on a terminal, JSON lines to --log, nothing else. A loop hook."""
+
+    def __init__(self, trainer: Trainer, until: int, log_path: str | None, progress: bool):
+        self.trainer = trainer
+        self.log_file = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115
+        self.bar = None
+        if progress and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=until, initial=trainer.state.step, unit="step", file=sys.stderr)
+
+    def __call__(self, result: StepResult) -> None:
+        if self.log_file is not None:
+            row = {"step": result.step, "loss": result.loss, "hash": result.hash,
+                   "probe": result.probe, "seconds": round(result.seconds, 4)}
+            self.log_file.write(json.dumps(row) + "\n")
+            self.log_file.flush()
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{result.loss:.4f}", hash=result.hash[:12])
+
+    def close(self) -> None:
+        if self.log_file is not None:
+            self.log_file.close()
+        if self.bar is not None:
+            self.bar.close()
+
+
+class Saver:
+    """--save and --save-every of one run: keeps the state of the last step every peer
+    agreed on, so a run that stops can still leave it behind."""
+
+    def __init__(self, path: str | None, every: int | None) -> None:
+        self.path, self.every = path, every
+        self.agreed: bytes | None = None
+        self.agreed_step = 0
+
+    def hook(self, trainer: Trainer) -> Any:
+        """The loop hook (on_step) of `trainer`'s run."""
+
+        def on_step(result: StepResult) -> None:
+            if not self.path:
+                return
+            self.agreed, self.agreed_step = trainer.state_bytes(), result.step
+            if self.every and result.step % self.every == 0:
+                write_atomically(self.path, self.agreed)
+
+        return on_step
+
+    def final(self, trainer: Trainer) -> str | None:
+        """Write the state at the end of the run; the line to tell, if anything was saved."""
+        if not self.path:
+            return None
+        write_atomically(self.path, trainer.state_bytes())
+        return f"saved the state (step {trainer.state.step}) to {self.path}"
+
+    def last_agreed(self) -> str | None:
+        """After a stop: write the last agreed state; the line to tell, if there was one."""
+        if not self.path or self.agreed is None:
+            return None
+        write_atomically(self.path, self.agreed)
+        return f"saved the last agreed state (step {self.agreed_step}) to {self.path}"
+
+
+def print_summary(trainer: Trainer, last: StepResult | None, elapsed: float,
+                  local_units: bool = True) -> None:
+    if last is not None:
+        print(f"step {last.step}  loss {last.loss:.4f}  {elapsed:.1f}s", file=sys.stderr)
+    if trainer.units is not None and local_units:
+        counts = trainer.units.counts.snapshot()
+        pretty = "  ".join(f"{k} {v:,}" for k, v in counts.items())
+        print(f"unit invocations: {pretty}", file=sys.stderr)
+
+
+def write_summary(path: str, trainer: Trainer, peers: int, traffic: dict | None) -> None:
+    summary = {"hash": trainer.state.hash(), "step": trainer.state.step, "peers": peers,
+               "traffic": traffic}
+    Path(path).write_text(json.dumps(summary, sort_keys=True) + "\n", encoding="utf-8")

@@ -1,0 +1,44 @@
+"""`python -m pynode train`: one peer, or several local peers over the loopback transport."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from pynode.cli.faults import install_fault
+from pynode.cli.flags import check_output_flags, explicit_config, parse_capacity
+from pynode.cli.report import Saver, StepReporter, gemm_summary, print_summary, write_summary
+from pynode.config import RunConfig
+from pynode.run.assemble import build_trainer, load_resume
+from pynode.run.loop import train
+
+
+async def train_command(args: argparse.Namespace, cfg: RunConfig) -> int:
+    check_output_flags(args)
+    if args.peers != 1:
+        from pynode.cli.group import train_local_peers
+
+        return await train_local_peers(args, cfg, parse_capacity(args.capacity, args.peers))
+    resume = None
+    if args.resume:
+        cfg, resume = load_resume(args.resume, explicit_config(args))
+    trainer = build_trainer(cfg, resume=resume, backend=args.backend)
+    install_fault(trainer)
+    print(f"task {cfg.task}  backend {gemm_summary(trainer.gemm)}  "
+          f"params {sum(p.size for p in trainer.state.params.values()):,}  "
+          f"from step {trainer.state.step}", file=sys.stderr)
+    reporter = StepReporter(trainer, cfg.steps, args.log, progress=not args.no_progress)
+    saver = Saver(args.save, args.save_every)
+    started = time.perf_counter()
+    try:
+        last = await train(trainer, on_step=(reporter, saver.hook(trainer)))
+    finally:
+        reporter.close()
+    elapsed = time.perf_counter() - started
+    saver.final(trainer)
+    if args.summary:
+        write_summary(args.summary, trainer, 1, None)
+    print_summary(trainer, last, elapsed)
+    print(trainer.state.hash())
+    return 0

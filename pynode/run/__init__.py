@@ -1,0 +1,11 @@
+"""The run layer: what starts, drives and joins training runs, on every kind of peer.
+
+trainer.py    one step: compute the own microbatches, reduce exactly, apply, agree
+loop.py       the one training loop (hooks around each step)
+assemble.py   the one place a Trainer is built (verified units, gated GEMM, checkpoints)
+protocol.py   the run protocol (go / sync / stop ...) and a room peer's part in it
+group.py      a group's run (loopback or gloo): rank 0's config reaches all, all train
+cluster.py    a gloo cluster behind one rank of a room (bridge and followers)
+
+It uses pynode.core (arithmetic) and pynode.comm (transports); neither knows of it.
+"""
