@@ -1,4 +1,4 @@
-"""pyodide_app/fragments.js under Node: 48 KiB fragments, reassembly and its refusals."""
+"""server/pyodide_app/fragments.js under Node: 48 KiB fragments, reassembly and its refusals."""
 
 from __future__ import annotations
 

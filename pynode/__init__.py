@@ -8,7 +8,7 @@ tasks/        what a run trains (gpt, mlp, float, or module:Class)
 trainer.py    the one training loop;  session.py  how a peer is put together
 group.py      what every member of a group runs;  cli_*.py  the commands
 float_gpt.py  the plain-float torch twin of the GPT (native only)
-unitfiles.py  reads the shipped unit weights;  corpus.py  the built-in corpus
+unitfiles.py  reads the shipped unit weights (data/units/);  corpus.py  the built-in corpus
 datasource.py microbatch text: built-in corpus or a server's /data
 room.py       a run among the peers of a room (start, membership, late joiners)
 browser.py    the page's Python side (JS bridge mesh, start-up checks)

@@ -1,6 +1,6 @@
 """The page's Python side (under Pyodide, in the Web Worker): checks, the JS mesh, the room peer.
 
-pyodide_app/worker.js calls, in order:
+server/pyodide_app/worker.js calls, in order:
 
     checks = await run_checks_async(break_gate, backend)   the start-up checks; .to_json()
     peer = BrowserPeer(bridge, self_id, checks) once the checks passed and signaling named us

@@ -23,15 +23,16 @@ from pynode.core.units import FORMAT_VERSION, UNIT_NAMES, Units, load_units
 MANIFEST = "MANIFEST.json"
 MANIFEST_FORMAT = "daisychain-unit-weights"
 ENV_DIR = "PYNODE_UNITS_DIR"
+SHIPPED_DIR = Path(__file__).resolve().parent / "data" / "units"  # package data, in every wheel
 _ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # fixed, so the same weights always give the same bytes
 
 
 def weights_dir() -> Path:
-    """The unit weight folder: $PYNODE_UNITS_DIR if set, else the repository's units/weights."""
+    """The unit weight folder: $PYNODE_UNITS_DIR if set, else the package's data/units."""
     override = os.environ.get(ENV_DIR)
     if override:
         return Path(override)
-    return Path(__file__).resolve().parent.parent / "units" / "weights"
+    return SHIPPED_DIR
 
 
 def _read_manifest(folder: Path) -> dict:

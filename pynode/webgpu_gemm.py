@@ -1,6 +1,6 @@
 """The page's WebGPU GEMM backend: exact int8 x int8 -> int32 on the GPU, gated like any other.
 
-The kernel is pyodide_app/webgpu.js (integer WGSL: bytes sign-extended from packed u32
+The kernel is server/pyodide_app/webgpu.js (integer WGSL: bytes sign-extended from packed u32
 words, i32 accumulation, never float). This file packs the operands, cuts products that
 exceed the device's buffer or dispatch limits into pieces, and waits for each piece.
 
@@ -101,7 +101,7 @@ class WebGpuBackend(GemmBackend):
 
 
 class JsGpuDevice:
-    """pyodide_app/webgpu.js (`self.daisyWebGPU`) behind the GpuDevice interface."""
+    """server/pyodide_app/webgpu.js (`self.daisyWebGPU`) behind the GpuDevice interface."""
 
     def __init__(self, gpu: Any, info: dict, wait: Any, max_binding_bytes: int = 0) -> None:
         self._gpu, self._wait = gpu, wait
@@ -142,7 +142,7 @@ def open_webgpu(max_binding_bytes: int = 0) -> WebGpuBackend:
 
     gpu = getattr(js, "daisyWebGPU", None)
     if gpu is None:
-        raise BackendUnavailableError("webgpu: pyodide_app/webgpu.js is not loaded here")
+        raise BackendUnavailableError("webgpu: server/pyodide_app/webgpu.js is not loaded here")
     if not can_run_sync():
         raise BackendUnavailableError(
             "webgpu: this call cannot wait for a promise (run_sync needs JS Promise "

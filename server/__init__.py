@@ -11,6 +11,7 @@ signaling.py       /ws connections                   protocol.py  the frame sche
 rooms.py           rooms, approval, relay rules      tokens.py    resume tokens
 ratelimit.py       token buckets                     addresses.py client address, auto rooms
 data.py            /data                             shards.py / rangefile.py / slicing.py
+static/, pyodide_app/  the page and its scripts (package data, like templates/)
 """
 
 from server.app import create_app

@@ -1,10 +1,11 @@
 """The pynode bundle: one deterministic zip a Pyodide peer unpacks and puts on sys.path.
 
-Layout inside the zip (the same relative layout as the repository, so
-``pynode.unitfiles.weights_dir()`` finds the unit weights next to the package):
+Layout inside the zip (the package as installed, so ``pynode.unitfiles.weights_dir()``
+finds the unit weights inside it, as it does in a wheel):
 
-    pynode/**          every file of the imported package except caches
-    units/weights/*    the trained unit weights
+    pynode/**             every file of the imported package except caches
+    pynode/data/units/*   the unit weights this server's pynode reads (PYNODE_UNITS_DIR
+                          included), in place of the package's own copy
 
 Entries are sorted, carry a fixed timestamp and fixed permissions, so the same sources give
 the same bytes and the same ``bundle_sha256()``. The zip is rebuilt only when a source file's
@@ -29,6 +30,7 @@ from pynode.core.errors import DaisyError
 ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip entry can carry
 SKIPPED_DIRS = frozenset({"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"})
 SKIPPED_SUFFIXES = (".pyc", ".pyo")
+WEIGHTS_PREFIX = "pynode/data/units/"  # pynode.unitfiles.SHIPPED_DIR, as named in the zip
 
 
 class BundleError(DaisyError):
@@ -51,15 +53,16 @@ def weights_dir() -> Path | None:
 
 def bundle_sources() -> list[tuple[str, Path]]:
     """(name in the zip, file on disk) for every bundled file, sorted by name."""
-    sources = [(f"pynode/{rel}", path) for rel, path in _walk(package_dir())]
+    sources = {f"pynode/{rel}": path for rel, path in _walk(package_dir())}
     weights = weights_dir()
     if weights is not None:
         found = _walk(weights) if weights.is_dir() else []
         if not found:
             # A bundle without weights would boot and then fail in every browser tab.
             raise BundleError(f"unit weights folder {weights} is missing or empty")
-        sources += [(f"units/weights/{rel}", path) for rel, path in found]
-    return sorted(sources)
+        sources = {n: p for n, p in sources.items() if not n.startswith(WEIGHTS_PREFIX)}
+        sources.update((WEIGHTS_PREFIX + rel, path) for rel, path in found)
+    return sorted(sources.items())
 
 
 def build_bundle() -> bytes:

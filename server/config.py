@@ -53,8 +53,8 @@ class ServerConfig:
     trust_proxy_header: str | None = None
     proxy_hops: int = 1  # how many trusted proxies append to that header (rightmost wins)
     # --- files
-    static_dir: Path | None = None  # the page (static/); None: the repo's static/ folder
-    app_dir: Path | None = None  # page scripts (pyodide_app/); None: the repo's folder
+    static_dir: Path | None = None  # the page; None: the package's server/static/
+    app_dir: Path | None = None  # page scripts; None: the package's server/pyodide_app/
     runtime_dir: Path | None = None  # Pyodide runtime; None: server.runtime.runtime_dir()
     bundle_file: Path | None = None  # a prebuilt pynode bundle; None: build from the package
     data_dir: Path | None = None  # persistent server state (token secret); None: default

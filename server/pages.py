@@ -2,6 +2,8 @@
 
 ``static/index.html`` is the page when it exists; until then a built-in placeholder says
 what the server is and what is missing. Page scripts live in ``pyodide_app/`` (``/app/``).
+Both folders are package data beside this file, so every install serves them;
+``ServerConfig.static_dir`` and ``app_dir`` serve other folders instead.
 """
 
 from __future__ import annotations
@@ -16,15 +18,15 @@ from server.files import REVALIDATE, send_file_from
 from server.protocol import CODE_PATTERN, PROTOCOL_VERSION
 
 bp = Blueprint("pages", __name__)
-REPO_ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 def static_dir(cfg: ServerConfig) -> Path:
-    return cfg.static_dir if cfg.static_dir is not None else REPO_ROOT / "static"
+    return cfg.static_dir if cfg.static_dir is not None else PACKAGE_DIR / "static"
 
 
 def app_dir(cfg: ServerConfig) -> Path:
-    return cfg.app_dir if cfg.app_dir is not None else REPO_ROOT / "pyodide_app"
+    return cfg.app_dir if cfg.app_dir is not None else PACKAGE_DIR / "pyodide_app"
 
 
 def _config() -> ServerConfig:

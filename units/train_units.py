@@ -181,7 +181,8 @@ def build_unit(unit: str, seed0: int) -> tuple[dict[str, np.ndarray], str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=weights_dir(), help="weights folder")
+    parser.add_argument("--out", type=Path, default=weights_dir(),
+                        help="weights folder (default: $PYNODE_UNITS_DIR or pynode/data/units)")
     parser.add_argument("--seed", type=int, default=0, help="first seed tried per unit")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)

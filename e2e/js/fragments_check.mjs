@@ -1,9 +1,9 @@
-// Checks pyodide_app/fragments.js under Node: round trips of many sizes, and refusals of
+// Checks server/pyodide_app/fragments.js under Node: round trips of many sizes, and refusals of
 // fragment streams an ordered, reliable channel cannot produce. Prints one JSON line.
 //   node e2e/js/fragments_check.mjs
 import { readFile } from "node:fs/promises";
 
-const source = await readFile(new URL("../../pyodide_app/fragments.js", import.meta.url), "utf8");
+const source = await readFile(new URL("../../server/pyodide_app/fragments.js", import.meta.url), "utf8");
 const F = await import(`data:text/javascript,${encodeURIComponent(source)}`);
 const results = [];
 

@@ -1,10 +1,10 @@
 """A native peer in a room: signaling, the aiortc mesh and the run protocol glued together.
 
-pyodide_app/node.js does the same for a tab. `NativePeer` is what `python -m pynode join`
-runs (pynode.cli.join reads the flags): it joins, waits for approval, serves the room's run
-protocol (pynode.run.protocol) and reports to the terminal (`say`, a progress bar, --log),
-to the pages (the "ui" channel) and to the server (status frames). With a cluster behind it
-(`--cluster`), its trainer reduces through the cluster first (pynode.run.cluster).
+server/pyodide_app/node.js does the same for a tab. `NativePeer` is what `python -m pynode
+join` runs (pynode.cli.join reads the flags): it joins, waits for approval, serves the room's
+run protocol (pynode.run.protocol) and reports to the terminal (`say`, a progress bar,
+--log), to the pages (the "ui" channel) and to the server (status frames). With a cluster
+behind it (`--cluster`), its trainer reduces through the cluster first (pynode.run.cluster).
 """
 
 from __future__ import annotations

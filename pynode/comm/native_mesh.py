@@ -1,9 +1,9 @@
 """A native peer's WebRTC mesh (aiortc): the same links, channels and framing as the page's.
 
-Like pyodide_app/mesh.js: one RTCPeerConnection per pair, offered by the peer with the
+Like server/pyodide_app/mesh.js: one RTCPeerConnection per pair, offered by the peer with the
 smaller id, with two pre-negotiated, ordered, reliable data channels, "data" (id 0: the
 Python peers' messages, cut into 48 KiB fragments with the 16-byte header of
-pyodide_app/fragments.js) and "ui" (id 1: small JSON the pages show). Sends queue per link
+server/pyodide_app/fragments.js) and "ui" (id 1: small JSON the pages show). Sends queue per link
 and are fed to the channel while its bufferedAmount stays below HIGH_WATER, resuming on
 `bufferedamountlow`. ICE uses host candidates only (no STUN/TURN unless given). A browser
 names its host candidates `NAME.local`; aioice resolves them by multicast DNS

@@ -1,7 +1,7 @@
 """The server's signaling protocol from a native peer: join a room, wait for approval, relay
 WebRTC offers/answers/ICE, follow the roster (docs/SERVER.md, server/protocol.py).
 
-It mirrors the page's pyodide_app/signaling.js: every server frame is handed to the
+It mirrors the page's server/pyodide_app/signaling.js: every server frame is handed to the
 listeners of its type (`on("roster", fn)`), and a dropped socket is reopened with the resume
 token of `joined`, so this peer keeps its id (and its role) across a server restart or a
 network blip. The data channels never touch the server, so training goes on meanwhile.

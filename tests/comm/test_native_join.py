@@ -105,7 +105,7 @@ def test_fragments_match_the_pages_fragments_js_both_ways():
     theirs = message(3 * FRAGMENT_BYTES, 6)
     payload = {"fragments": [base64.b64encode(f).decode() for f in fragments_of(ours, 42)],
                "message": base64.b64encode(theirs).decode()}
-    module = (REPO / "pyodide_app" / "fragments.js").as_uri()
+    module = (REPO / "server" / "pyodide_app" / "fragments.js").as_uri()
     done = subprocess.run(["node", "--input-type=module", "-e", NODE_CHECK, module],
                           input=json.dumps(payload), capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

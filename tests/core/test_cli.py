@@ -21,7 +21,9 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the run harness
-from pynode_runs import ONE_THREAD, REPO, Done, Launched  # noqa: E402
+from pynode_runs import ONE_THREAD, Done, Launched  # noqa: E402
+
+from pynode.unitfiles import SHIPPED_DIR  # noqa: E402
 
 TRAIN = ["train", "--steps", "3", "--seed", "1", "--no-progress"]
 
@@ -38,7 +40,7 @@ def simd_off_env() -> dict[str, str]:
 
 def corrupted_units(folder: Path) -> Path:
     copy = folder / "units-corrupt"
-    shutil.copytree(REPO / "units" / "weights", copy)
+    shutil.copytree(SHIPPED_DIR, copy)
     blob = bytearray((copy / "mul8.npz").read_bytes())
     blob[len(blob) // 2] ^= 0x04
     (copy / "mul8.npz").write_bytes(bytes(blob))

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from server import create_app
-from server.pages import REPO_ROOT
+from server import ServerConfig, create_app
+from server.pages import app_dir, static_dir
 
 RUNTIME_TYPES = {
     "pyodide.js": "text/javascript",
@@ -112,10 +112,11 @@ def test_page_is_served_with_its_room_and_a_strict_policy(make_config, tmp_path)
 def _page_sources(make_config) -> dict[str, str]:
     sources = {"placeholder": create_app(make_config()).test_client().get("/").get_data(
         as_text=True)}
-    for folder in (REPO_ROOT / "static", REPO_ROOT / "pyodide_app"):
-        for path in sorted(folder.rglob("*")) if folder.is_dir() else []:
+    for folder in (static_dir(ServerConfig()), app_dir(ServerConfig())):
+        assert folder.is_dir(), f"{folder} (the page's files) is missing"
+        for path in sorted(folder.rglob("*")):
             if path.suffix in (".html", ".js", ".mjs", ".css"):
-                sources[str(path.relative_to(REPO_ROOT))] = path.read_text(errors="replace")
+                sources[str(path.relative_to(folder.parent))] = path.read_text(errors="replace")
     return sources
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from pynode.unitfiles import SHIPPED_DIR
 from server import bundle, runtime
 from server.runtime import RuntimeFetchError, RuntimeIntegrityError, RuntimeMissingError
 
@@ -186,7 +187,8 @@ def sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A small fake package + weights folder that the bundle builder reads instead of ours."""
     pkg = tmp_path / "pynode"
     (pkg / "core" / "__pycache__").mkdir(parents=True)
-    (pkg / "data").mkdir()
+    (pkg / "data" / "units").mkdir(parents=True)
+    (pkg / "data" / "units" / "old.npz").write_bytes(b"the package's copy")
     (pkg / "__init__.py").write_text("VERSION = 1\n")
     (pkg / "core" / "__init__.py").write_text("")
     (pkg / "core" / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"\0")
@@ -206,10 +208,10 @@ def test_bundle_layout_and_fixed_metadata(sources):
             "pynode/__init__.py",
             "pynode/core/__init__.py",
             "pynode/data/corpus.txt",
-            "units/weights/mul.npz",
+            "pynode/data/units/mul.npz",  # the weights read here replace the package's copy
         ]
         assert {i.date_time for i in infos} == {bundle.ZIP_EPOCH}
-        assert zf.read("units/weights/mul.npz") == b"weights"
+        assert zf.read("pynode/data/units/mul.npz") == b"weights"
 
 
 def test_bundle_is_deterministic_and_cached(sources):
@@ -241,5 +243,7 @@ def test_real_bundle_holds_the_package():
     with zipfile.ZipFile(io.BytesIO(bundle.build_bundle())) as zf:
         names = zf.namelist()
     assert "pynode/__init__.py" in names and "pynode/core/errors.py" in names
+    shipped = SHIPPED_DIR.relative_to(bundle.package_dir()).as_posix()
+    assert f"pynode/{shipped}/MANIFEST.json" in names and "pynode/wasm/gemm_i8.wasm" in names
     assert names == sorted(names)
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
