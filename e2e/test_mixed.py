@@ -166,8 +166,8 @@ def test_faults_across_the_mesh_cost_time_not_bits(tabs, natives, native_referen
     host = tabs.open("?create=1")
     code = status(host)["room"]
     tab = tabs.open(f"?room={code}")
-    killed = natives("killed", "--room", code, env={"PYNODE_JOIN_FAULT": "3:sum"})
-    stalled = natives("stalled", "--room", code, env={"PYNODE_JOIN_FAULT": "3:stall"})
+    killed = natives("killed", "--room", code, env={"PYNODE_FAULT": "3:sum"})
+    stalled = natives("stalled", "--room", code, env={"PYNODE_FAULT": "3:stall"})
     leader = natives("leader", "--room", code, "--start", "--min-peers", "5",
                      *config_flags(config))
     approve(host, status(tab)["peerId"], killed.peer_id, stalled.peer_id, leader.peer_id)

@@ -57,9 +57,5 @@ class RunConfig:
             raise ConfigError(f"unknown config keys: {', '.join(unknown)}")
         return cls(**data)
 
-    @classmethod
-    def from_json(cls, text: str) -> RunConfig:
-        return cls.from_dict(json.loads(text))
-
     def with_(self, **changes) -> RunConfig:
         return replace(self, **changes)

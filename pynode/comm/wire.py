@@ -39,8 +39,6 @@ class Kind(IntEnum):
     BYE = 8  # either way: orderly close
 
 
-COLLECTIVES = (Kind.ALLREDUCE, Kind.BROADCAST, Kind.ALLGATHER, Kind.BARRIER)
-
 
 class Frame(NamedTuple):
     kind: Kind

@@ -18,11 +18,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import detmath, fastmath, quant
-from .errors import DaisyError
-
-
-class KernelGateError(DaisyError):
-    """An accelerated kernel differs from the numpy reference on a gate input."""
 
 
 class Kernels:
