@@ -23,6 +23,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the run harness
 from pynode_runs import ONE_THREAD, REPO, Done, Launched  # noqa: E402
 
+# All but one test read `runs`: some 20 interpreters on 2 cores, tens of seconds.
+pytestmark = pytest.mark.slow
+
 TRAIN = ["train", "--steps", "3", "--seed", "1", "--no-progress"]
 
 
