@@ -19,7 +19,7 @@ from browser_helpers import REPO, missing_browser_parts
 
 from pynode.bench.browser import run_python_in_worker
 
-pytestmark = [pytest.mark.slow, pytest.mark.netns]
+pytestmark = [pytest.mark.slow]
 
 HARNESS = "tests/pyodide/harness.py"
 

@@ -12,7 +12,7 @@ import json
 import pytest
 from browser_helpers import REPO, status, wait, wait_booted, wait_trainable
 
-pytestmark = [pytest.mark.slow, pytest.mark.netns]
+pytestmark = [pytest.mark.slow]
 
 SMALL = {"task": "gpt", "width": 32, "layers": 1, "heads": 2, "seq": 16, "microbatch_size": 2,
          "microbatches": 4, "steps": 3, "lr": 0.003, "seed": 11}

@@ -19,7 +19,7 @@ import pytest
 from browser_helpers import Tabs, host_candidates, status, wait, wait_booted, wait_trainable
 from mixed_helpers import REPO, NativeJoin, config_flags, reference_rows
 
-pytestmark = [pytest.mark.slow, pytest.mark.netns]
+pytestmark = [pytest.mark.slow]
 
 SMALL = {"task": "gpt", "width": 32, "layers": 1, "heads": 2, "seq": 16, "microbatch_size": 2,
          "microbatches": 4, "steps": 3, "lr": 0.003, "seed": 21}

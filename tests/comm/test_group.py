@@ -14,6 +14,9 @@ import pytest
 from comm_helpers import free_port
 from pynode_runs import Done, Launched
 
+# Every test reads `runs`: some 30 interpreters on 2 cores, half a minute or more.
+pytestmark = pytest.mark.slow
+
 CONFIG = ["--width", "32", "--layers", "1", "--heads", "2", "--seq", "16",
           "--microbatch-size", "2", "--microbatches", "8", "--no-progress"]
 TRAIN = ["train", "--steps", "4", *CONFIG]

@@ -25,6 +25,9 @@ from pynode_runs import ONE_THREAD, Done, Launched  # noqa: E402
 
 from pynode.unitfiles import SHIPPED_DIR  # noqa: E402
 
+# All but one test read `runs`: some 20 interpreters on 2 cores, tens of seconds.
+pytestmark = pytest.mark.slow
+
 TRAIN = ["train", "--steps", "3", "--seed", "1", "--no-progress"]
 
 

@@ -1,25 +1,22 @@
-"""Core tests inside Pyodide 0.27.7 (numpy 2.0.2 on wasm32) under Node.js.
+"""Core tests inside Pyodide 0.27.7 (numpy 2.0.2 on wasm32) under Node.js (pyodide_node.py).
 
 Needs node and the fetched runtime (`python -m server.runtime fetch`). Without them these
 tests skip with the reason, except under CI=true, where a missing runtime is a failure.
+Each Pyodide run boots Pyodide and numpy first (seconds), so those tests are also `slow`;
+the `*_natively` tests need neither and stay in the quick tier.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+from pyodide_node import REPO, node_runtime, run_in_pyodide, unavailable
 
 from server.bundle import build_bundle
-from server.runtime import RuntimeMissingError, runtime_dir
 
-REPO = Path(__file__).resolve().parents[2]
-RUNNER = REPO / "tests" / "pyodide" / "run_tests.mjs"
 # Modules whose tests are plain functions (see harness.py) and must pass on wasm too.
 PYODIDE_MODULES = [
     "tests/core/test_golden.py",
@@ -29,20 +26,9 @@ PYODIDE_MODULES = [
 PYODIDE_DATA = ["tests/golden/golden_v2.npz"]
 
 
-def _unavailable(reason: str) -> None:
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{reason} (CI=true: the Pyodide tier must run)")
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def runtime() -> Path:
-    if shutil.which("node") is None:
-        _unavailable("node is not installed")
-    try:
-        return runtime_dir()
-    except RuntimeMissingError as exc:
-        _unavailable(str(exc))
+    return node_runtime()
 
 
 @pytest.fixture(scope="module")
@@ -52,17 +38,7 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def run_in_pyodide(runtime: Path, bundle: Path, modules: list[str], data: list[str]) -> tuple:
-    cmd = ["node", str(RUNNER), "--runtime", str(runtime), "--bundle", str(bundle),
-           "--root", str(REPO)]
-    cmd += [arg for m in modules for arg in ("--module", m)]
-    cmd += [arg for d in data for arg in ("--data", d)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS ")]
-    report = json.loads(lines[-1][len("RESULTS "):]) if lines else None
-    return proc, report
-
-
+@pytest.mark.slow
 def test_core_modules_pass_under_pyodide(runtime, bundle, record_property):
     proc, report = run_in_pyodide(runtime, bundle, PYODIDE_MODULES, PYODIDE_DATA)
     assert report is not None, f"runner gave no results (rc {proc.returncode}):\n{proc.stderr}"
@@ -75,6 +51,7 @@ def test_core_modules_pass_under_pyodide(runtime, bundle, record_property):
     print(proc.stdout.splitlines()[-1], "| boot", round(report["timing"]["boot_ms"]), "ms")
 
 
+@pytest.mark.slow
 def test_runner_reports_failures_and_skips(runtime, bundle):
     proc, report = run_in_pyodide(runtime, bundle, ["tests/pyodide/selfcheck_cases.py"], [])
     assert report is not None, f"runner gave no results (rc {proc.returncode}):\n{proc.stderr}"
@@ -90,6 +67,7 @@ def test_runner_reports_failures_and_skips(runtime, bundle):
     assert "deliberate failure" in proc.stdout
 
 
+@pytest.mark.slow
 def test_training_steps_match_native_under_pyodide(runtime, bundle):
     """The same 3-step run gives the same per-step hashes natively (numba kernels where
     installed) and on wasm, where the wasm SIMD GEMM and kernels compute (what the page
@@ -128,16 +106,18 @@ def run_wasm_cases(runtime, bundle, module: str, count: int):
     assert not failed, "\n".join(f"{r['test']}:\n{r['detail']}" for r in failed)
     skipped = [r for r in report["results"] if r["status"] == "skipped"]
     if skipped and not report["passed"]:
-        _unavailable(skipped[0]["detail"])
+        unavailable(skipped[0]["detail"])
     assert report["passed"] == len(report["results"]) == count, report["results"]
     return proc
 
 
+@pytest.mark.slow
 def test_wasm_simd_gemm_under_pyodide(runtime, bundle):
     """The page's wasm SIMD backend: exact gate, bit-equal to the reference, selected."""
     run_wasm_cases(runtime, bundle, "tests/pyodide/wasm_gemm_cases.py", 6)
 
 
+@pytest.mark.slow
 def test_wasm_kernels_under_pyodide(runtime, bundle):
     """The page's wasm hot kernels: kernel gate, the reference's bytes, broken ones refused,
     selected by the page's checks."""
@@ -167,6 +147,7 @@ def test_wasm_simd_is_unavailable_natively():
     assert [name for name, _ in skipped] == ["wasm_simd"]
 
 
+@pytest.mark.slow
 def test_wasm_philox_under_pyodide(runtime, bundle, record_property):
     """The page's wasm Philox4x64: numpy's words bit for bit, checked, faster than numpy."""
     proc = run_wasm_cases(runtime, bundle, "tests/pyodide/wasm_philox_cases.py", 6)
