@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 TIERS = ("browser", "netns", "wasm")
 
 # file name::test -> its tiers. Found by file name, so a file moved between folders
-# (e2e/test_room.py into tests/, say) is checked where it now is.
+# (e2e/test_room.py became tests/run/test_room_protocol.py) is checked where it now is.
 KNOWN = {
     "test_browser_gemm.py::test_wasm_simd_is_exact_in_chromium": {"browser", "netns"},
     # `python -m pynode bench browser` opens Chromium itself, on 127.0.0.1
@@ -30,7 +30,7 @@ KNOWN = {
     "test_netns.py::test_namespaces_are_removed_when_the_test_fails": {"netns"},
     "test_under_pyodide.py::test_wasm_kernels_under_pyodide": {"wasm"},
     "test_under_pyodide.py::test_wasm_simd_is_unavailable_natively": set(),
-    "test_room.py::test_three_peers_train_the_reference_hashes": set(),
+    "test_room_protocol.py::test_three_peers_train_the_reference_hashes": set(),
     "test_mesh_collective.py::test_star_collectives": set(),
 }
 # The fixtures that open Chromium or build the e2e namespace, by name: an oracle that
