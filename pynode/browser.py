@@ -32,7 +32,7 @@ from pynode.config import RunConfig
 from pynode.core.errors import DaisyError, GateError
 from pynode.run.protocol import RoomPeer
 from pynode.run.trainer import Trainer
-from pynode.verify import CheckRow
+from pynode.verify import CheckRow, product_check_row
 
 GEMM_CASE_PURPOSE = 0x6E3C  # rng key of case_operands' random operands
 
@@ -155,7 +155,8 @@ def run_checks(break_gate: bool = False, backend: str | None = None,
         order = [BrokenBackend(b) for b in order]
     ops, kernel_rows = kernel_gate(broken_kernels if break_kernels else None)
     try:
-        gemm = select_gemm(units, prefer=backend, order=order, kernels=ops)
+        gemm = select_gemm(units, prefer=backend, order=order, kernels=ops,
+                           check=ops.checks_products)
     except (GateError, UnknownBackendError) as exc:
         missing = backend == "webgpu" and backend not in checks.backends
         why = f" ({checks.webgpu})" if missing else ""
@@ -167,6 +168,7 @@ def run_checks(break_gate: bool = False, backend: str | None = None,
         rows.append(CheckRow("exact gate", f"{report.cases} shapes", result, report.backend,
                              report.seconds))
     rows.extend(kernel_rows)
+    rows.append(product_check_row(ops))
     rows.append(philox_row())
     checks.units, checks.gemm, checks.kernels = units, gemm, ops.name
     return checks

@@ -123,8 +123,33 @@ def route_rows() -> list[CheckRow]:
 
 
 def kernel_rows() -> list[CheckRow]:
-    """The gate of this platform's fast hot kernels against the numpy reference."""
-    return kernel_gate()[1]
+    """The gate of this platform's fast hot kernels against the numpy reference, and
+    whether they check every GEMM product."""
+    ops, rows = kernel_gate()
+    return [*rows, product_check_row(ops)]
+
+
+def product_check_row(ops: Any) -> CheckRow:
+    """Whether every GEMM call is checked (pynode.core.gemm.check) with the kernels `ops`:
+    where they do, a right product must pass and one with a single wrong cell must not."""
+    import numpy as np
+
+    from pynode.core.gemm.check import SECURITY_BITS, ProductCheck
+
+    domain = f"every GEMM call, a wrong one passes with p <= 2^-{SECURITY_BITS}"
+    if not ops.checks_products:
+        return CheckRow("product check", domain, f"skipped: {ops.name} kernels have no fused "
+                        "check (the audit samples 1 call in 16)", ops.name, 0.0)
+    started = time.perf_counter()
+    a = (np.arange(37 * 131) % 255 - 128).astype(np.int8).reshape(37, 131)
+    b = (np.arange(131 * 29) * 7 % 256 - 128).astype(np.int8).reshape(131, 29)
+    right = np.matmul(a.astype(np.int32), b.astype(np.int32))
+    wrong = right.copy()
+    wrong[18, 14] += 1
+    check = ProductCheck(ops)
+    works = check.holds(a, b, right) and not check.holds(a, b, wrong)
+    return CheckRow("product check", domain, "pass" if works else "FAIL: it missed a wrong "
+                    "cell or refused a right product", ops.name, time.perf_counter() - started)
 
 
 def kernel_gate(wrap: Callable[[Any], Any] | None = None) -> tuple[Any, list[CheckRow]]:

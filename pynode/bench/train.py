@@ -18,9 +18,13 @@ import time
 from pynode.bench.machine import machine_info, machine_line
 from pynode.config import RunConfig
 
+BLOCK = 5  # steps per block of the check-on / check-off alternation
+
 
 def measure(task: str, cfg: RunConfig, steps: int) -> dict:
-    """Train `steps` steps of `task` here; returns tokens/s (after one warm-up step)."""
+    """Train `steps` steps of `task` here; returns tokens/s (after one warm-up step). The
+    int8 task trains every other block of steps with its per-call GEMM check off, for the
+    check's overhead; tokens/s counts the checked steps only."""
     from pynode.run.assemble import build_trainer
 
     cfg = cfg.with_(task=task, steps=steps + 1)
@@ -33,23 +37,40 @@ def measure(task: str, cfg: RunConfig, steps: int) -> dict:
     else:
         gemm, kernels = "torch float32", "torch"
 
-    async def go() -> tuple[float, float]:
-        await trainer.step()  # warm-up: imports, first allocations
-        started = time.perf_counter()
-        loss = 0.0
-        for _ in range(steps):
-            loss = (await trainer.step()).loss
-        return time.perf_counter() - started, loss
+    check = getattr(trainer.gemm, "check", None)
 
-    seconds, loss = asyncio.run(go())
-    tokens = steps * cfg.microbatches * cfg.microbatch_size * cfg.seq
+    async def go() -> tuple[dict, dict, float]:
+        """Steps and seconds with the per-call GEMM check on (as users run) and off, in
+        alternating blocks so drift falls on both; and the loss after the last step."""
+        await trainer.step()  # warm-up: imports, first allocations, kernel variants
+        done, timed = {True: 0, False: 0}, {True: 0.0, False: 0.0}
+        loss, on = 0.0, True
+        while done[True] + done[False] < steps:
+            block = min(BLOCK, steps - done[True] - done[False])
+            if check is not None:
+                trainer.gemm.check = check if on else None
+            started = time.perf_counter()
+            for _ in range(block):
+                loss = (await trainer.step()).loss
+            timed[on] += time.perf_counter() - started
+            done[on] += block
+            on = not on or check is None
+        if check is not None:
+            trainer.gemm.check = check
+        return done, timed, loss
+
+    done, timed, loss = asyncio.run(go())
+    seconds = timed[True] / done[True]  # a checked step
+    per_step = cfg.microbatches * cfg.microbatch_size * cfg.seq
+    checking = (seconds / (timed[False] / done[False]) - 1.0) if done[False] else None
     return {
+        "check_overhead": checking,  # step time with the per-call GEMM check / without, - 1
         "task": task,
         "backend": getattr(trainer.gemm, "backend_name", "torch-float"),
         "gemm": gemm,
         "kernels": kernels,
-        "tokens_per_s": tokens / seconds,
-        "seconds_per_step": seconds / steps,
+        "tokens_per_s": per_step / seconds,
+        "seconds_per_step": seconds,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "final_loss": loss,
     }
@@ -92,5 +113,9 @@ def main(argv: list[str]) -> int:
               f"{row['seconds_per_step']:>8.3f} {row['peak_rss_mib']:>9.0f} "
               f"{row['final_loss']:>7.4f}")
     print(f"int8 GEMM: {rows['gpt']['gemm']}; kernels: {rows['gpt']['kernels']}")
+    overhead = rows["gpt"]["check_overhead"]
+    if overhead is not None:
+        print(f"per-call GEMM check (Freivalds): +{100 * overhead:.1f} % int8 step time "
+              "(the same steps with it off, alternating blocks)")
     print(f"int8 / float tokens per second: {ratio:.3f}")
     return 0

@@ -24,6 +24,10 @@ class Kernels:
     """The numpy reference of every hot kernel; subclasses override with faster code."""
 
     name = "numpy"
+    # Whether product_holds is cheap enough to run on every GEMM call (pynode.core.gemm
+    # check.py): numpy's float64 products cost 12-30 % of a native step and about as much
+    # as the wasm GEMM itself in a tab, so only a fused implementation says yes.
+    checks_products = False
 
     def quantize(self, x: np.ndarray, axis: int, key: tuple[int, ...] | None):
         """int8 with one scale per row (axis -1) or column (axis -2) of x (..., R, C) f32;
@@ -51,6 +55,19 @@ class Kernels:
     def psum_rows(self, x: np.ndarray) -> np.ndarray:
         """detmath.psum over the last axis."""
         return detmath.psum(x, axis=-1)
+
+    def product_holds(self, a: np.ndarray, b: np.ndarray, out: np.ndarray,
+                      r: np.ndarray) -> bool:
+        """Freivalds' identity for out == a @ b: every |out| <= 2**14 * K, and
+        a @ (b @ r) == out @ r, for a (B, M, K) and b (B, K, N) int8, out (B, M, N) int32
+        and r (V, N) float64 of integers below 2**bits. The caller
+        (pynode.core.gemm.check) picks bits so that every partial sum is an integer below
+        2**53: both sides are exact whatever the order of summation."""
+        bound = (1 << 14) * a.shape[-1]
+        if out.size and (int(out.max()) > bound or int(out.min()) < -bound):
+            return False
+        rt = r.T  # (N, V)
+        return bool(np.array_equal(np.matmul(a, np.matmul(b, rt)), np.matmul(out, rt)))
 
 
 REFERENCE = Kernels()
@@ -97,9 +114,26 @@ def _cases(seed: int = 0x6A7E):
     yield "softmax.masked", "softmax_rows", (scores, np.tri(33, dtype=bool))
     yield "log_softmax", "log_softmax_parts", (normal(45, 257),)
     yield "psum_rows", "psum_rows", (normal(7, 9, 129),)
+    for name, (bs, m, k, n) in {"mm": (1, 45, 131, 29), "bmm": (5, 17, 33, 63),
+                                "tall": (1, 300, 8, 3), "wide": (2, 3, 257, 90)}.items():
+        a = g.integers(-128, 128, (bs, m, k), dtype=np.int64).astype(np.int8)
+        b = g.integers(-128, 128, (bs, k, n), dtype=np.int64).astype(np.int8)
+        right = np.matmul(a.astype(np.int32), b.astype(np.int32))
+        r = g.integers(0, 1 << 16, (2, n)).astype(np.float64)
+        views = {"": (a, b), ".transposed": (  # the same values in column-major memory
+            a.transpose(0, 2, 1).copy().transpose(0, 2, 1),
+            b.transpose(0, 2, 1).copy().transpose(0, 2, 1))}
+        for how, (av, bv) in views.items():
+            wrong = {"right": right, "cell": right.copy(), "huge": right.copy()}
+            wrong["cell"][-1, m // 2, n - 1] -= 1
+            wrong["huge"][0, 0, 0] = 2**31 - 1
+            for what, out in wrong.items():
+                yield f"product_holds.{name}{how}.{what}", "product_holds", (av, bv, out, r)
 
 
 def _same(a, b) -> bool:
+    if isinstance(a, bool):
+        return type(b) is bool and a == b
     if isinstance(a, tuple):
         return isinstance(b, tuple) and len(a) == len(b) and all(map(_same, a, b))
     return (isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape

@@ -40,7 +40,7 @@ def load_units_and_gemm(
         from pynode.native_kernels import select_kernels
     ops, _ = select_kernels(kernels)
     return units, select_gemm(units, prefer=backend, order=backend_order(), kernels=ops,
-                              build=build_backend)
+                              build=build_backend, check=ops.checks_products)
 
 
 def build_trainer(

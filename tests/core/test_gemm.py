@@ -31,6 +31,7 @@ from pynode.core.gemm import (
 )
 from pynode.core.gemm.blas_exact import CHUNK_K, BlasFloatBackend
 from pynode.core.gemm.gate import gate_cases
+from pynode.core.gemm.numpy_int import NumpyIntBackend
 from pynode.core.gemm.reference import ReferenceBackend
 from pynode.gemm_backends import build_backend
 
@@ -380,7 +381,9 @@ class WrongAtLiveShape(BlasFloatBackend):
 
 
 def test_audit_catches_a_structural_cell_at_a_live_shape(units):
-    gemm = select_gemm(units, order=[WrongAtLiveShape((47, 40)), "numpy_int"], audit_every=1)
+    """The audit alone (the per-call check off): it names the wrong cell."""
+    gemm = select_gemm(units, order=[WrongAtLiveShape((47, 40)), "numpy_int"], audit_every=1,
+                       check=False)
     assert gemm.backend_name == "wrong_at_live_shape"
     a, b = int8((48, 64), 1), int8((64, 80), 2)
     with pytest.raises(GateError, match=r"\(0, 47, 40\).*expected"):
@@ -391,7 +394,7 @@ def test_audit_catches_a_structural_cell_at_a_live_shape(units):
 
 
 def test_audit_random_cells_find_an_interior_cell(units):
-    gemm = select_gemm(units, order=[WrongAtLiveShape((20, 33))], audit_every=1)
+    gemm = select_gemm(units, order=[WrongAtLiveShape((20, 33))], audit_every=1, check=False)
     gemm.audit.random_cells = 64
     a, b = int8((48, 64), 1), int8((64, 80), 2)
     with pytest.raises(GateError, match=r"\(0, 20, 33\)"):
@@ -474,3 +477,87 @@ def test_operand_edges_named_errors_or_exact_results(name):
     for subclass in (masked, np.matrix(plain)):
         with pytest.raises(ShapeError, match="subclass"):
             backend.matmul(subclass, b)
+
+
+# --- the per-call check (check.py) -------------------------------------------------------------
+
+class WrongAtOneK:
+    """Right everywhere except one interior cell, for one inner size K only: a shape bug the
+    gate's fixed cases and the audit's sampled cells never meet."""
+
+    name = "wrong_at_one_k"
+
+    def __init__(self, k: int) -> None:
+        self.k, self.inner = k, NumpyIntBackend()
+
+    def matmul(self, a, b):
+        out = self.inner.matmul(a, b)
+        if a.shape[1] == self.k:
+            out[out.shape[0] // 3, out.shape[1] // 2] -= 1
+        return out
+
+    def bmm(self, a, b):
+        out = self.inner.bmm(a, b)
+        if a.shape[2] == self.k:
+            out[-1, out.shape[1] // 2, 1] += 1 << 20
+        return out
+
+
+def test_every_product_is_checked_and_a_wrong_one_never_returned(units, caplog):
+    gemm = select_gemm(units, order=[WrongAtOneK(72), "blas_float"], audit_every=1_000_000)
+    assert gemm.backend_name == "wrong_at_one_k"  # the gate never uses K = 72
+    a, b = int8((50, 64), 1), int8((64, 30), 2)
+    assert np.array_equal(gemm.matmul(a, b), exact(a, b))
+    assert gemm.backend_name == "wrong_at_one_k"  # right at K = 64: kept
+    a, b = int8((50, 72), 3), int8((72, 30), 4)
+    with caplog.at_level("WARNING"):
+        assert np.array_equal(gemm.matmul(a, b), exact(a, b))
+    assert gemm.backend_name == "blas_float"
+    assert "wrong_at_one_k gave a wrong product (50x72x30" in caplog.text
+    assert gemm.check.failures == 1 and gemm.check.calls == 3
+
+
+def test_a_wrong_batched_product_is_recomputed(units):
+    gemm = select_gemm(units, order=[WrongAtOneK(9), "numpy_int"], audit_every=1_000_000)
+    a, b = int8((4, 6, 9), 5), int8((4, 9, 7), 6)
+    assert np.array_equal(gemm.bmm(a, b), exact(a, b))
+    assert gemm.backend_name == "numpy_int"
+
+
+def test_a_wrong_routed_backend_loses_its_routes_not_the_selected_one(units):
+    gemm = select_gemm(units, order=["numpy_int"], audit_every=1_000_000)
+    wrong = WrongAtOneK(40)
+    gemm.routes[("mm", 1, 8, 40, 16)] = wrong
+    a, b = int8((8, 40), 7), int8((40, 16), 8)
+    assert np.array_equal(gemm.matmul(a, b), exact(a, b))
+    assert gemm.routes == {} and gemm.backend_name == "numpy_int"
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (3, 7, 5), (64, 200, 33), (2, 4096, 3)])
+def test_the_check_finds_any_single_wrong_cell(m, k, n):
+    from pynode.core.gemm.check import ProductCheck
+
+    check = ProductCheck(seed=3)
+    a, b = int8((m, k), 11), int8((k, n), 12)
+    out = exact(a, b).astype(np.int32)
+    assert check.holds(a, b, out)
+    cells = np.random.default_rng(5).integers(0, [m, n], size=(25, 2))  # test data only
+    for i, j in cells:
+        for delta in (1, -1, 1 << 16, -(1 << 30)):
+            wrong = out.copy()
+            wrong[i, j] += delta
+            assert not check.holds(a, b, wrong), (i, j, delta)
+    assert check.holds(a, b, out)
+
+
+def test_the_wrapping_path_for_shapes_beyond_float64():
+    from pynode.core.gemm.check import ProductCheck, entry_bits
+
+    assert entry_bits(1 << 17, 1 << 23) == 0  # K and N too large for exact float64 products
+    assert entry_bits(1 << 17, 1 << 20) == 2 and entry_bits(128, 128) == 25
+    check = ProductCheck()
+    a, b = int8((5, 33), 13), int8((33, 6), 14)
+    out = exact(a, b).astype(np.int32)
+    assert check._holds_mod64(0, a, b, out)
+    out[4, 5] -= 3
+    assert not check._holds_mod64(1, a, b, out)

@@ -20,6 +20,7 @@ from pynode.core.errors import GateError
 from pynode.core.gemm.audit import AUDIT_EVERY, GemmAudit
 from pynode.core.gemm.base import BackendUnavailableError, GemmBackend, UnknownBackendError
 from pynode.core.gemm.blas_exact import BlasFloatBackend
+from pynode.core.gemm.check import ProductCheck
 from pynode.core.gemm.gate import ExactGate, GateReport
 from pynode.core.gemm.numpy_int import NumpyIntBackend
 from pynode.core.gemm.reference import ReferenceBackend
@@ -104,8 +105,10 @@ class Gemm:
         chooser: _Chooser,
         audit: GemmAudit,
         kernels: Kernels = REFERENCE,
+        check: ProductCheck | None = None,
     ) -> None:
         self._units, self._chooser, self.audit = units, chooser, audit
+        self.check = check  # every product's Freivalds check (check.py); None: off
         self.backend, self.gate_report = backend, gate_report
         self.kernels = kernels
         # (kind, B, M, K, N) -> a gated backend measured faster than `backend` there
@@ -131,7 +134,10 @@ class Gemm:
         backend = self._route(shape)
         out = backend.matmul(a, b)
         (m, k), n = a.shape, b.shape[1]
-        return self._finish(a, b, out, (m, n), m * n * k, backend.name)
+        while not self._checked(a, b, self._valid(out, (m, n), backend), backend, shape):
+            backend = self._route(shape)
+            out = backend.matmul(a, b)
+        return self._finish(a, b, out, m * n * k, backend.name)
 
     def bmm(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """a (B, M, K) int8 @ b (B, K, N) int8 -> (B, M, N) int32, exact."""
@@ -139,17 +145,38 @@ class Gemm:
         backend = self._route(shape)
         out = backend.bmm(a, b)
         (bs, m, k), n = a.shape, b.shape[2]
-        return self._finish(a, b, out, (bs, m, n), bs * m * n * k, backend.name)
+        while not self._checked(a, b, self._valid(out, (bs, m, n), backend), backend, shape):
+            backend = self._route(shape)
+            out = backend.bmm(a, b)
+        return self._finish(a, b, out, bs * m * n * k, backend.name)
+
+    def _checked(self, a, b, out, backend: GemmBackend, shape) -> bool:
+        """True if the product passed its check; else the backend that made it is dropped
+        (its routes, and itself if it is the selected one) so the caller recomputes it."""
+        if self.check is None or self.check.holds(a, b, out):
+            return True
+        log.warning("GEMM backend %s gave a wrong product (%s, call %d of the per-call "
+                    "check); recomputing it on another backend", backend.name,
+                    "x".join(map(str, (*a.shape, b.shape[-1]))), self.check.calls - 1)
+        for key in [k for k, routed in self.routes.items() if routed is backend]:
+            del self.routes[key]
+        if backend is self.backend:
+            self.demote()
+        return False
 
     def _route(self, shape) -> GemmBackend:
         if shape is None:
             return self.backend  # the backend's own checks will name the bad operand
         return self.routes.get(shape, self.backend)
 
-    def _finish(self, a, b, out, shape: tuple[int, ...], muls: int, name: str) -> np.ndarray:
+    @staticmethod
+    def _valid(out: Any, shape: tuple[int, ...], backend: GemmBackend) -> np.ndarray:
         if not isinstance(out, np.ndarray) or out.dtype != np.int32 or out.shape != shape:
             got = f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
-            raise GateError(f"GEMM backend {name!r} returned {got}, not int32 {shape}")
+            raise GateError(f"GEMM backend {backend.name!r} returned {got}, not int32 {shape}")
+        return out
+
+    def _finish(self, a, b, out, muls: int, name: str) -> np.ndarray:
         self._units.counts.add("mul", muls)
         self.audit.check(a, b, out, name)
         return out
@@ -189,6 +216,7 @@ def select_gemm(
     audit_every: int = AUDIT_EVERY,
     kernels: Kernels = REFERENCE,
     build: Build = make_backend,
+    check: bool = True,
 ) -> Gemm:
     """Gate backends best first against the LUT reference of `units` and wrap the winner.
 
@@ -199,15 +227,18 @@ def select_gemm(
     kernels: the hot kernels the model uses with it, already gated (core/kernels.py).
     build: builds a backend named in `order` (pynode.gemm_backends.build_backend knows the
         ones outside the core).
+    check: check every product (Freivalds, check.py); a wrong one is recomputed on the
+        next backend that passes its gate, so no caller ever sees it.
     """
     names = [_name(c) for c in order]
     if prefer is not None and prefer not in names:
         raise UnknownBackendError(f"unknown GEMM backend {prefer!r}; valid: {', '.join(names)}")
     gate = ExactGate(ReferenceBackend(units.mul_lut))
     audit = GemmAudit(units.mul_lut, every=audit_every)
+    product_check = ProductCheck(kernels) if check else None
     if prefer is None:
         chooser = _Chooser(gate, units.mul_lut, order, build)
-        return Gemm(units, *chooser.next_passing(), chooser, audit, kernels)
+        return Gemm(units, *chooser.next_passing(), chooser, audit, kernels, product_check)
     at = names.index(prefer)
     chooser = _Chooser(gate, units.mul_lut, order[at + 1 :], build)
     backend, report = chooser.gate_one(order[at])
@@ -216,4 +247,4 @@ def select_gemm(
             f"forced GEMM backend {prefer!r} failed its exact gate at case "
             f"{report.failing_case}: {report.detail}"
         )
-    return Gemm(units, backend, report, chooser, audit, kernels)
+    return Gemm(units, backend, report, chooser, audit, kernels, product_check)

@@ -1,0 +1,116 @@
+"""Freivalds' check of every GEMM result: C == A @ B, exactly, in O(MK + KN + MN).
+
+The start-up gate proves a backend on fixed shapes and the audit re-computes a few cells;
+this check covers every cell of every call. For C (M, N) from A (M, K) and B (K, N) it takes
+V random vectors r of integers in [0, 2**bits) from the project RNG (stream CHECK_PURPOSE,
+at a position fixed by the call number) and compares A @ (B @ r) with C @ r. If C is wrong
+anywhere, some row d of A @ B - C is nonzero; with every entry of r but one (at a nonzero
+place of d) fixed, d . r == 0 for at most one value of that entry, so a wrong result passes
+with probability at most 2**-(bits * V). V is the fewest vectors with bits * V >=
+SECURITY_BITS (one for the shapes of the default model: 21 to 27 bits).
+
+The arithmetic is float64 (Kernels.product_holds: numpy's matmul, or a fused numba loop),
+exact whatever the order of summation when every partial sum stays below 2**53: |a|, |b|
+<= 2**7, so |A @ (B @ r)| and |C @ r| stay below 2**(14 + bits) * K * N once C itself is
+checked to lie within the exact product's bound 2**14 * K; `bits` is chosen per shape for
+that. Shapes too large for float64 fall back to wrapping uint64 arithmetic: mod 2**64 the
+same identity holds, and a wrong cell (|d| < 2**32) passes with probability <= 2**-32.
+
+Legend: B batch, M rows, K reduction length, N columns, V random vectors.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from pynode.core import rng
+from pynode.core.kernels import REFERENCE, Kernels
+
+CHECK_PURPOSE = 0xF4E1
+SECURITY_BITS = 20  # a wrong product passes its call's check with probability <= 2**-20
+MAX_BITS = 32  # random bits per vector entry (the float64 bound allows fewer for large K, N)
+DRAW_BLOCK = 64  # calls whose vectors one rng call draws (an rng call costs ~10 us)
+DRAW_LANES = 4096  # 32-bit lanes a call takes from such a block (N * V up to this)
+
+
+def _log2_ceil(x: int) -> int:
+    return max(0, int(x - 1).bit_length())
+
+
+def entry_bits(k: int, n: int) -> int:
+    """Random bits per entry of R that keep the float64 products exact for K, N (0: none)."""
+    return max(0, min(MAX_BITS, 53 - 14 - _log2_ceil(k) - _log2_ceil(n)))
+
+
+class ProductCheck:
+    """Checks every product it is shown; counts calls and failures."""
+
+    def __init__(self, kernels: Kernels = REFERENCE, seed: int = 0) -> None:
+        self.kernels = kernels  # its gated product_holds does the arithmetic
+        self.seed = seed
+        self.calls = 0
+        self.failures = 0
+        self.seconds = 0.0  # spent checking
+        self._bits: dict[tuple[int, int], int] = {}  # (K, N) -> entry_bits
+        self._block = -1  # which block of calls self._pool holds
+        self._pool = np.empty((0, DRAW_LANES), np.uint32)
+
+    def vectors(self, call: int, n: int, bits: int) -> np.ndarray:
+        """R (V, N) float64 for this call: V vectors of `bits`-bit random integers, 32-bit
+        lanes of the stream (CHECK_PURPOSE, seed) from a position fixed by the call number
+        (one rng call serves DRAW_BLOCK calls of up to DRAW_LANES lanes)."""
+        count = -(-SECURITY_BITS // bits)
+        lanes = self._lanes(call, n * count)
+        if bits < MAX_BITS:
+            lanes = lanes >> np.uint32(MAX_BITS - bits)
+        return lanes.reshape(count, n).astype(np.float64)
+
+    def _lanes(self, call: int, size: int) -> np.ndarray:
+        block, i = divmod(call, DRAW_BLOCK)
+        if size > DRAW_LANES:  # a very wide product: its own draw
+            words = rng.raw64((CHECK_PURPOSE, self.seed, 1, call), -(-size // 2))
+            return words.astype("<u8", copy=False).view("<u4")[:size]
+        if self._block != block:
+            words = rng.raw64((CHECK_PURPOSE, self.seed, 0, block), DRAW_BLOCK * DRAW_LANES // 2)
+            self._pool = words.astype("<u8", copy=False).view("<u4").reshape(DRAW_BLOCK, -1)
+            self._block = block
+        return self._pool[i, :size]
+
+    def holds(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
+        """Whether out == a @ b (int8 operands, 2-d or 3-d batched; out int32)."""
+        call = self.calls
+        self.calls = call + 1
+        started = time.perf_counter()
+        k, n = a.shape[-1], b.shape[-1]
+        bits = self._bits.get((k, n))
+        if bits is None:
+            bits = self._bits[k, n] = entry_bits(k, n)
+        if bits and out.size:
+            if a.ndim == 2:
+                a, b, out = a[None], b[None], out[None]
+            ok = self.kernels.product_holds(a, b, out, self.vectors(call, n, bits))
+        else:
+            ok = self._holds_edge(call, a, b, out)
+        self.seconds += time.perf_counter() - started
+        if not ok:
+            self.failures += 1
+        return ok
+
+    def _holds_edge(self, call: int, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
+        if out.size == 0:
+            return True
+        if a.shape[-1] == 0:
+            return not np.any(out)
+        return self._holds_mod64(call, a, b, out)
+
+    def _holds_mod64(self, call: int, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
+        count = -(-SECURITY_BITS // 32)
+        n = b.shape[-1]
+        r = rng.raw64((CHECK_PURPOSE, self.seed, 2, call), n * count).reshape(n, count)
+        wrap = np.uint64
+        br = np.matmul(b.astype(np.int64).view(wrap), r)  # (..., K, V) mod 2**64
+        lhs = np.matmul(a.astype(np.int64).view(wrap), br)
+        rhs = np.matmul(out.astype(np.int64).view(wrap), r)
+        return bool(np.array_equal(lhs, rhs))
