@@ -2,7 +2,7 @@
 // together, and the state the page shows (and `window.daisychain.status()` returns).
 //
 // The mesh's messages go to the worker and back as transferred ArrayBuffers (no copies);
-// the worker's Python decides everything about runs (pynode/room.py). This file only
+// the worker's Python decides everything about runs (pynode/run/protocol.py). This file only
 // routes, keeps the record and tells the other pages our state on the "ui" channel.
 
 import { Mesh } from "./mesh.js";
