@@ -16,7 +16,9 @@ from pynode.core.errors import DaisyError
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pynode", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", required=True)
+    # The metavar lists the commands a user runs (the internal `_peer` stays out of help).
+    sub = parser.add_subparsers(dest="command", required=True,
+                                metavar="{train,cluster,join,verify,bench}")
 
     train = sub.add_parser("train", help="train on this machine (one or more local peers)")
     add_config_flags(train)
@@ -53,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks: gemm, train, scaling, browser")
     bench.add_argument("name", choices=["gemm", "train", "scaling", "browser"])
-    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    bench.add_argument("args", nargs=argparse.REMAINDER, metavar="...",
+                       help="the benchmark's own flags (python -m pynode bench NAME --help)")
     return parser
 
 
@@ -88,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             import importlib
 
             module = importlib.import_module(f"pynode.bench.{args.name}")
-            return module.main(args.rest)
+            return module.main(args.args)
     except (DaisyError, ConfigError, FileNotFoundError, IsADirectoryError) as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2

@@ -9,13 +9,16 @@ import time
 from pynode.cli.faults import install_fault
 from pynode.cli.flags import check_output_flags, explicit_config, parse_capacity
 from pynode.cli.report import Saver, StepReporter, gemm_summary, print_summary, write_summary
-from pynode.config import RunConfig
+from pynode.config import ConfigError, RunConfig
 from pynode.run.assemble import build_trainer, load_resume
 from pynode.run.loop import train
 
 
 async def train_command(args: argparse.Namespace, cfg: RunConfig) -> int:
     check_output_flags(args)
+    if args.capacity is not None and args.peers == 1:
+        raise ConfigError("--capacity sets the relative speeds of local peers: it needs "
+                          "--peers N with N > 1 (one peer computes every microbatch)")
     if args.peers != 1:
         from pynode.cli.group import train_local_peers
 

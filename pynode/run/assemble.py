@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pynode.config import RunConfig
+from pynode.config import ConfigError, RunConfig
 from pynode.core import checkpoint
 from pynode.run.trainer import ALONE, Trainer, TrainOptions, TrainState
 from pynode.tasks import load_task
@@ -98,6 +98,9 @@ def read_resume(
         cfg = RunConfig.from_dict({**config, **overrides})
     except ValueError as exc:
         raise checkpoint.CheckpointError(f"checkpoint config cannot be resumed: {exc}") from exc
+    if cfg.steps <= stored.step:
+        raise ConfigError(f"the checkpoint is at step {stored.step} and the run ends at step "
+                          f"{cfg.steps}: nothing to train (give --steps above {stored.step})")
     return cfg, checkpoint.load_checkpoint(data, expect=checkpoint_expectations(cfg))
 
 
