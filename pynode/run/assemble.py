@@ -98,10 +98,11 @@ def read_resume(
         cfg = RunConfig.from_dict({**config, **overrides})
     except ValueError as exc:
         raise checkpoint.CheckpointError(f"checkpoint config cannot be resumed: {exc}") from exc
-    if cfg.steps <= stored.step:
-        raise ConfigError(f"the checkpoint is at step {stored.step} and the run ends at step "
-                          f"{cfg.steps}: nothing to train (give --steps above {stored.step})")
-    return cfg, checkpoint.load_checkpoint(data, expect=checkpoint_expectations(cfg))
+    ckpt = checkpoint.load_checkpoint(data, expect=checkpoint_expectations(cfg))
+    if cfg.steps <= ckpt.step:  # checked once the file is known to fit the model
+        raise ConfigError(f"the checkpoint is at step {ckpt.step} and the run ends at step "
+                          f"{cfg.steps}: nothing to train (give --steps above {ckpt.step})")
+    return cfg, ckpt
 
 
 def checkpoint_expectations(cfg: RunConfig) -> dict:

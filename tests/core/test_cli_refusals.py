@@ -35,6 +35,12 @@ def test_a_resume_with_nothing_left_to_train_says_so(tmp_path, capsys, at, flags
     assert "nothing to train" in err and "Traceback" not in err
 
 
+def test_a_checkpoint_that_does_not_fit_is_named_before_the_step_count(tmp_path, capsys):
+    saved = checkpoint_at(4, tmp_path / "at4.pt")
+    err = refused(["train", "--resume", saved, "--width", "64", "--no-progress"], capsys)
+    assert "CheckpointError" in err and "nothing to train" not in err
+
+
 def test_capacity_without_local_peers_is_refused(capsys):
     err = refused(["train", "--capacity", "1,2", "--steps", "1"], capsys)
     assert "ConfigError: --capacity sets the relative speeds of local peers" in err
