@@ -344,7 +344,6 @@ class NumbaKernels(Kernels):
     """The reference's kernels fused by numba; anything unusual goes to the reference."""
 
     name = "numba"
-    checks_products = True  # the fused product_holds: a few % of a step
 
     def quantize(self, x, axis, key):
         if not (type(x) is np.ndarray and x.dtype == np.float32 and 2 <= x.ndim <= 3

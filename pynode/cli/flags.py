@@ -33,6 +33,12 @@ def add_output_flags(parser: argparse.ArgumentParser, who: str = "") -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def add_check_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--check-products", action="store_true",
+                        help="check every GEMM product before it is used (Freivalds; a wrong "
+                        "one is recomputed on another backend); +3-13 %% step time")
+
+
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     values = explicit_config(args)
     if "task" not in values and os.environ.get("PYNODE_TASK"):

@@ -55,6 +55,7 @@ async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities)
     try:
         trainer, traffic = await run_member(
             collective, cfg, resume=resume, backend=args.backend, options=options,
+            check_products=args.check_products,
             on_step=hooks, report=lambda line: print(line, file=sys.stderr), prepare=prepare,
         )
     except (CommError, ForkError) as exc:
@@ -87,6 +88,7 @@ async def follow(collective, args: argparse.Namespace, capacities) -> int:
     options = train_options(args, capacities=capacities)
     try:
         await run_member(collective, None, backend=args.backend, options=options,
+                         check_products=args.check_products,
                          report=lambda line: None,
                          prepare=lambda trainer: install_fault(trainer, rank))
     except DaisyError as exc:
@@ -125,6 +127,8 @@ def spawn_peer(rank: int, world: int, address: str, args) -> subprocess.Popen:
         cmd += ["--backend", args.backend]
     if args.capacity:
         cmd += ["--capacity", args.capacity]
+    if args.check_products:
+        cmd += ["--check-products"]
     return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=threads_per_peer(world))
 
 

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import sys
 
-from pynode.cli.flags import add_config_flags, add_output_flags, config_from_args
+from pynode.cli.flags import add_check_flag, add_config_flags, add_output_flags, config_from_args
 from pynode.cli.join import add_join_parser
 from pynode.config import ConfigError
 from pynode.core.errors import DaisyError
@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train on this machine (one or more local peers)")
     add_config_flags(train)
     train.add_argument("--backend", help="force a GEMM backend (default: best that passes)")
+    add_check_flag(train)
     add_output_flags(train)
     train.add_argument("--resume", help="continue from this .pt checkpoint")
     train.add_argument("--peers", type=int, default=1, help="local peer processes (loopback)")
@@ -34,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_config_flags(cluster)
     cluster.add_argument("--backend", help="force a GEMM backend")
+    add_check_flag(cluster)
     add_output_flags(cluster, who="(rank 0) ")
     cluster.add_argument("--resume", help="(rank 0) continue from this .pt checkpoint")
     cluster.add_argument("--capacity", help="relative speeds of the ranks, e.g. 1,2")
@@ -47,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     peer.add_argument("--address", required=True)
     peer.add_argument("--backend")
     peer.add_argument("--capacity")
+    peer.add_argument("--check-products", action="store_true")
 
     add_join_parser(sub)
 

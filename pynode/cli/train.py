@@ -26,7 +26,8 @@ async def train_command(args: argparse.Namespace, cfg: RunConfig) -> int:
     resume = None
     if args.resume:
         cfg, resume = load_resume(args.resume, explicit_config(args))
-    trainer = build_trainer(cfg, resume=resume, backend=args.backend)
+    trainer = build_trainer(cfg, resume=resume, backend=args.backend,
+                            check_products=args.check_products)
     install_fault(trainer)
     print(f"task {cfg.task}  backend {gemm_summary(trainer.gemm)}  "
           f"params {sum(p.size for p in trainer.state.params.values()):,}  "

@@ -24,10 +24,6 @@ class Kernels:
     """The numpy reference of every hot kernel; subclasses override with faster code."""
 
     name = "numpy"
-    # Whether product_holds is cheap enough to run on every GEMM call (pynode.core.gemm
-    # check.py): numpy's float64 products cost 12-30 % of a native step and about as much
-    # as the wasm GEMM itself in a tab, so only a fused implementation says yes.
-    checks_products = False
 
     def quantize(self, x: np.ndarray, axis: int, key: tuple[int, ...] | None):
         """int8 with one scale per row (axis -1) or column (axis -2) of x (..., R, C) f32;

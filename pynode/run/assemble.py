@@ -20,10 +20,12 @@ log = logging.getLogger("pynode.run")
 
 
 def load_units_and_gemm(
-    backend: str | None = None, kernels: str | None = None
+    backend: str | None = None, kernels: str | None = None, check_products: bool = False
 ) -> tuple[Any, Any]:
     """Verified units (full-domain check), the best gated GEMM backend (or `backend`) and
-    the fastest gated hot kernels (or `kernels`: "numpy" forces the reference)."""
+    the fastest gated hot kernels (or `kernels`: "numpy" forces the reference).
+    `check_products`: check every GEMM product (pynode.core.gemm.check; off by default
+    until it costs under 5 % of a step, issue #11)."""
     from pynode.core.detmath import check_float_environment
     from pynode.core.gemm import select_gemm
     from pynode.core.rng import check_bit_generator
@@ -40,28 +42,30 @@ def load_units_and_gemm(
         from pynode.native_kernels import select_kernels
     ops, _ = select_kernels(kernels)
     return units, select_gemm(units, prefer=backend, order=backend_order(), kernels=ops,
-                              build=build_backend, check=ops.checks_products)
+                              build=build_backend, check=check_products)
 
 
 def build_trainer(
     cfg: RunConfig, collective: Any = None,
     resume: checkpoint.CheckpointState | None = None, *,
     arithmetic: tuple[Any, Any] | None = None, backend: str | None = None,
-    kernels: str | None = None, options: TrainOptions = ALONE,
+    kernels: str | None = None, options: TrainOptions = ALONE, check_products: bool = False,
 ) -> Trainer:
     """The trainer of `cfg`, fresh or from the validated checkpoint `resume`.
 
     `arithmetic` is (units, gemm) a peer verified already (a room peer checks once, then
     trains run after run; the page checks in its own way); without it they are loaded and
     checked here (`backend`, `kernels` as in load_units_and_gemm) and, unless `backend`
-    forces one, the GEMM backend is chosen per shape of this model (pynode.gemm_tuning).
+    forces one, the GEMM backend is chosen per shape of this model (pynode.gemm_tuning);
+    `check_products` as in load_units_and_gemm.
     """
     task = load_task(cfg.task)
     units = gemm = None
     tune = False
     if getattr(task, "uses_units", True):
         if arithmetic is None:
-            arithmetic, tune = load_units_and_gemm(backend, kernels), backend is None
+            arithmetic = load_units_and_gemm(backend, kernels, check_products)
+            tune = backend is None
         units, gemm = arithmetic
     state = None if resume is None else state_from_checkpoint(resume)
     trainer = Trainer(cfg, task, gemm, collective, state, units=units, options=options)

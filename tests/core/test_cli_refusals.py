@@ -55,3 +55,6 @@ def test_help_lists_the_commands_users_run_and_no_stray_names(capsys):
         main(["bench", "--help"])
     out = capsys.readouterr().out
     assert "rest" not in out and "the benchmark's own flags" in out
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    assert "--check-products" in capsys.readouterr().out
