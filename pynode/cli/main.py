@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument("--resume", help="(rank 0) continue from this .pt checkpoint")
     cluster.add_argument("--capacity", help="relative speeds of the ranks, e.g. 1,2")
     cluster.add_argument("--timeout", type=float, default=60.0,
-                         help="seconds a rank waits for the others before giving up")
+                         help="seconds a rank waits for the others before giving up "
+                         "(default 60)")
     cluster.add_argument("--summary", help="(rank 0) write a JSON summary here")
 
     peer = sub.add_parser("_peer")  # internal: a loopback follower spawned by train --peers

@@ -41,6 +41,13 @@ def test_a_checkpoint_that_does_not_fit_is_named_before_the_step_count(tmp_path,
     assert "CheckpointError" in err and "nothing to train" not in err
 
 
+def test_output_into_a_missing_folder_is_refused_before_training(tmp_path, capsys):
+    for flag in ("--save", "--log"):
+        err = refused(["train", flag, str(tmp_path / "no" / "x"), "--steps", "1"], capsys)
+        assert f"ConfigError: {flag}: folder" in err and "does not exist" in err
+        assert "task " not in err  # refused before the run's header line
+
+
 def test_capacity_without_local_peers_is_refused(capsys):
     err = refused(["train", "--capacity", "1,2", "--steps", "1"], capsys)
     assert "ConfigError: --capacity sets the relative speeds of local peers" in err
