@@ -199,20 +199,26 @@ class MeshCollective(Collective):
         self, key: tuple[int, int, int, int], senders: Sequence[str], until: float
     ) -> dict[str, _Msg]:
         """Messages `key` of `senders`, waiting until each arrived, is gone, or `until`."""
-        loop = asyncio.get_running_loop()
         async with self._changed:
             while True:
                 box = self._inbox.get(key, {})
                 waiting = [p for p in senders if p not in box and p not in self._gone]
-                left = until - loop.time()
-                if not waiting or left <= 0:
+                if not waiting or not await self._next_change(until):
                     break
-                try:
-                    await asyncio.wait_for(self._changed.wait(), left)
-                except asyncio.TimeoutError:
-                    pass
         box = self._inbox.get(key, {})
         return {p: box[p] for p in senders if p in box}
+
+    async def _next_change(self, until: float) -> bool:
+        """Holding `_changed`: wait for the next message or lost peer, at most until `until`;
+        False when `until` had passed already."""
+        left = until - asyncio.get_running_loop().time()
+        if left <= 0:
+            return False
+        try:
+            await asyncio.wait_for(self._changed.wait(), left)
+        except asyncio.TimeoutError:
+            pass
+        return True
 
     def _send(self, peer: str, op: Op, seq: int, payload: bytes | memoryview = b"",
               *, status: int = 0, attempt: int = 0, chunk: int = 0, arg: int = 0) -> None:
@@ -469,7 +475,6 @@ class MeshCollective(Collective):
         ask = np.asarray(lacking, "<u4").tobytes()
         for peer in others:
             self._send(peer, Op.FETCH, seq, ask, attempt=attempt)
-        loop = asyncio.get_running_loop()
         until = self._deadline(timeout, 2)
         async with self._changed:
             while True:
@@ -488,13 +493,8 @@ class MeshCollective(Collective):
                     else:
                         unsure.append(j)
                         awaited |= any(p not in self._gone for p in silent)
-                left = until - loop.time()
-                if not awaited or left <= 0:
+                if not awaited or not await self._next_change(until):
                     break
-                try:
-                    await asyncio.wait_for(self._changed.wait(), left)
-                except asyncio.TimeoutError:
-                    pass
         if unsure or len(unheld) > 1:
             lost = sorted(self._ranks.index(ids[j]) for j in [*unsure, *unheld])
             raise self._break(PeerLost(lost, f"rank(s) {lost} left before every member had "
