@@ -9,7 +9,7 @@ demo: setup
 
 test: setup-dev
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q
+	PYNODE_FULL_SUITE=1 $(PY) -m pytest -q
 
 # numba (the `fast` extra) fuses the hot kernels; without it the same bits, slower.
 setup:

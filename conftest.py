@@ -10,7 +10,7 @@ functions and classes of the test folders these call, read from their bytecode. 
 the three is marked by folder or by hand, so a test keeps its tiers wherever its file
 moves, and a new test that builds a namespace or opens a tab is marked without anyone
 remembering to. `slow` is marked by hand. The quick tier:
-`pytest -m "not browser and not netns and not slow"`.
+`pytest -m "not browser and not netns"` (README, Tests).
 """
 
 from __future__ import annotations

@@ -20,6 +20,8 @@ import logging
 import numpy as np
 
 from pynode.core import detmath, fastmath, rng
+from pynode.core.errors import GateError
+from pynode.core.gemm import BackendUnavailableError, UnknownBackendError
 from pynode.core.kernels import REFERENCE, KernelGateReport, Kernels, gate_kernels
 
 __all__ = ["NumbaKernels", "available", "gate_kernels", "select_kernels"]
@@ -452,10 +454,18 @@ def available() -> bool:
 
 def select_kernels(prefer: str | None = None) -> tuple[Kernels, KernelGateReport | None]:
     """The fastest kernels that pass their gate: numba where it imports, else the numpy
-    reference. prefer="numpy" forces the reference. Returns (kernels, numba's report)."""
+    reference. prefer="numpy" forces the reference; prefer="numba" forces numba (an error
+    where it is missing or fails its gate). Returns (kernels, numba's report)."""
+    if prefer not in (None, "numba", "numpy"):
+        raise UnknownBackendError(f"unknown kernels {prefer!r}; valid: numba, numpy")
+    if prefer == "numba" and numba is None:
+        raise BackendUnavailableError("numba is not installed (pip install numba, the `fast` "
+                                      "extra); without it use --kernels numpy")
     if prefer == "numpy" or numba is None:
         return REFERENCE, None
     report = gate_kernels(NumbaKernels())
+    if not report.passed and prefer == "numba":
+        raise GateError(f"forced numba kernels failed their exact gate at {report.failing_case}")
     if not report.passed:
         log.warning("numba kernels failed their gate at %s; using the numpy reference",
                     report.failing_case)

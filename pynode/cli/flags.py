@@ -33,7 +33,18 @@ def add_output_flags(parser: argparse.ArgumentParser, who: str = "") -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def add_check_flag(parser: argparse.ArgumentParser) -> None:
+def add_arithmetic_flags(parser: argparse.ArgumentParser) -> None:
+    """--backend, --kernels, --check-products: what a user may force about the arithmetic
+    (each choice is still checked exactly before it is used)."""
+    from pynode.gemm_backends import NATIVE_ORDER
+
+    parser.add_argument("--backend", metavar="NAME",
+                        help="force a GEMM backend: " + ", ".join(NATIVE_ORDER)
+                        + " (default: the fastest that passes its gate, per shape)")
+    parser.add_argument("--kernels", choices=["numba", "numpy"],
+                        help="force the hot kernels: numba (fused) or numpy (the reference, "
+                        "no numba import: about a second less to start) (default: numba "
+                        "where it is installed and passes its gate)")
     parser.add_argument("--check-products", action="store_true",
                         help="check every GEMM product before it is used (Freivalds; a wrong "
                         "one is recomputed on another backend); +3-17 %% step time, the most "

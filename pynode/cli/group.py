@@ -24,7 +24,7 @@ from pynode.cli.flags import (
     parse_capacity,
     train_options,
 )
-from pynode.cli.report import Saver, StepReporter, print_summary, write_summary
+from pynode.cli.report import Saver, StepReporter, print_summary, run_header, write_summary
 from pynode.comm import CommError, make_collective
 from pynode.config import ConfigError, RunConfig
 from pynode.core.errors import DaisyError
@@ -48,13 +48,15 @@ async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities)
     def prepare(trainer: Trainer) -> None:
         nonlocal reporter
         install_fault(trainer, 0)
+        print(run_header(trainer), file=sys.stderr)
         reporter = StepReporter(trainer, cfg.steps, args.log, not args.no_progress)
         hooks.extend([reporter, saver.hook(trainer), last.append])
 
     options = train_options(args, capacities=capacities)
     try:
         trainer, traffic = await run_member(
-            collective, cfg, resume=resume, backend=args.backend, options=options,
+            collective, cfg, resume=resume, backend=args.backend, kernels=args.kernels,
+            options=options,
             check_products=args.check_products,
             on_step=hooks, report=lambda line: print(line, file=sys.stderr), prepare=prepare,
         )
@@ -87,7 +89,8 @@ async def follow(collective, args: argparse.Namespace, capacities) -> int:
     pin_to_core(rank)
     options = train_options(args, capacities=capacities)
     try:
-        await run_member(collective, None, backend=args.backend, options=options,
+        await run_member(collective, None, backend=args.backend, kernels=args.kernels,
+                         options=options,
                          check_products=args.check_products,
                          report=lambda line: None,
                          prepare=lambda trainer: install_fault(trainer, rank))
@@ -125,6 +128,8 @@ def spawn_peer(rank: int, world: int, address: str, args) -> subprocess.Popen:
            "--address", address]
     if args.backend:
         cmd += ["--backend", args.backend]
+    if args.kernels:
+        cmd += ["--kernels", args.kernels]
     if args.capacity:
         cmd += ["--capacity", args.capacity]
     if args.check_products:

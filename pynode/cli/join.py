@@ -20,7 +20,7 @@ from typing import Any
 
 from pynode.cli.faults import install_fault
 from pynode.cli.flags import (
-    add_check_flag,
+    add_arithmetic_flags,
     add_config_flags,
     add_output_flags,
     check_output_flags,
@@ -57,8 +57,7 @@ def add_join_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_output_flags(p)
     p.add_argument("--timeout", type=float, metavar="S",
                    help="least seconds to wait for the other peers in a step (default 30)")
-    p.add_argument("--backend", help="force a GEMM backend (default: best that passes)")
-    add_check_flag(p)
+    add_arithmetic_flags(p)
     p.add_argument("--ice-server", action="append", default=[], metavar="URL",
                    help="a STUN/TURN server (repeat); default: host candidates only")
     p.add_argument("--cluster", action="store_true",
@@ -92,7 +91,7 @@ async def join_command(args: argparse.Namespace) -> int:
     if resume is not None:
         say(f"checkpoint {args.resume}: step {resume.step}, hash {resume.state_hash[:16]}, "
             "valid")
-    units, gemm = await asyncio.to_thread(load_units_and_gemm, args.backend, None,
+    units, gemm = await asyncio.to_thread(load_units_and_gemm, args.backend, args.kernels,
                                           args.check_products)
     say(f"verified: unit networks exact over their domains, GEMM backend {gemm.backend_name}")
     if args.cluster:

@@ -7,7 +7,12 @@ import asyncio
 import logging
 import sys
 
-from pynode.cli.flags import add_check_flag, add_config_flags, add_output_flags, config_from_args
+from pynode.cli.flags import (
+    add_arithmetic_flags,
+    add_config_flags,
+    add_output_flags,
+    config_from_args,
+)
 from pynode.cli.join import add_join_parser
 from pynode.config import ConfigError
 from pynode.core.errors import DaisyError
@@ -22,8 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser("train", help="train on this machine (one or more local peers)")
     add_config_flags(train)
-    train.add_argument("--backend", help="force a GEMM backend (default: best that passes)")
-    add_check_flag(train)
+    add_arithmetic_flags(train)
     add_output_flags(train)
     train.add_argument("--resume", help="continue from this .pt checkpoint")
     train.add_argument("--peers", type=int, default=1, help="local peer processes (loopback)")
@@ -34,8 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cluster", help="gloo cluster from MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK"
     )
     add_config_flags(cluster)
-    cluster.add_argument("--backend", help="force a GEMM backend")
-    add_check_flag(cluster)
+    add_arithmetic_flags(cluster)
     add_output_flags(cluster, who="(rank 0) ")
     cluster.add_argument("--resume", help="(rank 0) continue from this .pt checkpoint")
     cluster.add_argument("--capacity", help="relative speeds of the ranks, e.g. 1,2")
@@ -48,9 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     peer.add_argument("--rank", type=int, required=True)
     peer.add_argument("--world", type=int, required=True)
     peer.add_argument("--address", required=True)
-    peer.add_argument("--backend")
+    add_arithmetic_flags(peer)
     peer.add_argument("--capacity")
-    peer.add_argument("--check-products", action="store_true")
 
     add_join_parser(sub)
 

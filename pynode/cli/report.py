@@ -32,6 +32,13 @@ def gemm_summary(gemm: Any) -> str:
     return f"{summary(gemm)}  kernels {gemm.kernels.name}"
 
 
+def run_header(trainer: Trainer) -> str:
+    """The first line a run prints: task, arithmetic, size and starting step."""
+    params = sum(p.size for p in trainer.state.params.values())
+    return (f"task {trainer.cfg.task}  backend {gemm_summary(trainer.gemm)}  "
+            f"params {params:,}  from step {trainer.state.step}")
+
+
 class StepReporter:
     """Progress bar on a terminal, JSON lines to --log, nothing else. A loop hook."""
 

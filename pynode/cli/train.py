@@ -8,7 +8,7 @@ import time
 
 from pynode.cli.faults import install_fault
 from pynode.cli.flags import check_output_flags, explicit_config, parse_capacity
-from pynode.cli.report import Saver, StepReporter, gemm_summary, print_summary, write_summary
+from pynode.cli.report import Saver, StepReporter, print_summary, run_header, write_summary
 from pynode.config import ConfigError, RunConfig
 from pynode.run.assemble import build_trainer, load_resume
 from pynode.run.loop import train
@@ -27,11 +27,9 @@ async def train_command(args: argparse.Namespace, cfg: RunConfig) -> int:
     if args.resume:
         cfg, resume = load_resume(args.resume, explicit_config(args))
     trainer = build_trainer(cfg, resume=resume, backend=args.backend,
-                            check_products=args.check_products)
+                            kernels=args.kernels, check_products=args.check_products)
     install_fault(trainer)
-    print(f"task {cfg.task}  backend {gemm_summary(trainer.gemm)}  "
-          f"params {sum(p.size for p in trainer.state.params.values()):,}  "
-          f"from step {trainer.state.step}", file=sys.stderr)
+    print(run_header(trainer), file=sys.stderr)
     reporter = StepReporter(trainer, cfg.steps, args.log, progress=not args.no_progress)
     saver = Saver(args.save, args.save_every)
     started = time.perf_counter()

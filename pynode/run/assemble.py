@@ -23,7 +23,8 @@ def load_units_and_gemm(
     backend: str | None = None, kernels: str | None = None, check_products: bool = False
 ) -> tuple[Any, Any]:
     """Verified units (full-domain check), the best gated GEMM backend (or `backend`) and
-    the fastest gated hot kernels (or `kernels`: "numpy" forces the reference).
+    the fastest gated hot kernels (or `kernels`: "numpy" forces the reference without
+    loading numba, "numba" forces numba natively).
     `check_products`: check every GEMM product (pynode.core.gemm.check; off by default
     until it costs under 5 % of a step, issue #11)."""
     from pynode.core.detmath import check_float_environment
@@ -36,11 +37,14 @@ def load_units_and_gemm(
     check_float_environment()
     check_bit_generator()
     units = load_default_units()
-    if IN_PYODIDE:
-        from pynode.browser_kernels import select_kernels
+    if kernels == "numpy":  # numba's import and first load cost about a second a start
+        from pynode.core.kernels import REFERENCE as ops
     else:
-        from pynode.native_kernels import select_kernels
-    ops, _ = select_kernels(kernels)
+        if IN_PYODIDE:
+            from pynode.browser_kernels import select_kernels
+        else:
+            from pynode.native_kernels import select_kernels
+        ops, _ = select_kernels(kernels)
     return units, select_gemm(units, prefer=backend, order=backend_order(), kernels=ops,
                               build=build_backend, check=check_products)
 

@@ -71,6 +71,7 @@ async def run_member(
     *,
     resume: bytes | None = None,
     backend: str | None = None,
+    kernels: str | None = None,
     check_products: bool = False,
     options: TrainOptions = ALONE,
     on_step: Sequence[OnStep] = (),
@@ -80,8 +81,8 @@ async def run_member(
     """Join the group's run and train it to the end; returns the trainer (final state) and
     the traffic each member sent (see report_traffic)."""
     cfg, state = await agree_on_config(collective, cfg, resume)
-    trainer = build_trainer(cfg, collective, state, backend=backend, options=options,
-                            check_products=check_products)
+    trainer = build_trainer(cfg, collective, state, backend=backend, kernels=kernels,
+                            options=options, check_products=check_products)
     if prepare is not None:
         prepare(trainer)
     param_count = sum(p.size for p in trainer.state.params.values())

@@ -14,13 +14,19 @@ import pytest
 from comm_helpers import free_port
 from pynode_runs import Done, Launched
 
+from pynode import native_kernels
+
 # Every test reads `runs`: some 30 interpreters on 2 cores, half a minute or more.
 pytestmark = pytest.mark.slow
 
 CONFIG = ["--width", "32", "--layers", "1", "--heads", "2", "--seq", "16",
           "--microbatch-size", "2", "--microbatches", "8", "--no-progress"]
 TRAIN = ["train", "--steps", "4", *CONFIG]
-GLOO_TIMEOUT_S = 10
+# Most runs take the numpy reference kernels: numba's import and first load cost about a
+# second an interpreter. The one-peer reference and the gloo pair keep the default (numba
+# where installed), so every comparison also crosses the two.
+QUICK = ["--kernels", "numpy"]
+GLOO_TIMEOUT_S = 6
 # A surviving gloo rank waits at most --timeout for the dead one; the rest is slack for a
 # loaded machine (the first checkpoint write, interpreter exit).
 STOP_BOUND_S = GLOO_TIMEOUT_S + 12
@@ -38,23 +44,26 @@ def gloo_pair(folder: Path, name: str, args: list[str], fault: str | None = None
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("group")
-    death_args = [*TRAIN[1:], "--timeout", str(GLOO_TIMEOUT_S), "--save", str(folder / "X.pt"),
-                  "--capacity", "1,1"]  # fixed: the dying rank must hold microbatches
+    # --capacity fixed: the dying rank must hold microbatches
+    death_args = [*TRAIN[1:], *QUICK, "--timeout", str(GLOO_TIMEOUT_S), "--save",
+                  str(folder / "X.pt"), "--capacity", "1,1"]
     started = {
         "peers1": Launched(folder, "peers1", [*TRAIN, "--peers", "1"]),
-        "peers3": Launched(folder, "peers3", [*TRAIN, "--peers", "3", "--capacity", "1,2,5"]),
+        "peers3": Launched(folder, "peers3", [*TRAIN, *QUICK, "--peers", "3",
+                                              "--capacity", "1,2,5"]),
         # A fixed plan: rank 2 must hold microbatches at step 2 to die in the middle of them.
-        "kill": Launched(folder, "kill", [*TRAIN, "--peers", "3", "--capacity", "1,1,1"],
+        "kill": Launched(folder, "kill", [*TRAIN, *QUICK, "--peers", "3", "--capacity", "1,1,1"],
                          {"PYNODE_FAULT": "2:2:kill"}),
-        "flip": Launched(folder, "flip", [*TRAIN, "--peers", "3"], {"PYNODE_FAULT": "1:2:flip"}),
-        "nan": Launched(folder, "nan", [*TRAIN, "--peers", "3", "--capacity", "1,1,1"],
+        "flip": Launched(folder, "flip", [*TRAIN, *QUICK, "--peers", "3"],
+                         {"PYNODE_FAULT": "1:2:flip"}),
+        "nan": Launched(folder, "nan", [*TRAIN, *QUICK, "--peers", "3", "--capacity", "1,1,1"],
                         {"PYNODE_FAULT": "1:2:nan"}),
         # Steps 1-2 lie inside the 10-step warm-up, whose learning rate does not depend on
         # the run length: a 2-step run is the prefix of the 4-step run.
-        "first2": Launched(folder, "first2", ["train", "--steps", "2", *CONFIG, "--save",
-                                              str(folder / "step2.pt")]),
+        "first2": Launched(folder, "first2", ["train", "--steps", "2", *CONFIG, *QUICK,
+                                              "--save", str(folder / "step2.pt")]),
         # The leader dies at step 3 of a 4-step run that checkpoints every 2 steps.
-        "crash": Launched(folder, "crash", [*TRAIN, "--peers", "2", "--capacity", "1,1",
+        "crash": Launched(folder, "crash", [*TRAIN, *QUICK, "--peers", "2", "--capacity", "1,1",
                                             "--save", str(folder / "crash.pt"),
                                             "--save-every", "2"],
                           {"PYNODE_FAULT": "0:3:kill"}),
@@ -65,14 +74,15 @@ def runs(tmp_path_factory) -> dict:
     }
     done: dict = {"first2": started.pop("first2").wait(), "crash": started.pop("crash").wait()}
     started["resume_crash"] = Launched(folder, "resume_crash", ["train", "--resume",
-                                       str(folder / "crash.pt"), "--no-progress"])
+                                       str(folder / "crash.pt"), "--no-progress", *QUICK])
     started["resume3"] = Launched(folder, "resume3", ["train", "--resume",
                                   str(folder / "step2.pt"), "--steps", "4", "--peers", "3",
-                                  "--no-progress"])
+                                  "--no-progress", *QUICK])
     for name, (rank0, rank1) in pairs.items():
         done[name], done[f"{name}-rank1"] = rank0.wait(), rank1.wait()
     started["resume_death"] = Launched(folder, "resume_death", ["train", "--resume",
-                                       str(folder / "X.pt"), "--peers", "2", "--no-progress"])
+                                       str(folder / "X.pt"), "--peers", "2", "--no-progress",
+                                       *QUICK])
     done.update({name: proc.wait() for name, proc in started.items()})
     done["folder"] = folder
     return done
@@ -89,6 +99,12 @@ def reference(runs) -> Done:
     assert [row["step"] for row in ref.log] == [1, 2, 3, 4]
     assert len(set(ref.hashes)) == 4 and ref.final_hash == ref.hashes[-1]
     return ref
+
+
+def test_runs_compare_the_default_kernels_with_the_reference_kernels(runs):
+    assert "kernels numpy" in ok(runs["peers3"]).err
+    if native_kernels.available():
+        assert "kernels numba" in ok(runs["peers1"]).err
 
 
 # --- same bits, whatever the shape of the group ------------------------------------------------

@@ -28,7 +28,10 @@ from pynode.unitfiles import SHIPPED_DIR  # noqa: E402
 # All but one test read `runs`: some 20 interpreters on 2 cores, tens of seconds.
 pytestmark = pytest.mark.slow
 
-TRAIN = ["train", "--steps", "3", "--seed", "1", "--no-progress"]
+# A small model: the default one's start-up tuning and steps cost seconds per run here
+# (test_gemm_tuning covers the tuned runs).
+SMALL = ["--width", "64", "--layers", "1", "--seq", "32"]
+TRAIN = ["train", "--steps", "3", "--seed", "1", "--no-progress", *SMALL]
 
 
 def simd_off_env() -> dict[str, str]:
@@ -60,8 +63,8 @@ def runs(tmp_path_factory) -> dict:
         "again": (TRAIN, dict.fromkeys(ONE_THREAD)),
         "simd_off": (TRAIN, simd_off_env()),
         "numpy_int": (TRAIN + ["--backend", "numpy_int"], None),
-        "first2": (["train", "--steps", "2", "--seed", "1", "--no-progress", "--save",
-                    str(folder / "step2.pt")], None),
+        "first2": (["train", "--steps", "2", "--seed", "1", "--no-progress", *SMALL,
+                    "--save", str(folder / "step2.pt")], None),
         "mlp_env": (TRAIN, {"PYNODE_TASK": "mlp"}),
         "mlp_flag": (TRAIN + ["--task", "mlp"], None),
         "unknown_task": (TRAIN + ["--task", "gtp"], None),

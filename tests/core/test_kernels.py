@@ -131,6 +131,28 @@ def test_select_kernels_prefers_numba_and_can_be_forced_to_numpy():
     assert ops is REFERENCE and report is None
 
 
+def test_forced_numba_is_an_error_where_it_is_missing_or_fails_its_gate(monkeypatch):
+    from pynode.core.errors import GateError
+    from pynode.core.gemm import BackendUnavailableError, UnknownBackendError
+
+    with pytest.raises(UnknownBackendError, match="valid: numba, numpy"):
+        numba_kernels.select_kernels("numbaa")
+    if numba_kernels.available():
+        class Broken(numba_kernels.NumbaKernels):
+            def gelu_with_grad(self, x):
+                return x, x
+
+        monkeypatch.setattr(numba_kernels, "gate_kernels", lambda ops: gate_kernels(Broken()))
+        with pytest.raises(GateError, match="forced numba kernels failed"):
+            numba_kernels.select_kernels("numba")
+        ops, report = numba_kernels.select_kernels()  # not forced: the reference serves
+        assert ops is REFERENCE and not report.passed
+    monkeypatch.setattr(numba_kernels, "numba", None)
+    with pytest.raises(BackendUnavailableError, match="numba is not installed"):
+        numba_kernels.select_kernels("numba")
+    assert numba_kernels.select_kernels() == (REFERENCE, None)
+
+
 @needs_numba
 def test_training_hashes_equal_with_numba_and_numpy_kernels():
     from pynode.config import RunConfig

@@ -2,8 +2,9 @@
 
 Needs node and the fetched runtime (`python -m server.runtime fetch`). Without them these
 tests skip with the reason, except under CI=true, where a missing runtime is a failure.
-Each Pyodide run boots Pyodide and numpy first (seconds), so those tests are also `slow`;
-the `*_natively` tests need neither and stay in the quick tier.
+Each Pyodide run boots Pyodide and numpy first (seconds), so the modules share one run (the
+runner's self-check has its own) and those tests are also `slow`; the `*_natively` tests
+need neither.
 """
 
 from __future__ import annotations
@@ -38,17 +39,71 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.mark.slow
-def test_core_modules_pass_under_pyodide(runtime, bundle, record_property):
-    proc, report = run_in_pyodide(runtime, bundle, PYODIDE_MODULES, PYODIDE_DATA)
+# The wasm case modules (they need wasm SIMD) and how many cases each holds.
+WASM_CASES = {
+    "gemm": ("tests/pyodide/wasm_gemm_cases.py", 6),
+    "kernels": ("tests/pyodide/wasm_kernels_cases.py", 10),
+    "philox": ("tests/pyodide/wasm_philox_cases.py", 6),
+}
+TRAINER_CASES = "tests/pyodide/trainer_cases.py"
+TRAINER_EXPECTED = "artifacts/pyodide_trainer_expected.json"
+
+
+def native_trainer_hashes() -> None:
+    """The per-step hashes of a 3-step run natively (numba kernels where installed), for
+    trainer_cases.py to compare with wasm, where the wasm SIMD GEMM and kernels compute
+    (what the page selects)."""
+    import asyncio
+
+    from pynode.config import RunConfig
+    from pynode.run.assemble import build_trainer
+
+    cfg = RunConfig(steps=3, seed=1, width=32, layers=1, heads=2, seq=16, microbatch_size=2,
+                    microbatches=3)
+    trainer = build_trainer(cfg)
+
+    async def three() -> list[str]:
+        return [(await trainer.step()).hash for _ in range(3)]
+
+    hashes = asyncio.run(three())
+    expected = REPO / TRAINER_EXPECTED
+    expected.parent.mkdir(exist_ok=True)
+    expected.write_text(json.dumps({"config": json.loads(cfg.to_json()), "hashes": hashes,
+                                    "wasm_backend": "wasm_simd", "wasm_kernels": "wasm"}))
+
+
+@pytest.fixture(scope="module")
+def session(runtime, bundle) -> tuple:
+    """Every module in one Pyodide run: booting Pyodide and numpy is most of a run's time.
+    Returns the runner's process and its report; each test reads its modules' results."""
+    native_trainer_hashes()
+    modules = [*PYODIDE_MODULES, *(path for path, _ in WASM_CASES.values()), TRAINER_CASES]
+    proc, report = run_in_pyodide(runtime, bundle, modules, [*PYODIDE_DATA, TRAINER_EXPECTED])
     assert report is not None, f"runner gave no results (rc {proc.returncode}):\n{proc.stderr}"
+    return proc, report
+
+
+def results_of(report: dict, modules: list[str]) -> list[dict]:
+    """The results of `modules` (repository paths; the runner reports them under /repo)."""
+    found = [r for r in report["results"] if any(r["module"].endswith(m) for m in modules)]
+    assert found, f"no results for {modules}"
+    return found
+
+
+def failures(results: list[dict]) -> str:
+    return "\n".join(f"{r['test']}:\n{r['detail']}" for r in results if r["status"] == "failed")
+
+
+@pytest.mark.slow
+def test_core_modules_pass_under_pyodide(session, record_property):
+    proc, report = session
     record_property("pyodide_boot_ms", round(report["timing"]["boot_ms"]))
     record_property("pyodide_numpy_ms", round(report["timing"]["numpy_ms"]))
-    failed = [r for r in report["results"] if r["status"] == "failed"]
-    details = "\n".join(f"{r['test']}:\n{r['detail']}" for r in failed)
-    assert not failed, f"{len(failed)} tests failed under Pyodide:\n{details}"
-    assert report["passed"] > 0 and proc.returncode == 0, proc.stdout[-2000:]
-    print(proc.stdout.splitlines()[-1], "| boot", round(report["timing"]["boot_ms"]), "ms")
+    results = results_of(report, PYODIDE_MODULES)
+    assert not failures(results), f"tests failed under Pyodide:\n{failures(results)}"
+    passed = sum(r["status"] == "passed" for r in results)
+    assert passed > 0, proc.stdout[-2000:]
+    print(f"{passed} core tests passed | boot", round(report["timing"]["boot_ms"]), "ms")
 
 
 @pytest.mark.slow
@@ -68,60 +123,35 @@ def test_runner_reports_failures_and_skips(runtime, bundle):
 
 
 @pytest.mark.slow
-def test_training_steps_match_native_under_pyodide(runtime, bundle):
-    """The same 3-step run gives the same per-step hashes natively (numba kernels where
-    installed) and on wasm, where the wasm SIMD GEMM and kernels compute (what the page
-    selects)."""
-    import asyncio
-
-    from pynode.config import RunConfig
-    from pynode.run.assemble import build_trainer
-
-    cfg = RunConfig(steps=3, seed=1, width=32, layers=1, heads=2, seq=16, microbatch_size=2,
-                    microbatches=3)
-    trainer = build_trainer(cfg)
-
-    async def three() -> list[str]:
-        return [(await trainer.step()).hash for _ in range(3)]
-
-    hashes = asyncio.run(three())
-    expected = REPO / "artifacts" / "pyodide_trainer_expected.json"
-    expected.parent.mkdir(exist_ok=True)
-    expected.write_text(json.dumps({"config": json.loads(cfg.to_json()), "hashes": hashes,
-                                    "wasm_backend": "wasm_simd", "wasm_kernels": "wasm"}))
-    proc, report = run_in_pyodide(runtime, bundle, ["tests/pyodide/trainer_cases.py"],
-                                  ["artifacts/pyodide_trainer_expected.json"])
-    assert report is not None, f"runner gave no results (rc {proc.returncode}):\n{proc.stderr}"
-    failed = [r for r in report["results"] if r["status"] != "passed"]
-    assert not failed, "\n".join(r["detail"] for r in failed)
-    assert report["passed"] == 1
+def test_training_steps_match_native_under_pyodide(session):
+    """The same 3-step run gives the same per-step hashes natively and on wasm."""
+    (result,) = results_of(session[1], [TRAINER_CASES])
+    assert result["status"] == "passed", result["detail"]
 
 
-def run_wasm_cases(runtime, bundle, module: str, count: int):
-    """Run a wasm case module under Pyodide: every case must pass, `count` of them (where
-    this runtime cannot run wasm SIMD at all, skip, or fail under CI=true)."""
-    proc, report = run_in_pyodide(runtime, bundle, [module], [])
-    assert report is not None, f"runner gave no results (rc {proc.returncode}):\n{proc.stderr}"
-    failed = [r for r in report["results"] if r["status"] == "failed"]
-    assert not failed, "\n".join(f"{r['test']}:\n{r['detail']}" for r in failed)
-    skipped = [r for r in report["results"] if r["status"] == "skipped"]
-    if skipped and not report["passed"]:
+def check_wasm_cases(session: tuple, which: str) -> None:
+    """Every case of one wasm case module passed, all of them (where this runtime cannot
+    run wasm SIMD at all, skip, or fail under CI=true)."""
+    module, count = WASM_CASES[which]
+    results = results_of(session[1], [module])
+    assert not failures(results), failures(results)
+    skipped = [r for r in results if r["status"] == "skipped"]
+    if skipped and len(skipped) == len(results):
         unavailable(skipped[0]["detail"])
-    assert report["passed"] == len(report["results"]) == count, report["results"]
-    return proc
+    assert [r["status"] for r in results] == ["passed"] * count, results
 
 
 @pytest.mark.slow
-def test_wasm_simd_gemm_under_pyodide(runtime, bundle):
+def test_wasm_simd_gemm_under_pyodide(session):
     """The page's wasm SIMD backend: exact gate, bit-equal to the reference, selected."""
-    run_wasm_cases(runtime, bundle, "tests/pyodide/wasm_gemm_cases.py", 6)
+    check_wasm_cases(session, "gemm")
 
 
 @pytest.mark.slow
-def test_wasm_kernels_under_pyodide(runtime, bundle):
+def test_wasm_kernels_under_pyodide(session):
     """The page's wasm hot kernels: kernel gate, the reference's bytes, broken ones refused,
     selected by the page's checks."""
-    run_wasm_cases(runtime, bundle, "tests/pyodide/wasm_kernels_cases.py", 10)
+    check_wasm_cases(session, "kernels")
 
 
 def test_wasm_kernels_are_unavailable_natively():
@@ -148,10 +178,10 @@ def test_wasm_simd_is_unavailable_natively():
 
 
 @pytest.mark.slow
-def test_wasm_philox_under_pyodide(runtime, bundle, record_property):
+def test_wasm_philox_under_pyodide(session, record_property):
     """The page's wasm Philox4x64: numpy's words bit for bit, checked, faster than numpy."""
-    proc = run_wasm_cases(runtime, bundle, "tests/pyodide/wasm_philox_cases.py", 6)
-    (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("PHILOX_BENCH ")]
+    check_wasm_cases(session, "philox")
+    (line,) = [ln for ln in session[0].stdout.splitlines() if ln.startswith("PHILOX_BENCH ")]
     bench = json.loads(line[len("PHILOX_BENCH "):])
     for name in ("numpy_words_per_s", "wasm_words_per_s"):
         record_property(f"philox_{name}", round(bench[name]))

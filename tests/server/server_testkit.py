@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import random
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,6 +15,16 @@ import pyarrow as pa
 import websocket
 
 from server.app import make_threaded_server
+
+POLL_S = 0.02
+# The full suite (`make test`, CI) runs every property test's examples; a quick run
+# (README, Tests) a quarter of them.
+FULL_SUITE = os.environ.get("PYNODE_FULL_SUITE") == "1" or os.environ.get("CI") == "true"
+
+
+def examples(full: int) -> int:
+    """How many examples a property test runs now: `full` in the full suite."""
+    return full if FULL_SUITE else max(100, full // 4)
 
 # Multi-byte characters on purpose: slices must cut at character boundaries.
 WORDS = ("the", "learning", "photosynthesis", "river", "équation", "naïve", "数学", "🌼",
@@ -29,7 +40,9 @@ class LiveServer:
         self.port = self.httpd.server_port
         self.url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}/ws"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        # A short poll: shutdown() waits for the next poll, 0.5 s by default, in every test.
+        self._thread = threading.Thread(target=self.httpd.serve_forever, args=(POLL_S,),
+                                        daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -123,7 +136,9 @@ class RangeServer:
         handler = type("Handler", (_RangeHandler,), {"owner": self})
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.base = f"http://127.0.0.1:{self.httpd.server_port}"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        # A short poll: shutdown() waits for the next poll, 0.5 s by default, in every test.
+        self._thread = threading.Thread(target=self.httpd.serve_forever, args=(POLL_S,),
+                                        daemon=True)
         self._thread.start()
 
     def count(self, nbytes: int, range_header: str | None) -> None:

@@ -16,7 +16,7 @@ import pytest
 import websocket
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from server_testkit import LiveServer, Peer
+from server_testkit import LiveServer, Peer, examples
 
 from server import ServerConfig, create_app
 from server.protocol import CLIENT_SCHEMAS
@@ -164,7 +164,7 @@ def render(value: Any, ids: list[str]) -> Any:
 
 
 @pytest.mark.slow
-@settings(max_examples=2000, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(2000), deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(st.tuples(st.integers(0, 2), action), min_size=1, max_size=4))
 def test_fuzzed_signaling_never_breaks_the_server_or_other_rooms(arena, script) -> None:
     host, member = arena["bystanders"]

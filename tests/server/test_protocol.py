@@ -8,6 +8,7 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from server_testkit import examples
 
 from server.protocol import CLIENT_SCHEMAS, ProtocolError, parse_frame
 
@@ -89,7 +90,7 @@ def test_binary_and_oversize_frames_are_refused() -> None:
     assert refused("[" * 100000 + "]" * 100000, max_bytes=10**6) in ("bad_json", "bad_frame")
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner,
@@ -114,7 +115,7 @@ _FIELD_VALUES = st.one_of(
 )
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(st.sampled_from(sorted(CLIENT_SCHEMAS)),
        st.dictionaries(st.sampled_from(["to", "sdp", "peer", "room", "token", "step", "loss",
                                         "hash", "probe", "capacity", "candidate", "sdpMid",

@@ -7,12 +7,13 @@ import collections
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from server_testkit import examples
 
 from server import slicing
 from server.rangefile import RangeFile, RangeRequestError
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(st.text(max_size=400), st.integers(1, 200), st.integers(0, 2**64 - 1))
 def test_cut_window_is_whole_characters_of_the_source(text: str, nbytes: int, draw: int) -> None:
     data = text.encode("utf-8", "surrogatepass")
