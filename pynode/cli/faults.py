@@ -9,6 +9,9 @@ member of that rank. KIND:
   flip   flip one weight bit after the step's update (a silent fork)
   sum    SIGKILL while handing out its reduced chunk of the step's all-reduce, after the
          leader committed it (webrtc transport only)
+  gemm   from that step on, its GEMM backend is wrong in one cell of every product whose
+         inner size is the model width, a shape no start-up gate uses (only the per-call
+         product check, --check-products, can catch it)
 """
 
 from __future__ import annotations
@@ -18,11 +21,14 @@ import signal
 import time
 from typing import Any
 
+import numpy as np
+
 from pynode.config import ConfigError
+from pynode.core.gemm import GemmBackend
 from pynode.run.trainer import Trainer
 
 FAULT_ENV = "PYNODE_FAULT"
-KINDS = ("kill", "stall", "nan", "flip", "sum")
+KINDS = ("kill", "stall", "nan", "flip", "sum", "gemm")
 
 
 def install_fault(trainer: Trainer, rank: int | None = None) -> None:
@@ -47,6 +53,13 @@ def install_fault(trainer: Trainer, rank: int | None = None) -> None:
         trainer.after_update.append(flip)
     elif kind == "sum":
         die_handing_out_sums(trainer, at)
+    elif kind == "gemm":
+        def go_wrong(step: int, indices: list[int]) -> None:
+            if step == at and trainer.gemm is not None:
+                trainer.gemm.backend = WrongAtWidth(trainer.gemm.backend, trainer.cfg.width)
+                trainer.gemm.routes.clear()
+
+        trainer.before_compute.append(go_wrong)
     else:
         def misbehave(step: int, indices: list[int]) -> None:
             if step != at:
@@ -59,6 +72,24 @@ def install_fault(trainer: Trainer, rank: int | None = None) -> None:
                 trainer.state.params[next(iter(trainer.state.params))].reshape(-1)[0] = float("nan")
 
         trainer.before_compute.append(misbehave)
+
+
+class WrongAtWidth(GemmBackend):
+    """`inner`'s products, except those whose inner size is `k`: one cell is off by 2**16."""
+
+    def __init__(self, inner: GemmBackend, k: int) -> None:
+        self.inner, self.k, self.name = inner, k, inner.name
+
+    def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return self._spoil(self.inner.matmul(a, b), a.shape[-1])
+
+    def bmm(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return self._spoil(self.inner.bmm(a, b), a.shape[-1])
+
+    def _spoil(self, out: np.ndarray, k: int) -> np.ndarray:
+        if k == self.k and out.size:
+            out.reshape(-1)[out.size * 5 // 7] += 1 << 16
+        return out
 
 
 def die_handing_out_sums(trainer: Trainer, at: int) -> None:

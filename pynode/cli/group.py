@@ -24,7 +24,14 @@ from pynode.cli.flags import (
     parse_capacity,
     train_options,
 )
-from pynode.cli.report import Saver, StepReporter, print_summary, run_header, write_summary
+from pynode.cli.report import (
+    Saver,
+    StepReporter,
+    name_rank_in_logs,
+    print_summary,
+    run_header,
+    write_summary,
+)
 from pynode.comm import CommError, make_collective
 from pynode.config import ConfigError, RunConfig
 from pynode.core.errors import DaisyError
@@ -36,6 +43,8 @@ from pynode.run.trainer import ForkError, StepResult, Trainer
 async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities) -> int:
     """Rank 0's side: everything the user sees."""
     pin_to_core(0)
+    if collective.world_size > 1:
+        name_rank_in_logs(0)
     resume = None
     if args.resume:
         cfg, _ = load_resume(args.resume, explicit_config(args))
@@ -87,6 +96,7 @@ def pin_to_core(rank: int) -> None:
 async def follow(collective, args: argparse.Namespace, capacities) -> int:
     rank = collective.rank
     pin_to_core(rank)
+    name_rank_in_logs(rank)
     options = train_options(args, capacities=capacities)
     try:
         await run_member(collective, None, backend=args.backend, kernels=args.kernels,

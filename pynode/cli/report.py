@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -21,6 +22,12 @@ def say(text: str) -> None:
         tqdm.write(line, file=sys.stderr)
     except ImportError:
         print(line, file=sys.stderr, flush=True)
+
+
+def name_rank_in_logs(rank: int) -> None:
+    """Prefix this process's log lines with its group rank (a group's ranks share stderr)."""
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(logging.Formatter(f"rank {rank}: %(levelname)s:%(name)s:%(message)s"))
 
 
 def gemm_summary(gemm: Any) -> str:

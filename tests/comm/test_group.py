@@ -56,6 +56,9 @@ def runs(tmp_path_factory) -> dict:
                          {"PYNODE_FAULT": "2:2:kill"}),
         "flip": Launched(folder, "flip", [*TRAIN, *QUICK, "--peers", "3"],
                          {"PYNODE_FAULT": "1:2:flip"}),
+        # Rank 1's GEMM goes wrong at one shape from step 2 on; its product check catches it.
+        "gemm": Launched(folder, "gemm", [*TRAIN, *QUICK, "--peers", "2", "--check-products"],
+                         {"PYNODE_FAULT": "1:2:gemm"}),
         "nan": Launched(folder, "nan", [*TRAIN, *QUICK, "--peers", "3", "--capacity", "1,1,1"],
                         {"PYNODE_FAULT": "1:2:nan"}),
         # Steps 1-2 lie inside the 10-step warm-up, whose learning rate does not depend on
@@ -71,6 +74,8 @@ def runs(tmp_path_factory) -> dict:
     pairs = {
         "gloo": gloo_pair(folder, "gloo", TRAIN[1:]),
         "death": gloo_pair(folder, "death", death_args, fault="1:3:kill"),
+        "gloo_gemm": gloo_pair(folder, "gloo_gemm", [*TRAIN[1:], *QUICK, "--check-products"],
+                               fault="1:2:gemm"),
     }
     done: dict = {"first2": started.pop("first2").wait(), "crash": started.pop("crash").wait()}
     started["resume_crash"] = Launched(folder, "resume_crash", ["train", "--resume",
@@ -143,6 +148,18 @@ def test_flipped_weight_bit_is_detected_and_resynced(runs, reference):
     assert "step 2: replicas disagree" in run.err
     assert "re-synced" in run.err
     assert run.hashes == reference.hashes and run.final_hash == reference.final_hash
+
+
+@pytest.mark.parametrize("name", ["gemm", "gloo_gemm"])
+def test_a_peer_whose_kernel_is_wrong_at_one_shape_is_named_and_changes_no_hash(
+    runs, reference, name
+):
+    """Without the check this fault ends on other hashes (pynode/cli/faults.py)."""
+    run = ok(runs[name])
+    assert run.hashes == reference.hashes and run.final_hash == reference.final_hash
+    peer = ok(runs[f"{name}-rank1"]) if name.startswith("gloo") else run  # loopback: one stderr
+    assert "rank 1: WARNING:pynode.core.gemm.select:GEMM backend" in peer.err
+    assert "gave a wrong product" in peer.err and "recomputing it on another backend" in peer.err
 
 
 def test_nan_on_one_peer_is_refused_by_that_peer(runs, reference):
