@@ -78,7 +78,7 @@ class WrongAtWidth(GemmBackend):
     """`inner`'s products, except those whose inner size is `k`: one cell is off by 2**16."""
 
     def __init__(self, inner: GemmBackend, k: int) -> None:
-        self.inner, self.k, self.name = inner, k, inner.name
+        self.inner, self.k, self.name = inner, k, f"wrong_{inner.name}"
 
     def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return self._spoil(self.inner.matmul(a, b), a.shape[-1])

@@ -45,10 +45,11 @@ def add_arithmetic_flags(parser: argparse.ArgumentParser) -> None:
                         help="force the hot kernels: numba (fused) or numpy (the reference, "
                         "no numba import: about a second less to start) (default: numba "
                         "where it is installed and passes its gate)")
-    parser.add_argument("--check-products", action="store_true",
+    parser.add_argument("--check-products", action=argparse.BooleanOptionalAction,
+                        default=True,
                         help="check every GEMM product before it is used (Freivalds; a wrong "
-                        "one is recomputed on another backend); +3-17 %% step time, the most "
-                        "on small models")
+                        "one is recomputed on another backend): on by default, a few %% of "
+                        "a step (bench train prints it)")
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:

@@ -142,8 +142,8 @@ def spawn_peer(rank: int, world: int, address: str, args) -> subprocess.Popen:
         cmd += ["--kernels", args.kernels]
     if args.capacity:
         cmd += ["--capacity", args.capacity]
-    if args.check_products:
-        cmd += ["--check-products"]
+    if not args.check_products:
+        cmd += ["--no-check-products"]
     return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=threads_per_peer(world))
 
 

@@ -20,13 +20,14 @@ log = logging.getLogger("pynode.run")
 
 
 def load_units_and_gemm(
-    backend: str | None = None, kernels: str | None = None, check_products: bool = False
+    backend: str | None = None, kernels: str | None = None, check_products: bool = True
 ) -> tuple[Any, Any]:
     """Verified units (full-domain check), the best gated GEMM backend (or `backend`) and
     the fastest gated hot kernels (or `kernels`: "numpy" forces the reference without
     loading numba, "numba" forces numba natively).
-    `check_products`: check every GEMM product (pynode.core.gemm.check; off by default
-    until it costs under 5 % of a step, issue #11)."""
+    `check_products`: check every GEMM product (pynode.core.gemm.check: Freivalds, a
+    few % of a native step; the page turns it off, where numpy's costs as much as the
+    wasm GEMM it checks)."""
     from pynode.core.detmath import check_float_environment
     from pynode.core.gemm import select_gemm
     from pynode.core.rng import check_bit_generator
@@ -53,7 +54,7 @@ def build_trainer(
     cfg: RunConfig, collective: Any = None,
     resume: checkpoint.CheckpointState | None = None, *,
     arithmetic: tuple[Any, Any] | None = None, backend: str | None = None,
-    kernels: str | None = None, options: TrainOptions = ALONE, check_products: bool = False,
+    kernels: str | None = None, options: TrainOptions = ALONE, check_products: bool = True,
 ) -> Trainer:
     """The trainer of `cfg`, fresh or from the validated checkpoint `resume`.
 

@@ -72,7 +72,7 @@ async def run_member(
     resume: bytes | None = None,
     backend: str | None = None,
     kernels: str | None = None,
-    check_products: bool = False,
+    check_products: bool = True,
     options: TrainOptions = ALONE,
     on_step: Sequence[OnStep] = (),
     report: Callable[[str], None] = print,

@@ -56,8 +56,9 @@ def runs(tmp_path_factory) -> dict:
                          {"PYNODE_FAULT": "2:2:kill"}),
         "flip": Launched(folder, "flip", [*TRAIN, *QUICK, "--peers", "3"],
                          {"PYNODE_FAULT": "1:2:flip"}),
-        # Rank 1's GEMM goes wrong at one shape from step 2 on; its product check catches it.
-        "gemm": Launched(folder, "gemm", [*TRAIN, *QUICK, "--peers", "2", "--check-products"],
+        # Rank 1's GEMM goes wrong at one shape from step 2 on; its product check (on by
+        # default) catches it.
+        "gemm": Launched(folder, "gemm", [*TRAIN, *QUICK, "--peers", "2"],
                          {"PYNODE_FAULT": "1:2:gemm"}),
         "nan": Launched(folder, "nan", [*TRAIN, *QUICK, "--peers", "3", "--capacity", "1,1,1"],
                         {"PYNODE_FAULT": "1:2:nan"}),
@@ -74,8 +75,7 @@ def runs(tmp_path_factory) -> dict:
     pairs = {
         "gloo": gloo_pair(folder, "gloo", TRAIN[1:]),
         "death": gloo_pair(folder, "death", death_args, fault="1:3:kill"),
-        "gloo_gemm": gloo_pair(folder, "gloo_gemm", [*TRAIN[1:], *QUICK, "--check-products"],
-                               fault="1:2:gemm"),
+        "gloo_gemm": gloo_pair(folder, "gloo_gemm", [*TRAIN[1:], *QUICK], fault="1:2:gemm"),
     }
     done: dict = {"first2": started.pop("first2").wait(), "crash": started.pop("crash").wait()}
     started["resume_crash"] = Launched(folder, "resume_crash", ["train", "--resume",
@@ -158,7 +158,7 @@ def test_a_peer_whose_kernel_is_wrong_at_one_shape_is_named_and_changes_no_hash(
     run = ok(runs[name])
     assert run.hashes == reference.hashes and run.final_hash == reference.final_hash
     peer = ok(runs[f"{name}-rank1"]) if name.startswith("gloo") else run  # loopback: one stderr
-    assert "rank 1: WARNING:pynode.core.gemm.select:GEMM backend" in peer.err
+    assert "rank 1: WARNING:pynode.core.gemm.select:GEMM backend wrong_" in peer.err
     assert "gave a wrong product" in peer.err and "recomputing it on another backend" in peer.err
 
 

@@ -96,37 +96,27 @@ def test_forced_backend_gives_the_same_hashes(reference, backend):
     assert [r.hash for r in train(trainer, TINY.steps)] == [r.hash for r in reference]
 
 
-class WrongAtWidth:
-    """The live backend, but one cell wrong whenever the inner size is the model's width:
-    every projection's forward product, a bug no start-up case meets."""
-
-    def __init__(self, inner, k: int) -> None:
-        self.inner, self.k, self.name = inner, k, f"wrong_{inner.name}"
-
-    def matmul(self, a, b):
-        out = np.array(self.inner.matmul(a, b))
-        if a.shape[1] == self.k:
-            out[out.shape[0] // 3, out.shape[1] // 5 + 1] += 3  # off the audit's fixed cells
-        return out
-
-    def bmm(self, a, b):
-        return self.inner.bmm(a, b)
-
-
 def test_a_kernel_wrong_at_a_live_shape_never_changes_a_step(reference, caplog):
-    """With the per-call product check on (--check-products), a backend that goes wrong at
-    the model's own shapes is caught on its first wrong product and replaced: the run ends
-    on the reference hashes. (Off, the same backend trains on to wrong hashes.)"""
-    trainer = build_trainer(TINY, check_products=True)
-    gemm = trainer.gemm
-    assert build_trainer(TINY).gemm.check is None  # off unless asked for
-    gemm.routes.clear()
-    gemm.backend = WrongAtWidth(gemm.backend, TINY.width)
-    with caplog.at_level("WARNING"):
-        results = train(trainer, TINY.steps)
-    assert [r.hash for r in results] == [r.hash for r in reference]
-    assert gemm.check.failures == 1 and not gemm.backend_name.startswith("wrong_")
-    assert "wrong_" in caplog.text and "gave a wrong product" in caplog.text
+    """With the per-call product check (on by default), a backend that goes wrong at the
+    model's own shapes (every product of inner size = width, which no start-up case meets)
+    is caught on its first wrong product and replaced: the run ends on the reference
+    hashes. Off, the same backend trains on to other hashes."""
+    from pynode.cli.faults import WrongAtWidth
+
+    hashes = {}
+    for check in (True, False):
+        trainer = build_trainer(TINY, check_products=check)
+        gemm = trainer.gemm
+        assert (gemm.check is not None) == check
+        gemm.routes.clear()
+        gemm.backend = WrongAtWidth(gemm.backend, TINY.width)
+        with caplog.at_level("WARNING"):
+            hashes[check] = [r.hash for r in train(trainer, TINY.steps)]
+        if check:
+            assert gemm.check.failures == 1 and not gemm.backend_name.startswith("wrong_")
+            assert "wrong_" in caplog.text and "gave a wrong product" in caplog.text
+    assert hashes[True] == [r.hash for r in reference]
+    assert hashes[False][-1] != reference[-1].hash
 
 
 def test_microbatches_in_any_order_or_split_give_the_same_partial_sum(reference):
