@@ -29,6 +29,8 @@ class RunConfig:
     clip: float = 1.0            # global gradient-norm clip; 0 disables
     frac_bits: int = 32          # F of the int64 fixed-point gradient format
     data: str = "builtin"        # "builtin" corpus, or a DaisyChain server URL serving /data
+    cross_check: int = 32        # each microbatch recomputed by another peer with chance 1/N
+    #                              (pynode/run/crosscheck.py, docs/VERIFICATION.md); 0: never
 
     def __post_init__(self) -> None:
         positive = ("steps", "width", "layers", "heads", "seq", "microbatch_size", "microbatches")
@@ -43,6 +45,9 @@ class RunConfig:
             raise ConfigError(f"lr must be in (0, 1), got {self.lr}")
         if self.data != "builtin" and not self.data.startswith(("http://", "https://")):
             raise ConfigError(f"data must be 'builtin' or an http(s) server URL, got {self.data!r}")
+        if not isinstance(self.cross_check, int) or self.cross_check < 0:
+            raise ConfigError(f"cross_check must be an integer >= 0 (0: off), got "
+                              f"{self.cross_check!r}")
         if not 16 <= self.frac_bits <= 40:
             raise ConfigError(f"frac_bits must be in 16..40, got {self.frac_bits}")
 

@@ -12,6 +12,8 @@ member of that rank. KIND:
   gemm   from that step on, its GEMM backend is wrong in one cell of every product whose
          inner size is the model width, a shape no start-up gate uses (only the per-call
          product check, --check-products, can catch it)
+  grad   from that step on, one gradient value of each of its microbatches is off (as from
+         a wrong non-GEMM kernel: only the cross-peer check, --cross-check, can catch it)
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pynode.core.gemm import GemmBackend
 from pynode.run.trainer import Trainer
 
 FAULT_ENV = "PYNODE_FAULT"
-KINDS = ("kill", "stall", "nan", "flip", "sum", "gemm")
+KINDS = ("kill", "stall", "nan", "flip", "sum", "gemm", "grad")
 
 
 def install_fault(trainer: Trainer, rank: int | None = None) -> None:
@@ -53,6 +55,8 @@ def install_fault(trainer: Trainer, rank: int | None = None) -> None:
         trainer.after_update.append(flip)
     elif kind == "sum":
         die_handing_out_sums(trainer, at)
+    elif kind == "grad":
+        trainer.task = WrongGradients(trainer, at)
     elif kind == "gemm":
         def go_wrong(step: int, indices: list[int]) -> None:
             if step == at and trainer.gemm is not None:
@@ -90,6 +94,26 @@ class WrongAtWidth(GemmBackend):
         if k == self.k and out.size:
             out.reshape(-1)[out.size * 5 // 7] += 1 << 16
         return out
+
+
+class WrongGradients:
+    """`trainer`'s task, but from step `at` on the first gradient value of every microbatch
+    is 0.5 off."""
+
+    def __init__(self, trainer: Trainer, at: int) -> None:
+        self.task, self.trainer, self.at = trainer.task, trainer, at
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.task, name)
+
+    def loss(self, model: Any, params: dict, batch: Any, key: Any) -> tuple[float, dict]:
+        loss, grads = self.task.loss(model, params, batch, key)
+        if self.trainer.state.step + 1 >= self.at:
+            name = next(iter(grads))
+            spoiled = np.array(grads[name], np.float32)
+            spoiled.reshape(-1)[0] += np.float32(0.5)
+            grads = {**grads, name: spoiled}
+        return loss, grads
 
 
 def die_handing_out_sums(trainer: Trainer, at: int) -> None:

@@ -37,7 +37,7 @@ from pynode.config import ConfigError, RunConfig
 from pynode.core.errors import DaisyError
 from pynode.run.assemble import load_resume
 from pynode.run.group import run_member
-from pynode.run.trainer import ForkError, StepResult, Trainer
+from pynode.run.trainer import ForkError, StepResult, Trainer, VerificationError
 
 
 async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities) -> int:
@@ -69,7 +69,7 @@ async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities)
             check_products=args.check_products,
             on_step=hooks, report=lambda line: print(line, file=sys.stderr), prepare=prepare,
         )
-    except (CommError, ForkError) as exc:
+    except (CommError, ForkError, VerificationError) as exc:
         print(f"error: the group stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
         saved = saver.last_agreed()
         if saved:

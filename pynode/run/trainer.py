@@ -25,6 +25,7 @@ from pynode.core.errors import DaisyError, NonFiniteError
 from pynode.core.plan import microbatch_plan
 from pynode.core.probe import probe_hash
 from pynode.core.statehash import state_hash
+from pynode.run import crosscheck
 from pynode.tasks.base import Task
 
 log = logging.getLogger("pynode.run")
@@ -39,6 +40,10 @@ class ForkError(DaisyError):
 
 class ContributionError(DaisyError):
     """A reduced step covers some microbatch twice or never: it must not be applied."""
+
+
+class VerificationError(DaisyError):
+    """Peers recomputed a microbatch to different results and no strict majority agrees."""
 
 
 @dataclass(frozen=True)
@@ -103,7 +108,13 @@ class Trainer:
         self.model = task.build_model(cfg, gemm)
         self.shapes = self.model.param_shapes()
         self.state = state if state is not None else self.initial_state()
+        self.size = sum(int(np.prod(s)) for s in self.shapes.values())  # P
         self.capacities: dict[int, float] = dict(options.capacities or {})
+        # Ranks whose recomputed work disagreed with the majority's: they compute no more
+        # microbatches in this run (crosscheck.py); the same set on every peer.
+        self.distrusted: set[int] = set()
+        # (step, its cross-check sample, its digest key once needed)
+        self._sample: tuple[int, list[int], crosscheck.DigestKey | None] | None = None
         self.microbatch_seconds = 0.0
         # Observers (fault injection in tests): before_compute(step about to run, own
         # microbatches) as the step starts computing; after_update(trainer) once applied.
@@ -116,29 +127,49 @@ class Trainer:
 
     # --- one microbatch -------------------------------------------------------------
     def microbatch_partial(self, indices: list[int]) -> np.ndarray:
-        """Sum of the fixed-point gradients, losses and coverage counts of `indices`.
+        """Sum of the fixed-point gradients, losses, coverage counts and digests of `indices`.
 
-        Returns (P + 1 + n,) int64: gradient sum, loss sum, then one count per microbatch.
+        Returns (P + 1 + 2n,) int64: gradient sum, loss sum, one count per microbatch, then
+        one digest per microbatch (crosscheck.py; zero alone or with cross_check 0).
         With a `share` of (i, c) only every c-th of `indices` from the i-th is computed here.
         """
         index, count = self.options.share
         indices = indices[index::count]
         for hook in self.before_compute:
             hook(self.state.step + 1, indices)
-        cfg, step = self.cfg, self.state.step
-        size = sum(int(np.prod(s)) for s in self.shapes.values())
-        partial = np.zeros(size + 1 + cfg.microbatches, dtype=np.int64)
+        size, n = self.size, self.cfg.microbatches
+        partial = np.zeros(size + 1 + 2 * n, dtype=np.int64)
         for index in indices:
             started = time.perf_counter()
-            batch = self.task.sample(cfg, step, index)
-            key = (cfg.seed, step, index)
-            loss, grads = self.task.loss(self.model, self.state.params, batch, key)
-            flat = self.flatten(grads)  # (P,) float32
-            partial[:size] += fixedpoint.to_fixed(flat, cfg.frac_bits)
-            partial[size] += fixedpoint.to_fixed(np.asarray([loss], np.float32), LOSS_FRAC_BITS)[0]
+            fixed, loss = self.contribution(index)
+            partial[:size] += fixed
+            partial[size] += loss
             partial[size + 1 + index] += 1
+            partial[size + 1 + n + index] = self.digest(index, fixed, loss)
             self.microbatch_seconds = time.perf_counter() - started
         return partial
+
+    def contribution(self, index: int) -> tuple[np.ndarray, int]:
+        """Microbatch `index` of the next step: (P,) int64 fixed-point gradients and its
+        fixed-point mean loss."""
+        cfg, step = self.cfg, self.state.step
+        batch = self.task.sample(cfg, step, index)
+        loss, grads = self.task.loss(self.model, self.state.params, batch, (cfg.seed, step, index))
+        fixed = fixedpoint.to_fixed(self.flatten(grads), cfg.frac_bits)
+        return fixed, int(fixedpoint.to_fixed(np.asarray([loss], np.float32), LOSS_FRAC_BITS)[0])
+
+    def digest(self, index: int, fixed: np.ndarray, loss: int) -> int:
+        """The next step's digest of microbatch `index`'s contribution; 0 unless it is in
+        the step's cross-check sample (the sample is known in advance, so only those need
+        one), or alone."""
+        step = self.state.step + 1
+        if self._sample is None or self._sample[0] != step:
+            self._sample = (step, crosscheck.sampled(self.cfg, step), None)
+        if self.collective is None or index not in self._sample[1]:
+            return 0
+        if self._sample[2] is None:
+            self._sample = (*self._sample[:2], crosscheck.DigestKey(self.cfg, step, self.size))
+        return self._sample[2].digest(fixed, loss)
 
     def flatten(self, grads: dict[str, np.ndarray]) -> np.ndarray:
         missing = [name for name in self.shapes if name not in grads]
@@ -164,9 +195,13 @@ class Trainer:
 
     # --- one step ---------------------------------------------------------------------
     def plan(self) -> dict[int, list[int]]:
-        members = self.members()
-        caps = {r: self.capacities.get(r, 1.0) for r in members}
+        caps = {r: self.capacities.get(r, 1.0) for r in self.workers()}
         return microbatch_plan(self.cfg.microbatches, caps)
+
+    def workers(self) -> tuple[int, ...]:
+        """The members that compute microbatches: all but the distrusted (if any is left)."""
+        trusted = tuple(r for r in self.members() if r not in self.distrusted)
+        return trusted or self.members()
 
     def members(self) -> tuple[int, ...]:
         return (0,) if self.collective is None else tuple(self.collective.members)
@@ -184,29 +219,130 @@ class Trainer:
         from its bridge), so this peer plans the next step like the others."""
         self.capacities = {int(r): float(v) for r, v in capacities.items()}
 
-    async def reduce(self, partial: np.ndarray, plan: dict[int, list[int]]) -> np.ndarray:
-        """Exact sum of every member's partial, re-planning microbatches nobody delivered."""
+    def counts(self, total: np.ndarray) -> np.ndarray:
+        """The coverage counts of a reduced vector, (n,)."""
+        n = self.cfg.microbatches
+        return total[self.size + 1 : self.size + 1 + n]
+
+    async def reduce(
+        self, partial: np.ndarray, plan: dict[int, list[int]]
+    ) -> tuple[np.ndarray, np.ndarray, dict[int, int]]:
+        """Exact sum of every member's partial, re-planning microbatches nobody delivered.
+
+        Returns (total, what this peer contributed, owner rank of each microbatch)."""
+        owners = {i: r for r, indices in plan.items() for i in indices}
         if self.collective is None:
-            return partial
+            return partial, partial, owners
         reduced = await self.collective.allreduce_int64(partial, timeout=self.deadline())
         total = same_length(reduced.total, partial)
-        n = self.cfg.microbatches
-        for _ in range(n + 1):
-            counts = total[-n:]
+        for _ in range(self.cfg.microbatches + 1):
+            counts = self.counts(total)
             if np.any(counts > 1):
                 raise ContributionError(f"microbatches counted twice: {np.flatnonzero(counts > 1)}")
             missing = [int(i) for i in np.flatnonzero(counts == 0)]
             if not missing:
-                return total
+                return total, partial, owners
             log.warning("step %d: re-planning lost microbatches %s", self.state.step + 1, missing)
-            caps = {r: self.capacities.get(r, 1.0) for r in self.members()}
+            caps = {r: self.capacities.get(r, 1.0) for r in self.workers()}
             repair = microbatch_plan(len(missing), caps)
-            mine = [missing[i] for i in repair.get(self.rank(), [])]
-            extra = await self.collective.allreduce_int64(
-                self.microbatch_partial(mine), timeout=self.deadline()
-            )
-            total = total + same_length(extra.total, partial)
+            owners.update({missing[i]: r for r, picks in repair.items() for i in picks})
+            extra = self.microbatch_partial([missing[i] for i in repair.get(self.rank(), [])])
+            partial = partial + extra
+            reduced = await self.collective.allreduce_int64(extra, timeout=self.deadline())
+            total = total + same_length(reduced.total, partial)
         raise ContributionError("could not complete the step's microbatches")
+
+    async def verify(
+        self, total: np.ndarray, mine: np.ndarray, owners: dict[int, int]
+    ) -> np.ndarray:
+        """Have this step's sampled microbatches recomputed by other peers (crosscheck.py).
+
+        Returns `total`, or, when a peer computed something the majority did not, the total
+        of the others, who recompute its microbatches: a wrong peer's work is never applied.
+        Raises VerificationError when peers disagree and no strict majority decides.
+        """
+        cfg, step, me = self.cfg, self.state.step + 1, self.rank()
+        members = self.members()
+        sample = [i for i in crosscheck.sampled(cfg, step) if i in owners]
+        if self.collective is None or len(members) < 2 or not sample:
+            return total
+        committed = self.committed(total)
+        checks = {i: self.recheck(i) for i in sample
+                  if crosscheck.checker_of(cfg, step, i, owners[i], self.workers()) == me}
+        disputed = sorted({i for _, found in await self.gather_digests(checks)
+                           for i, d in found.items() if d != committed[i]})
+        if not disputed:
+            return total
+        # Arbitration: every peer but the owner recomputes each disputed microbatch. The
+        # leader tells the group's story; a named peer says so itself.
+        level = logging.WARNING if me == min(members) else logging.INFO
+        again = {i: self.recheck(i) for i in disputed if owners[i] != me}
+        seen = await self.gather_digests(again)
+        wrong: set[int] = set()
+        for i in disputed:
+            digests = {owners[i]: committed[i]}
+            digests.update({r: found[i] for r, found in seen if i in found})
+            right = crosscheck.majority(digests)
+            listed = ", ".join(f"rank {r} {d:012x}" for r, d in sorted(digests.items()))
+            if right is None:
+                raise VerificationError(
+                    f"step {step}: microbatch {i} (computed by rank {owners[i]}) gave different "
+                    f"results on different peers and no strict majority agrees ({listed}); "
+                    "stopping: nobody trains on work nobody can confirm")
+            off = {r for r, d in digests.items() if d != right}
+            log.log(level, "step %d: microbatch %d of rank %d: recomputed by %d peers (%s); "
+                    "ranks %s computed it wrong", step, i, owners[i], len(digests) - 1,
+                    listed, sorted(off))
+            wrong |= off
+        self.distrusted |= wrong
+        dropped = sorted(i for i, r in owners.items() if r in wrong)
+        honest = tuple(r for r in members if r not in wrong)
+        if me in wrong:
+            log.warning("step %d: this peer (rank %d) computed differently from the majority: "
+                        "its work is left out and it computes no more microbatches", step, me)
+        if not dropped:
+            return total
+        log.log(level, "step %d: leaving out the work of ranks %s; microbatches %s re-planned "
+                "among ranks %s", step, sorted(wrong), dropped, list(honest))
+        repair = microbatch_plan(len(dropped), {r: self.capacities.get(r, 1.0) for r in honest})
+        if me in wrong:
+            contribution = np.zeros_like(mine)
+        else:
+            contribution = mine + self.microbatch_partial([dropped[j] for j in repair.get(me, [])])
+        reduced = await self.collective.allreduce_int64(contribution, timeout=self.deadline())
+        total = same_length(reduced.total, mine)
+        if not np.all(self.counts(total) == 1):
+            raise ContributionError(f"step {step}: after leaving out ranks {sorted(wrong)} the "
+                                    f"microbatch counts are {self.counts(total).tolist()}")
+        return total
+
+    def committed(self, total: np.ndarray) -> dict[int, int]:
+        """Each microbatch's digest, as its owner put it into the reduced vector."""
+        start = self.size + 1 + self.cfg.microbatches
+        return dict(enumerate(int(d) for d in total[start:]))
+
+    def recheck(self, index: int) -> int:
+        """The digest of microbatch `index` of the next step, recomputed here."""
+        return self.digest(index, *self.contribution(index))
+
+    async def gather_digests(self, mine: dict[int, int]) -> list[tuple[int, dict[int, int]]]:
+        """Every member's recomputed digests (rank, {microbatch: digest}); lost members and
+        entries that do not parse (a cluster whose ranks disagree) are left out.
+
+        Sent as `json|0`: the shape of check_agreement's entries, which a cluster behind a
+        room peer publishes as one (pynode.run.cluster.agreement_entry)."""
+        blobs = await self.collective.allgather_bytes(
+            json.dumps({str(i): d for i, d in mine.items()}).encode() + b"|0",
+            timeout=self.deadline(),
+        )
+        found = []
+        for rank, blob in enumerate(blobs):
+            try:
+                found.append((rank, {int(i): int(d) for i, d
+                                     in json.loads(blob.partition(b"|")[0]).items()}))
+            except (AttributeError, ValueError):
+                log.warning("rank %d sent no readable digests", rank)
+        return found
 
     async def step(self) -> StepResult:
         """Compute, reduce and apply one step; returns what every peer must agree on."""
@@ -214,8 +350,9 @@ class Trainer:
         cfg = self.cfg
         plan = self.plan()
         partial = self.microbatch_partial(plan.get(self.rank(), []))
-        total = await self.reduce(partial, plan)
-        size = total.shape[0] - 1 - cfg.microbatches
+        total, mine, owners = await self.reduce(partial, plan)
+        total = await self.verify(total, mine, owners)
+        size = self.size
         grads = self.unflatten(fixedpoint.from_fixed(total[:size], cfg.frac_bits, cfg.microbatches))
         loss_sum = total[size : size + 1]
         loss = float(fixedpoint.from_fixed(loss_sum, LOSS_FRAC_BITS, cfg.microbatches)[0])

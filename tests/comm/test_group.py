@@ -32,13 +32,15 @@ GLOO_TIMEOUT_S = 6
 STOP_BOUND_S = GLOO_TIMEOUT_S + 12
 
 
-def gloo_pair(folder: Path, name: str, args: list[str], fault: str | None = None) -> list:
-    base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
+def gloo_pair(folder: Path, name: str, args: list[str], fault: str | None = None,
+              world: int = 2) -> list:
+    """`cluster` ranks 0..world-1 (rank r > 0 is named NAME-rankR)."""
+    base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world)}
     if fault:
         base["PYNODE_FAULT"] = fault
-    rank1 = Launched(folder, f"{name}-rank1", ["cluster", *args], {**base, "RANK": "1"})
-    rank0 = Launched(folder, name, ["cluster", *args], {**base, "RANK": "0"})
-    return [rank0, rank1]
+    others = [Launched(folder, f"{name}-rank{r}", ["cluster", *args], {**base, "RANK": str(r)})
+              for r in range(1, world)]
+    return [Launched(folder, name, ["cluster", *args], {**base, "RANK": "0"}), *others]
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +62,13 @@ def runs(tmp_path_factory) -> dict:
         # default) catches it.
         "gemm": Launched(folder, "gemm", [*TRAIN, *QUICK, "--peers", "2"],
                          {"PYNODE_FAULT": "1:2:gemm"}),
+        # Rank 1's gradients go wrong from step 2 on (no GEMM is wrong); every microbatch
+        # is recomputed by another peer. With 3 peers the majority names rank 1; with 2
+        # nobody can tell who is right.
+        "grad": Launched(folder, "grad", [*TRAIN, *QUICK, "--peers", "3", "--cross-check", "1"],
+                         {"PYNODE_FAULT": "1:2:grad"}),
+        "grad2": Launched(folder, "grad2", [*TRAIN, *QUICK, "--peers", "2", "--cross-check", "1"],
+                          {"PYNODE_FAULT": "1:2:grad"}),
         "nan": Launched(folder, "nan", [*TRAIN, *QUICK, "--peers", "3", "--capacity", "1,1,1"],
                         {"PYNODE_FAULT": "1:2:nan"}),
         # Steps 1-2 lie inside the 10-step warm-up, whose learning rate does not depend on
@@ -76,6 +85,8 @@ def runs(tmp_path_factory) -> dict:
         "gloo": gloo_pair(folder, "gloo", TRAIN[1:]),
         "death": gloo_pair(folder, "death", death_args, fault="1:3:kill"),
         "gloo_gemm": gloo_pair(folder, "gloo_gemm", [*TRAIN[1:], *QUICK], fault="1:2:gemm"),
+        "gloo_grad": gloo_pair(folder, "gloo_grad", [*TRAIN[1:], *QUICK, "--cross-check", "1"],
+                               fault="1:2:grad", world=3),
     }
     done: dict = {"first2": started.pop("first2").wait(), "crash": started.pop("crash").wait()}
     started["resume_crash"] = Launched(folder, "resume_crash", ["train", "--resume",
@@ -83,8 +94,9 @@ def runs(tmp_path_factory) -> dict:
     started["resume3"] = Launched(folder, "resume3", ["train", "--resume",
                                   str(folder / "step2.pt"), "--steps", "4", "--peers", "3",
                                   "--no-progress", *QUICK])
-    for name, (rank0, rank1) in pairs.items():
-        done[name], done[f"{name}-rank1"] = rank0.wait(), rank1.wait()
+    for name, (rank0, *others) in pairs.items():
+        done[name] = rank0.wait()
+        done.update({f"{name}-rank{r}": run.wait() for r, run in enumerate(others, 1)})
     started["resume_death"] = Launched(folder, "resume_death", ["train", "--resume",
                                        str(folder / "X.pt"), "--peers", "2", "--no-progress",
                                        *QUICK])
@@ -160,6 +172,27 @@ def test_a_peer_whose_kernel_is_wrong_at_one_shape_is_named_and_changes_no_hash(
     peer = ok(runs[f"{name}-rank1"]) if name.startswith("gloo") else run  # loopback: one stderr
     assert "rank 1: WARNING:pynode.core.gemm.select:GEMM backend wrong_" in peer.err
     assert "gave a wrong product" in peer.err and "recomputing it on another backend" in peer.err
+
+
+@pytest.mark.parametrize("name", ["grad", "gloo_grad"])
+def test_a_peer_whose_gradients_are_wrong_is_outvoted_named_and_left_out(
+    runs, reference, name
+):
+    """Without the cross-peer check this fault ends on other hashes (pynode/cli/faults.py)."""
+    run = ok(runs[name])
+    assert run.hashes == reference.hashes and run.final_hash == reference.final_hash
+    assert "step 2: microbatch" in run.err and "ranks [1] computed it wrong" in run.err
+    assert "step 2: leaving out the work of ranks [1]; microbatches" in run.err
+    peer = ok(runs[f"{name}-rank1"]) if name.startswith("gloo") else run  # loopback: one stderr
+    assert "rank 1: WARNING:pynode.run:step 2: this peer (rank 1) computed differently" in peer.err
+
+
+def test_two_peers_that_disagree_both_stop_with_a_clear_message(runs, reference):
+    run = runs["grad2"]
+    assert run.rc == 3, run.err[-2000:]
+    assert "VerificationError: step 2: microbatch" in run.err
+    assert "no strict majority agrees" in run.err
+    assert run.hashes == reference.hashes[:1]
 
 
 def test_nan_on_one_peer_is_refused_by_that_peer(runs, reference):

@@ -211,6 +211,35 @@ def test_a_diverged_minority_is_resynced_from_the_majority(checks, reference):
     run(body())
 
 
+def test_a_tab_whose_gradients_are_wrong_is_outvoted_and_its_work_left_out(
+    checks, reference, caplog
+):
+    """One tab's gradients go wrong from step 2 (no GEMM is wrong, so only the cross-peer
+    check sees it): every microbatch is recomputed by another tab, the majority names it,
+    and every tab ends on the reference hashes."""
+    from pynode.cli.faults import WrongGradients
+
+    def wrong(cfg, coll, resume):
+        trainer = checks.make_trainer(cfg, coll, resume)
+        trainer.task = WrongGradients(trainer, 2)
+        return trainer
+
+    async def body():
+        net = MemoryNetwork()
+        pages = [Page(net, f"tab{i}", checks) for i in range(3)]
+        pages[2].peer.make_trainer = wrong
+        await asyncio.sleep(0.05)
+        await pages[0].peer.start({**CONFIG, "steps": 4, "cross_check": 1})
+        await settle(pages)
+        for page in pages:
+            assert page.hashes() == {s + 1: h for s, h in enumerate(reference[:4])}
+
+    with caplog.at_level("WARNING", logger="pynode.run"):
+        run(body())
+    assert "ranks [2] computed it wrong" in caplog.text
+    assert "this peer (rank 2) computed differently from the majority" in caplog.text
+
+
 def test_allreduce_benchmark_over_the_room(checks):
     async def body():
         net = MemoryNetwork()

@@ -1,0 +1,75 @@
+"""Cross-peer checks: any peer's microbatches may be recomputed by another before a step.
+
+The per-call product check (pynode/core/gemm/check.py) proves each GEMM; this proves the
+rest of a peer's work: its data, its other kernels, its fixed-point conversion, and that
+it adds up what it says. Every microbatch's contribution (its P fixed-point gradients and
+its fixed-point loss) has a digest, a random linear form mod 2**64 keyed by (seed, step),
+cut to DIGEST_BITS. The owner adds each digest into the step's reduced vector next to the
+microbatch's coverage count, so by the end of the reduce every peer holds every owner's
+commitment. A seeded sample of microbatches (each with probability 1 / cfg.cross_check)
+is then recomputed, each by one peer other than its owner; a mismatch is arbitrated by
+every other peer recomputing that microbatch, and the strict majority of digests decides
+who computed it wrong. The step's total never holds a wrong peer's partial: the others
+recompute its microbatches (pynode/run/trainer.py, Trainer.verify).
+
+The plan of who checks what is a function of (seed, step, members, owners) only, so every
+peer derives the same one and knows without a message whether this step has a round.
+
+Legend: P parameters, n microbatches.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from pynode.config import RunConfig
+from pynode.core import rng
+
+DIGEST_PURPOSE = 0xD16E
+SAMPLE_PURPOSE = 0x5A3E
+# 48 bits: the digests travel in the int64 all-reduce, whose headroom check allows
+# world_size * max|x| < 2**63 (2**15 peers); a wrong contribution still collides with
+# probability about 2**-48.
+DIGEST_BITS = 48
+
+
+class DigestKey:
+    """The random linear form of one step: R (P + 1,) uint64."""
+
+    def __init__(self, cfg: RunConfig, step: int, size: int) -> None:
+        self.r = rng.raw64((DIGEST_PURPOSE, cfg.seed, step), size + 1).astype(np.uint64)
+
+    def digest(self, fixed: np.ndarray, loss: int) -> int:
+        """Digest of one microbatch: `fixed` (P,) int64 gradients, `loss` its fixed loss."""
+        acc = int(np.dot(fixed.view(np.uint64), self.r[:-1]))  # wraps mod 2**64
+        acc = (acc + (loss % 2**64) * int(self.r[-1])) % 2**64
+        return acc >> (64 - DIGEST_BITS)
+
+
+def sampled(cfg: RunConfig, step: int) -> list[int]:
+    """Microbatches of step `step` (1-based) recomputed by another peer: each with
+    probability 1 / cfg.cross_check, none when it is 0."""
+    if cfg.cross_check == 0:
+        return []
+    words = rng.raw64((SAMPLE_PURPOSE, cfg.seed, step), cfg.microbatches)
+    return [i for i, w in enumerate(words.tolist()) if w % cfg.cross_check == 0]
+
+
+def checker_of(cfg: RunConfig, step: int, index: int, owner: int,
+               members: tuple[int, ...]) -> int | None:
+    """The peer that recomputes microbatch `index` (owned by `owner`); None alone."""
+    others = sorted(m for m in members if m != owner)
+    if not others:
+        return None
+    (word,) = rng.raw64((SAMPLE_PURPOSE, cfg.seed, step, 1 + index), 1).tolist()
+    return others[word % len(others)]
+
+
+def majority(digests: dict[int, int]) -> int | None:
+    """The digest more than half of `digests` (rank -> digest) hold; None if none does."""
+    if not digests:
+        return None
+    value, votes = Counter(digests.values()).most_common(1)[0]
+    return value if 2 * votes > len(digests) else None
