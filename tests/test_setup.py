@@ -76,7 +76,7 @@ def test_fresh_clone_make_demo_with_only_python3_and_make(tmp_path: Path, make_p
     assert "step 2 " in first.stdout + first.stderr
     where = subprocess.run([str(clone / ".venv/bin/python"), "-c",
                             "import pynode; print(pynode.__file__)"],
-                           env=env, capture_output=True, text=True, check=True)
+                           cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
     assert Path(where.stdout.strip()).is_relative_to(clone)
 
 
