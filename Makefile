@@ -17,7 +17,7 @@ test: setup-dev
 	PYNODE_FULL_SUITE=1 $(VPY) -m pytest -q
 
 setup: $(VENV)/.installed-demo
-setup-dev: browser $(VENV)/.installed-dev
+setup-dev: $(VENV)/.installed-dev
 
 # Debian splits venv's ensurepip into python3.X-venv; without it `python3 -m venv` fails half-way.
 $(VENV)/.made:
@@ -40,7 +40,7 @@ $(VENV)/.installed-demo: $(VENV)/.made $(DEPS)
 	$(PIP) -e '.[fast]' -c .ci/constraints.txt
 	@echo "pip install -e .[fast]" > $@
 
-$(VENV)/.installed-dev: $(VENV)/.made $(DEPS)
+$(VENV)/.installed-dev: $(VENV)/.made $(DEPS) | browser
 	$(PIP) -e '.[dev]' -c .ci/constraints.txt
 	$(VPY) -m server.runtime fetch
 	$(VPY) -m server.wasm_build fetch
