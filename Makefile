@@ -1,33 +1,62 @@
 # The two commands of the README: `make demo` and `make test`. Everything else is their set-up.
+# Both install into their own virtual environment, $(VENV), made from $(PY); only python3 (with
+# its venv module) and make are needed before. `make demo STEPS=3` trains 3 steps.
 PY ?= python3
-PIP = $(PY) -m pip install -q --disable-pip-version-check
+VENV ?= .venv
+VPY = $(VENV)/bin/python
+PIP = $(VPY) -m pip install -q --disable-pip-version-check
+DEPS = pyproject.toml .ci/constraints.txt
 
 .PHONY: demo test setup setup-dev browser runtime lint
 
 demo: setup
-	$(PY) -m pynode train
+	$(VPY) -m pynode train $(if $(STEPS),--steps $(STEPS))
 
 test: setup-dev
-	$(PY) -m ruff check .
-	PYNODE_FULL_SUITE=1 $(PY) -m pytest -q
+	$(VPY) -m ruff check .
+	PYNODE_FULL_SUITE=1 $(VPY) -m pytest -q
+
+setup: $(VENV)/.installed-demo
+setup-dev: $(VENV)/.installed-dev
+
+# Debian splits venv's ensurepip into python3.X-venv; without it `python3 -m venv` fails half-way.
+$(VENV)/.made:
+	@command -v $(PY) >/dev/null 2>&1 || { \
+	  echo "make: $(PY) not found; install Python >= 3.10 (Debian: apt-get install python3" \
+	       "python3-venv) or name one with make PY=/path/to/python3" >&2; exit 1; }
+	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 10))' || { \
+	  echo "make: DaisyChain needs Python >= 3.10; name one with make PY=/path/to/python3" >&2; \
+	  exit 1; }
+	@$(PY) -c 'import ensurepip, venv' 2>/dev/null || { \
+	  echo "make: $(PY) cannot make a virtual environment (no venv/ensurepip module);" \
+	       "install it (Debian/Ubuntu: sudo apt-get install" \
+	       "python$$($(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])')-venv)" >&2; \
+	  exit 1; }
+	$(PY) -m venv $(VENV)
+	@echo "made by make: $(PY) -m venv" > $@
 
 # numba (the `fast` extra) fuses the hot kernels; without it the same bits, slower.
-setup:
+$(VENV)/.installed-demo: $(VENV)/.made $(DEPS)
 	$(PIP) -e '.[fast]' -c .ci/constraints.txt
+	@echo "pip install -e .[fast]" > $@
 
-setup-dev: browser
+$(VENV)/.installed-dev: $(VENV)/.made $(DEPS) | browser
 	$(PIP) -e '.[dev]' -c .ci/constraints.txt
-	$(PY) -m server.runtime fetch
-	$(PY) -m server.wasm_build fetch
+	$(VPY) -m server.runtime fetch
+	$(VPY) -m server.wasm_build fetch
+	@echo "pip install -e .[dev]; runtime and wabt fetched" > $@
 
-# Debian's Chromium drives the e2e tests (Playwright never downloads a browser here).
+# Debian's Chromium drives the e2e tests (Playwright never downloads a browser here); npm
+# fetches the Pyodide runtime and the wasm compiler, node runs them.
 browser:
-	@command -v chromium >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q chromium iproute2; \
-	  else echo "install Debian's chromium (sudo apt-get install chromium) for the e2e tests"; fi; }
+	@command -v chromium >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -q && apt-get install -y -q chromium iproute2 nodejs npm; \
+	  else echo "install Debian's chromium, nodejs and npm" \
+	            "(sudo apt-get install chromium nodejs npm) for the e2e and wasm tests"; fi; }
 
-runtime:
-	$(PY) -m server.runtime fetch
+runtime: $(VENV)/.installed-demo
+	$(VPY) -m server.runtime fetch
 
-lint:
-	$(PY) -m ruff check .
+lint: $(VENV)/.installed-dev
+	$(VPY) -m ruff check .

@@ -85,6 +85,21 @@ def wait_trainable(host: Any, peer_ids: list[str]) -> None:
          60_000, peer_ids)
 
 
+def open_room(tabs: Tabs, *queries: str) -> tuple:
+    """The host's tab plus one tab per query (appended to ?room=CODE), each joined."""
+    host = tabs.open("?create=1")
+    room = status(host)["room"]
+    others = [tabs.open(f"?room={room}{q}") for q in queries]
+    return host, others
+
+
+def approve(host: Any, *pages: Any) -> None:
+    for page in pages:
+        peer_id = status(page)["peerId"]
+        host.evaluate("(id) => daisychain.approve(id)", peer_id)
+        wait(page, "s => s.approved", 30_000)
+
+
 def host_candidates(page: Any) -> list[str]:
     """The addresses of the host ICE candidates a tab gathers (a throwaway connection's):
     `NAME.local` names where Chromium hides them, as it does by default."""

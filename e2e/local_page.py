@@ -8,6 +8,7 @@ the CPU) only with `--enable-unsafe-webgpu`, which works beside `--disable-gpu`.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -20,13 +21,15 @@ WEBGPU_FLAGS = [*CHROMIUM_FLAGS, "--enable-unsafe-webgpu"]
 
 
 class LocalServer:
-    """`python -m server` on 127.0.0.1 with a free port; `url` is its localhost address."""
+    """`python -m server` on 127.0.0.1 with a free port; `url` is its localhost address.
+    `env`: variables to set for the server beside this process's own."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", "0",
              "--data-dir", str(data_dir), "--log-level", "WARNING"],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, **(env or {})})
         line = self.proc.stdout.readline()
         found = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
         if not found:

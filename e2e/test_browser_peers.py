@@ -10,7 +10,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from browser_helpers import REPO, status, wait, wait_booted, wait_trainable
+from browser_helpers import (
+    REPO,
+    approve,
+    open_room,
+    status,
+    wait,
+    wait_booted,
+    wait_trainable,
+)
 
 pytestmark = [pytest.mark.slow]
 
@@ -31,21 +39,6 @@ EVENT_LOOP_LAG = """() => new Promise(done => {
   };
   setTimeout(tick, 20);
 })"""
-
-
-def open_room(tabs, *queries: str) -> tuple:
-    """The host's tab plus one tab per query (appended to ?room=CODE), each joined."""
-    host = tabs.open("?create=1")
-    room = status(host)["room"]
-    others = [tabs.open(f"?room={room}{q}") for q in queries]
-    return host, others
-
-
-def approve(host, *pages) -> None:
-    for page in pages:
-        peer_id = status(page)["peerId"]
-        host.evaluate("(id) => daisychain.approve(id)", peer_id)
-        wait(page, "s => s.approved", 30_000)
 
 
 def history_hashes(page) -> dict[int, str]:

@@ -19,7 +19,7 @@ export class PageNode extends EventTarget {
     this.state = {
       room: null, peerId: null, role: null, approved: false, private: false,
       state: "booting", step: 0, loss: null, hash: null, probe: null, leader: null,
-      run: null, steps: null, members: [], error: null, checks: [], history: [], messages: [],
+      run: null, steps: null, config: null, members: [], error: null, checks: [], history: [], messages: [],
       uiLatencyMs: [], bench: null, verified: false, backend: null, gemm: null, kernels: null,
       webgpu: null,
     };

@@ -9,7 +9,7 @@
 // worker -> main: state {state, error}, checks {ready, rows}, send {peer, data (transferred)},
 //                 report {kind, fields}, started {id, ok, ranks | error}
 
-importScripts("/runtime/pyodide.js", "/app/webgpu.js");
+importScripts("/app/webgpu.js"); // pyodide.js once boot() knows the server has the runtime
 
 const BUNDLE_DIR = "/home/pyodide/bundle";
 let pyodide = null;
@@ -50,8 +50,20 @@ async function fetchBundle() {
   return { zip, digest };
 }
 
+// A server without the fetched runtime answers /runtime/ with 503 and the command that fixes
+// it: that message, not importScripts' bare network error, is what the page shows.
+async function runtimeMissing() {
+  const response = await fetch("/runtime/", { cache: "no-store" });
+  if (response.ok) return null;
+  const body = await response.json().catch(() => ({}));
+  return body.message || `the server has no Pyodide runtime (/runtime/ answered ${response.status})`;
+}
+
 async function boot(flags) {
   post({ type: "state", state: "booting" });
+  const missing = await runtimeMissing();
+  if (missing) throw new Error(missing);
+  importScripts("/runtime/pyodide.js");
   pyodide = await loadPyodide({ indexURL: "/runtime/" });
   await pyodide.loadPackage("numpy", { messageCallback: () => {}, checkIntegrity: true });
   const { zip, digest } = await fetchBundle();

@@ -16,6 +16,12 @@ const node = new PageNode(target, { break_gate: params.get("break_gate") === "1"
 const $ = (id) => document.getElementById(id);
 const NUMBER_FIELDS = { width: parseInt, layers: parseInt, heads: parseInt, seq: parseInt,
   microbatch_size: parseInt, microbatches: parseInt, steps: parseInt, lr: parseFloat, seed: parseInt };
+const FORM_FIELDS = ["task", ...Object.keys(NUMBER_FIELDS), "data"];
+// Run settings the form has no field for, named in the line above the form.
+const OTHER_FIELDS = { warmup: "warm-up", weight_decay: "weight decay", clip: "clip",
+  frac_bits: "fraction bits" };
+let filledRun = null; // the run whose config the form shows
+let dismissedError = null; // "at text" of the error the user dismissed from the top
 
 window.daisychain = {
   status: () => node.status(),
@@ -62,6 +68,50 @@ function renderRoom(s) {
   $("share-line").hidden = !(s.private && s.role === "host");
   if (s.room) $("share-link").value = `${location.origin}/?room=${s.room}`;
   $("pending-line").hidden = !s.peerId || s.approved;
+}
+
+// The latest error, wherever it came from (the server, the worker, a run, an action), stays
+// at the top of the page until it is dismissed or a newer one replaces it.
+function renderAlert(s) {
+  const last = s.messages.findLast((m) => m.level === "error");
+  const shown = last && `${last.at} ${last.text}` !== dismissedError ? last : null;
+  $("alert").hidden = !shown;
+  $("alert-text").textContent = shown ? shown.text : "";
+}
+
+// An action's failure, next to the action's buttons (and at the top, with the others).
+function actionError(text) {
+  $("form-error").textContent = text;
+  $("form-error").hidden = !text;
+  if (text) node.say("error", text);
+}
+
+// The form shows the config of the run this page trains, whoever leads it: filled in when
+// the run starts, locked while it trains, and the start of the next run afterwards.
+function renderForm(s) {
+  const form = $("config-form");
+  if (s.config && s.run !== filledRun) {
+    filledRun = s.run;
+    for (const name of FORM_FIELDS) {
+      const value = name === "data" ? (s.config.data === "builtin" ? "builtin" : "server")
+        : String(s.config[name]);
+      const field = form.elements[name];
+      if (field.tagName === "SELECT" && ![...field.options].some((o) => o.value === value)) {
+        field.add(new Option(value)); // a task the form does not list (module:Class)
+      }
+      field.value = value;
+    }
+  }
+  const training = s.state === "training";
+  for (const name of FORM_FIELDS) form.elements[name].disabled = training;
+  $("run-note").hidden = !s.config;
+  if (s.config) {
+    const leader = s.leader === s.peerId ? "this page" : s.leader;
+    const other = Object.entries(OTHER_FIELDS).map(([k, label]) => `${label} ${s.config[k]}`);
+    $("run-note").textContent = `${training ? "Training" : "Last run"}: run ${s.run}, led by ` +
+      `${leader}, with the settings below (and ${other.join(", ")}).`;
+  }
+  $("download").disabled = !s.run;
 }
 
 function renderPeers(s) {
@@ -132,8 +182,10 @@ function render() {
   requestAnimationFrame(() => {
     scheduled = false;
     const s = node.status();
+    renderAlert(s);
     renderRoom(s);
     renderPeers(s);
+    renderForm(s);
     renderProgress(s);
     renderChecks(s);
     renderMessages(s);
@@ -161,7 +213,14 @@ $("config-form").addEventListener("submit", timed((event) => {
   if (data.get("data") === "server") config.data = location.origin;
   for (const [name, parse] of Object.entries(NUMBER_FIELDS)) config[name] = parse(data.get(name));
   $("start").disabled = true;
-  node.start(config).catch((err) => node.say("error", `could not start: ${err.message}`));
+  actionError("");
+  node.start(config).catch((err) => actionError(`could not start: ${err.message}`));
+}));
+
+$("alert-close").addEventListener("click", timed(() => {
+  const last = node.state.messages.findLast((m) => m.level === "error");
+  dismissedError = last ? `${last.at} ${last.text}` : null;
+  render();
 }));
 
 $("toggle-checks").addEventListener("click", timed(() => {
@@ -188,18 +247,19 @@ $("download").addEventListener("click", async () => {
     link.click();
     setTimeout(() => URL.revokeObjectURL(url), 10_000);
   } catch (err) {
-    node.say("error", `no checkpoint to download: ${err.message}`);
+    actionError(`no checkpoint to download: ${err.message}`);
   }
 });
 
 $("upload").addEventListener("change", async (event) => {
   const file = event.target.files[0];
   if (!file) return;
+  actionError("");
   try {
     const answer = await node.resume(await file.arrayBuffer());
     node.say("info", `resumed ${file.name} at step ${answer.step} with ${answer.ranks.length} peer(s)`);
   } catch (err) {
-    node.say("error", `checkpoint refused: ${err.message}`);
+    actionError(`checkpoint refused: ${err.message}`);
   }
   event.target.value = "";
 });

@@ -1,0 +1,44 @@
+"""A member's form shows the config of the run it trains, the leader's, not its own defaults:
+filled in when the run starts, locked while it trains, kept once it is done.
+"""
+
+from __future__ import annotations
+
+import pytest
+from browser_helpers import approve, open_room, status, wait, wait_booted, wait_trainable
+
+pytestmark = [pytest.mark.slow]
+
+# Long enough that the member is still training when the test looks at its form.
+LEADERS = {"task": "gpt", "width": 32, "layers": 1, "heads": 2, "seq": 16, "microbatch_size": 2,
+           "microbatches": 4, "steps": 60, "lr": 0.002, "seed": 21}
+SHOWN = ("task", "width", "layers", "heads", "seq", "microbatch_size", "microbatches", "steps",
+         "lr", "seed")
+FORM_VALUES = "() => Object.fromEntries([...document.querySelectorAll('#config-form [name]')]" \
+              ".map(f => [f.name, {value: f.value, disabled: f.disabled}]))"
+
+
+def test_a_members_form_shows_the_leaders_run(tabs):
+    host, (member,) = open_room(tabs, "")
+    approve(host, member)
+    wait_booted(host, member)
+    leader_id = status(host)["peerId"]
+    wait_trainable(host, [status(member)["peerId"]])
+    before = member.evaluate(FORM_VALUES)
+    host.evaluate("(c) => daisychain.start(c)", LEADERS)
+    member.wait_for_function(
+        "w => document.querySelector('#config-form [name=width]').value === w", arg="32",
+        timeout=120_000)
+    during, state = member.evaluate(FORM_VALUES), status(member)["state"]
+    note = member.inner_text("#run-note")
+    tabs.shot(member, "member-form-during-run")
+    wait(member, "s => ['done', 'failed'].includes(s.state)", 240_000)
+    member.wait_for_function("() => !document.querySelector('#config-form [name=width]').disabled")
+    after = member.evaluate(FORM_VALUES)
+    assert before["width"]["value"] == "64" and before["lr"]["value"] == "0.003"
+    assert state == "training", "the run ended before the test looked at the form"
+    assert {k: during[k]["value"] for k in SHOWN} == {k: str(LEADERS[k]) for k in SHOWN}
+    assert all(during[k]["disabled"] for k in SHOWN), "locked while the leader's run trains"
+    assert f"led by {leader_id}" in note and "warm-up 10" in note, note
+    assert {k: after[k]["value"] for k in SHOWN} == {k: str(LEADERS[k]) for k in SHOWN}
+    assert status(member)["state"] == "done", status(member)["error"]
