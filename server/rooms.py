@@ -126,6 +126,7 @@ class Rooms:
     def create(self, link: PeerLink, address_group: str) -> str:
         """Make a private room with a fresh code; the caller is its approved host."""
         with self._lock:
+            self._forget_idle()  # rooms it no longer holds do not count
             if self._created[address_group] >= self._limits.max_rooms_per_address:
                 raise ProtocolError("too_many_rooms",
                                     "your address already holds its quota of rooms")
