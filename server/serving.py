@@ -149,6 +149,8 @@ class GuardedHandler(WSGIHandler):
             result = super().handle_one_request()
         finally:
             self._end_reading()
+        if self._evicted:
+            return None  # closed to make room: no error response to a socket shut down
         if result is True and self.environ.get("daisychain.upgraded"):
             return None  # the websocket is over: nothing more on this connection
         return result
@@ -166,6 +168,11 @@ class GuardedHandler(WSGIHandler):
             self.socket.shutdown(socket.SHUT_RDWR)
         except (OSError, AttributeError):
             pass
+
+    def _handle_client_error(self, ex: BaseException) -> Any:
+        if isinstance(ex, OSError) and not isinstance(ex, ValueError):
+            return None  # the socket failed or was shut down (evicted): just close it
+        return super()._handle_client_error(ex)
 
     def log_error(self, msg: str, *args: Any) -> None:
         log.debug(msg, *args)  # a client's malformed or slow request: not the server's fault
@@ -193,6 +200,8 @@ class GuardedServer(WSGIServer):
             return
         try:
             super().handle(sock, address)
+        except OSError as exc:  # the client went away mid-answer: its problem, not ours
+            log.debug("connection from %s ended: %r", group, exc)
         finally:
             self.gate.release(group)
 

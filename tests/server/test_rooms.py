@@ -223,7 +223,7 @@ def test_removed_and_denied_ids_stay_out_after_a_restart(tmp_path) -> None:
     fresh = Rooms(TokenSigner(KEY, 3600), revocations=Revocations(path, 3600))
     for peer_id, token in tokens.items():
         link = FakeLink()
-        fresh.join(link, "10.0.0.4", code, token)
+        assert fresh.join(link, "10.0.0.4", code, token) == peer_id
         assert link.types() == ["removed"] and link.closed == (4403, "removed")
     assert fresh.counts() == {"rooms": 0, "peers": 0}
     kept = FakeLink()  # a token nobody revoked still resumes (pending, for the host)
