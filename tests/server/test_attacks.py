@@ -158,3 +158,32 @@ def test_too_many_sockets_from_one_address_are_refused_before_the_handshake(live
     assert len(held) == 3
     for peer in held:
         peer.close()
+
+
+@pytest.mark.slow
+def test_the_production_server_serves_pages_data_and_signaling(server_process, tmp_path,
+                                                               shard_dir, range_server) -> None:
+    """`python -m server` on gevent: the same app as the in-process tests, end to end."""
+    import json
+
+    from attack_kit import http_get
+
+    served = range_server(shard_dir)
+    server = server_process({"data_urls": [served.base + "/000_00000.parquet"]})
+    status, body = http_get(server.url + "/", "127.0.0.7")
+    assert status == 200 and b"<html" in body.lower()
+    status, body = http_get(server.url + "/data?seed=3&step=4&index=5&bytes=300", "127.0.0.7")
+    assert status == 200 and json.loads(body)["source"] == "fineweb"
+    host, guest = Peer(server.ws_url, source="127.0.0.7"), Peer(server.ws_url, source="127.0.0.8")
+    code = host.create()
+    guest.join(code)
+    host.sync()
+    host.send("approve", peer=guest.id)
+    guest.expect("approved")
+    host.send("offer", to=guest.id, sdp="v=0 prod")
+    host.sync()  # the host's pong follows the relay of its offer into the guest's queue
+    frames = guest.sync()
+    assert [f["sdp"] for f in frames if f["type"] == "offer"] == ["v=0 prod"]
+    host.close()
+    guest.close()
+    assert server.tracebacks() == 0
