@@ -35,7 +35,10 @@ class ServerProcess:
     """``python -m server`` on a free loopback port, its log in a file."""
 
     def __init__(self, folder: Path, config: dict[str, Any] | None = None,
-                 fd_limit: int | None = None, extra_args: tuple[str, ...] = ()) -> None:
+                 fd_limit: int | None = None, extra_args: tuple[str, ...] = (),
+                 command: list[str] | None = None) -> None:
+        """``command``: another server of the same app (the benchmark's gunicorn), given
+        as a command line with ``{port}`` in it; it must listen on that port."""
         folder.mkdir(parents=True, exist_ok=True)
         self.log_path = folder / "server.log"
         cfg_path = folder / "config.json"
@@ -43,7 +46,14 @@ class ServerProcess:
         cmd = [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", "0",
                "--data-dir", str(folder / "state"), "--config", str(cfg_path),
                "--log-level", "INFO", *extra_args]
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env = {**os.environ, "PYTHONPATH": str(REPO),
+               "DAISYCHAIN_SERVER_DATA": str(folder / "state")}
+        if command is not None:
+            free = socket.socket()
+            free.bind(("127.0.0.1", 0))
+            port = free.getsockname()[1]
+            free.close()
+            cmd = [part.replace("{port}", str(port)) for part in command]
 
         def lower_limit() -> None:
             if fd_limit is not None:
@@ -52,12 +62,16 @@ class ServerProcess:
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
                                      stderr=self._log, text=True, preexec_fn=lower_limit)
-        line = self.proc.stdout.readline()
-        found = re.search(r":(\d+)/", line)
-        if not found:
-            self.stop()
-            raise RuntimeError(f"the server did not start: {line!r}\n{self.log()}")
-        self.port = int(found.group(1))
+        if command is not None:
+            self.port = port
+            _wait_listening(port, self)
+        else:
+            line = self.proc.stdout.readline()
+            found = re.search(r":(\d+)/", line)
+            if not found:
+                self.stop()
+                raise RuntimeError(f"the server did not start: {line!r}\n{self.log()}")
+            self.port = int(found.group(1))
         self.url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}/ws"
 
@@ -70,6 +84,20 @@ class ServerProcess:
     def open_fds(self) -> int:
         return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
 
+    def threads(self) -> int:
+        return int(self._status()["Threads"])
+
+    def rss_kib(self) -> int:
+        return int(self._status()["VmRSS"].split()[0])
+
+    def cpu_s(self) -> float:
+        fields = open(f"/proc/{self.proc.pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def _status(self) -> dict[str, str]:
+        lines = open(f"/proc/{self.proc.pid}/status").read().splitlines()
+        return dict(line.split(":", 1) for line in lines if ":" in line)
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -79,6 +107,20 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+
+
+def _wait_listening(port: int, server: ServerProcess, timeout: float = 30.0) -> None:
+    until = time.monotonic() + timeout
+    while time.monotonic() < until:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"the server exited: {server.log()[-2000:]}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    server.stop()
+    raise RuntimeError("the server did not listen in time")
 
 
 def http_get(url: str, source: str, timeout: float = 5.0) -> tuple[int, bytes]:
@@ -206,6 +248,83 @@ def slowloris(server: ServerProcess, count: int = 1100, addresses: int = 1100,
             "worst_newcomer_s": max(times), "tracebacks": server.tracebacks()}
 
 
+def idle_cost(server: ServerProcess, count: int = 500) -> dict[str, Any]:
+    """What ``count`` open websockets cost the server, and what closing them all costs.
+
+    They come from ``count // 50`` addresses (under the default per-address cap).
+    """
+    bystanders = Bystanders(server)
+    base = (server.open_fds(), server.threads(), server.rss_kib())
+    opened = [Peer(server.ws_url, source=f"127.0.2.{i // 50 + 1}") for i in range(count)]
+    for peer in opened:
+        peer.send("ping", t=1)
+    for peer in opened:
+        peer.expect("pong")
+    full = (server.open_fds(), server.threads(), server.rss_kib())
+    cpu_before = server.cpu_s()
+    for peer in opened:
+        peer.ws.close(timeout=0)
+    closed_at = time.perf_counter()
+    served_s = time_to_serve(server, NEWCOMER)
+    latencies = bystanders.relay_latencies(100)
+    time.sleep(1.0)
+    bystanders.close()
+    return {"sockets": count,
+            "fds_per_socket": (full[0] - base[0]) / count,
+            "threads_per_socket": (full[1] - base[1]) / count,
+            "rss_kib_per_socket": (full[2] - base[2]) / count,
+            "close_storm_cpu_s": server.cpu_s() - cpu_before,
+            "newcomer_served_after_close_s": served_s,
+            "relay_p50_ms": 1000 * percentile(latencies, 0.5),
+            "relay_p99_ms": 1000 * percentile(latencies, 0.99),
+            "within_s": time.perf_counter() - closed_at}
+
+
+def flood(server: ServerProcess, flooders: int = 50, seconds: float = 5.0,
+          rate: float = 50.0) -> dict[str, Any]:
+    """``flooders`` connections (10 per address) ping at ``rate`` frames/s each (the default
+    sustained budget) while a bystander room relays; its latency before and during."""
+    import threading
+
+    bystanders = Bystanders(server)
+    quiet = bystanders.relay_latencies(100)
+    stop = threading.Event()
+    sent = [0] * flooders
+
+    def run(i: int) -> None:
+        peer = Peer(server.ws_url, source=f"127.0.4.{i // 10 + 1}")
+        gap = 1.0 / rate
+        next_at = time.perf_counter()
+        try:
+            while not stop.is_set():
+                peer.send("ping", t=sent[i])
+                peer.recv()
+                sent[i] += 1
+                next_at += gap
+                time.sleep(max(0.0, next_at - time.perf_counter()))
+        except (OSError, websocket.WebSocketException):
+            pass
+        finally:
+            peer.close()
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(flooders)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.0)
+    start = time.perf_counter()
+    loud = bystanders.relay_latencies(int(seconds * 50), gap_s=0.02)
+    elapsed = time.perf_counter() - start
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=5)
+    bystanders.close()
+    return {"flooders": flooders, "flood_frames_per_s": sum(sent) / (elapsed + 1.0),
+            "quiet_p50_ms": 1000 * percentile(quiet, 0.5),
+            "quiet_p99_ms": 1000 * percentile(quiet, 0.99),
+            "flood_p50_ms": 1000 * percentile(loud, 0.5),
+            "flood_p99_ms": 1000 * percentile(loud, 0.99), "tracebacks": server.tracebacks()}
+
+
 # Fuzz values: huge integers first among them.
 HUGE = [10**400, -(10**400), 9 * 10**3000, 2**64, 2**53 + 1, 1e308, -1e308]
 
@@ -303,6 +422,8 @@ def room_quota(server: ServerProcess, quota: int) -> dict[str, Any]:
 def run_all(folder: Path, report: Callable[[str, dict[str, Any]], None]) -> None:
     """Every scenario on a fresh server each (the benchmark's order)."""
     scenarios: list[tuple[str, dict[str, Any], int | None, Callable[..., dict[str, Any]]]] = [
+        ("idle_cost", {}, None, idle_cost),
+        ("flood", {}, None, flood),
         ("many_sockets", {}, None, many_sockets),
         ("slowloris", {}, 1024, slowloris),
         ("fuzz", FUZZ_CONFIG, None, fuzz),
