@@ -53,6 +53,14 @@ def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from pynode.core.errors import DaisyError
+    from server.config import ServerConfig  # imports neither Flask nor sockets
+
+    try:
+        cfg = ServerConfig.from_dict(config_from_args(args))
+    except (DaisyError, OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     if not args.dev_server:
         try:
             from server.serving import monkey_patch
@@ -61,12 +69,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         monkey_patch()  # before Flask, threads or sockets exist
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
-    from pynode.core.errors import DaisyError
     from server.app import create_app, make_threaded_server
-    from server.config import ServerConfig
 
     try:
-        cfg = ServerConfig.from_dict(config_from_args(args))
         app = create_app(cfg)
         if args.dev_server:
             httpd = make_threaded_server(app, cfg.host, cfg.port)
