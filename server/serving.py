@@ -13,7 +13,9 @@ Werkzeug's development server. In front of the app, at accept:
   its place to a real client, never the other way round).
 - ``GuardedHandler``: a request's line and headers must arrive within ``header_timeout_s``
   in total (trickling a byte every few seconds does not extend it); the same deadline
-  closes an idle keep-alive connection.
+  closes an idle keep-alive connection, and bounds each write of a response (a client
+  that stops reading loses its socket). Websockets are not HTTP responses: their dead
+  peers are found by the websocket ping (``ws_ping_s``).
 
 Importing this module imports gevent; ``monkey_patch()`` must run before anything else
 creates threads, locks or sockets (``server/__main__.py`` calls it first). The tests' in-process
@@ -22,6 +24,7 @@ server (Werkzeug, ``server.app.make_threaded_server``) never imports it.
 
 from __future__ import annotations
 
+import errno
 import logging
 import resource
 import socket
@@ -69,6 +72,13 @@ class HeaderTimeout(OSError, ValueError):
     """The request line and headers did not arrive in time (closes the connection quietly:
     gevent treats an OSError while reading the request line, and a ValueError while
     parsing the headers, as a client problem, never as a server error)."""
+
+
+class SendTimeout(OSError):
+    """A client did not take a piece of its response in time (a slow read): close."""
+
+    def __init__(self) -> None:
+        super().__init__(errno.ETIMEDOUT, "the client stopped reading")
 
 
 class ConnectionGate:
@@ -131,6 +141,14 @@ class GuardedHandler(WSGIHandler):
     server: GuardedServer
     _deadline: gevent.Timeout | None = None
     _evicted = False
+    # gevent closes quietly on these; a client that stops reading is one of them.
+    ignored_socket_errors = (*WSGIHandler.ignored_socket_errors, errno.ETIMEDOUT)
+
+    def _sendall(self, data: bytes) -> None:
+        # Each piece (a file goes out in 8 KiB ones) must leave within the header deadline:
+        # a client reading a byte now and then cannot hold its socket for ever.
+        with gevent.Timeout(self.server.header_timeout_s, SendTimeout()):
+            super()._sendall(data)
 
     def read_requestline(self) -> str:
         self.server.gate.reading(self)

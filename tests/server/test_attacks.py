@@ -187,3 +187,32 @@ def test_the_production_server_serves_pages_data_and_signaling(server_process, t
     host.close()
     guest.close()
     assert server.tracebacks() == 0
+
+
+@pytest.mark.slow
+def test_a_client_that_stops_reading_loses_its_socket(server_process, tmp_path) -> None:
+    """Slow read: a response stuck in a full socket for header_timeout_s is abandoned."""
+    import socket
+    import time
+
+    static = tmp_path / "static"
+    static.mkdir()
+    size = 32 << 20
+    (static / "big.bin").write_bytes(bytes(size))
+    server = server_process({"header_timeout_s": 1.0, "static_dir": str(static)})
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.bind(("127.0.0.11", 0))
+    sock.connect(("127.0.0.1", server.port))
+    sock.sendall(b"GET /static/big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+    time.sleep(3.0)  # not reading: the server's writes stall, then hit the deadline
+    sock.settimeout(5)
+    received = 0
+    try:
+        while chunk := sock.recv(1 << 20):
+            received += len(chunk)
+    except ConnectionResetError:
+        pass
+    sock.close()
+    assert 0 < received < size  # cut off, not served to the end
+    assert server.tracebacks() == 0
