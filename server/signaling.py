@@ -7,6 +7,8 @@ the sender or anyone else; a peer whose queue overflows is cut off.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 import queue
 import socket
@@ -82,6 +84,9 @@ def admit_socket() -> Response | None:
     cfg = state.config
     if not origin_allowed(request.headers.get("Origin"), request.host, cfg.allowed_origins):
         return _refusal(403, "forbidden_origin", "pages of other sites may not use this server")
+    problem = handshake_problem(request.headers)
+    if problem is not None:  # refused here, not as a failed handshake (a 500 and a traceback)
+        return _refusal(400, "bad_handshake", problem)
     group = address_group(client_address(request.environ, cfg.trust_proxy_header,
                                          cfg.proxy_hops))
     if not state.sockets.take(group):
@@ -110,6 +115,24 @@ def origin_allowed(origin: str | None, host: str, allowed: tuple[str, ...]) -> b
         return origin in {o.lower().rstrip("/") for o in allowed}
     scheme, sep, rest = origin.partition("://")
     return bool(sep) and scheme in ("http", "https") and rest == host.lower()
+
+
+def handshake_problem(headers: Any) -> str | None:
+    """What makes this request not a websocket handshake (RFC 6455 4.2.1), or None."""
+    if headers.get("Upgrade", "").strip().lower() != "websocket":
+        return "/ws takes websocket upgrades only"
+    tokens = {t.strip().lower() for t in headers.get("Connection", "").split(",")}
+    if "upgrade" not in tokens:
+        return "Connection must include Upgrade"
+    if headers.get("Sec-WebSocket-Version", "").strip() != "13":
+        return "Sec-WebSocket-Version must be 13"
+    try:
+        key = base64.b64decode(headers.get("Sec-WebSocket-Key", "").strip(), validate=True)
+    except (binascii.Error, ValueError):
+        key = b""
+    if len(key) != 16:
+        return "Sec-WebSocket-Key must be 16 bytes in base64"
+    return None
 
 
 def _refusal(status: int, code: str, message: str) -> Response:

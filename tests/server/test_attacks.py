@@ -216,3 +216,27 @@ def test_a_client_that_stops_reading_loses_its_socket(server_process, tmp_path) 
     sock.close()
     assert 0 < received < size  # cut off, not served to the end
     assert server.tracebacks() == 0
+
+
+BAD_HANDSHAKES = [
+    b"GET /ws HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+    b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: abc\r\nSec-WebSocket-Version: 13\r\n\r\n",
+    b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 8\r\n\r\n",
+]
+
+
+def test_a_malformed_handshake_is_a_400_not_a_server_error(live, caplog) -> None:
+    import logging
+    import socket
+
+    server = live()
+    caplog.set_level(logging.ERROR)
+    for raw in BAD_HANDSHAKES:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+            sock.sendall(raw)
+            assert sock.recv(64).startswith(b"HTTP/1.1 400"), raw
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    Peer(server.ws_url).close()  # a real handshake still works
