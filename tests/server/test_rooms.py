@@ -263,3 +263,20 @@ def test_pending_joins_per_address_are_capped_the_same_for_unknown_and_real_code
     # max_rooms is 1 and spent, yet the unknown code answered like the real one, and
     # /healthz's room count did not move for it.
     assert rooms.counts() == {"rooms": 1, "peers": 7}
+
+
+def test_a_room_remembers_a_bounded_number_of_approvals() -> None:
+    rooms, _ = make_rooms(max_approved_ids=4, max_room_peers=64)
+    host = FakeLink()
+    host_id = rooms.create(host, "10.0.0.1")
+    code = host.take()[0]["room"]
+    ids = []
+    for i in range(10):  # each joins, is approved, and leaves again
+        link = FakeLink()
+        peer_id = rooms.join(link, f"10.0.1.{i}", code, None)
+        rooms.handle(host_id, host, {"v": 1, "type": "approve", "peer": peer_id})
+        rooms.leave(peer_id, link)
+        ids.append(peer_id)
+    remembered = list(rooms._rooms[code].approved_ids)
+    assert len(remembered) == 4 and host_id in remembered  # the connected host stays
+    assert remembered[1:] == ids[-3:]  # the most recent absent ones are kept
