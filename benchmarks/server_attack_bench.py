@@ -25,6 +25,7 @@ import os
 import platform
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,17 @@ class _Worker:
         return None
 
 
+def gunicorn_worker(arbiter: int, timeout: float = 30.0) -> int:
+    """The pid of the worker gunicorn's arbiter forks (it listens before forking)."""
+    until = time.monotonic() + timeout
+    while time.monotonic() < until:
+        children = open(f"/proc/{arbiter}/task/{arbiter}/children").read().split()
+        if children:
+            return int(children[0])
+        time.sleep(0.1)
+    raise RuntimeError("gunicorn started no worker")
+
+
 def cost_of_servers(folder: Path, sockets: int) -> dict[str, Any]:
     results = {}
     for i, (name, options) in enumerate(servers()):
@@ -84,8 +96,8 @@ def cost_of_servers(folder: Path, sockets: int) -> dict[str, Any]:
         arbiter = server.proc
         try:
             if "command" in options:
-                children = open(f"/proc/{arbiter.pid}/task/{arbiter.pid}/children").read()
-                server.proc = _Worker(int(children.split()[0]))
+                server.proc = _Worker(gunicorn_worker(arbiter.pid))
+                attack_kit.http_get(server.url + "/healthz", attack_kit.NEWCOMER, timeout=30)
             results[name] = attack_kit.idle_cost(server, sockets)
         finally:
             server.proc = arbiter

@@ -135,6 +135,7 @@ def bound_socket(url: str, source: str, timeout: float = 5.0) -> socket.socket:
     """A TCP socket from ``source`` connected to the host and port of ``url``."""
     parsed = urlsplit(url)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as websocket-client's own
     sock.settimeout(timeout)
     sock.bind((source, 0))
     sock.connect((parsed.hostname, parsed.port))
