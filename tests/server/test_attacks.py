@@ -43,7 +43,7 @@ def test_one_address_is_capped_and_others_keep_going(server_process) -> None:
     got = many_sockets(server, 2000)
     assert got["accepted"] == 64 and got["refused"] == 2000 - 64  # max_ws_per_address
     assert got["relayed"] == 200 and got["tracebacks"] == 0
-    assert got["peak_server_fds"] < 200  # one descriptor per open websocket
+    assert got["peak_server_fds"] < 100  # one descriptor per open websocket (two: 128+)
 
 
 @pytest.mark.slow
