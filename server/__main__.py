@@ -1,4 +1,8 @@
-"""``python -m server`` / ``daisychain-server``: run the server on a threaded Werkzeug server."""
+"""``python -m server`` / ``daisychain-server``: run the server (gevent, one process).
+
+``--dev-server`` runs Werkzeug's development server instead (a thread per connection, no
+connection limits or header deadlines: for debugging, never on a public address).
+"""
 
 from __future__ import annotations
 
@@ -9,11 +13,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pynode.core.errors import DaisyError
+GEVENT_MISSING = ("error: python -m server needs gevent: pip install 'daisychain[server]' "
+                  "(or --dev-server for Werkzeug's development server)")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="daisychain-server", description=__doc__)
+    parser = argparse.ArgumentParser(prog="daisychain-server", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="TCP port (default 8000; 0: any)")
     parser.add_argument("--config", type=Path, help="JSON file of ServerConfig fields")
@@ -21,9 +27,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="take the client address from HEADER (e.g. X-Forwarded-For); "
                              "only behind a reverse proxy that sets it")
     parser.add_argument("--proxy-hops", type=int, help="trusted proxies in front (default 1)")
+    parser.add_argument("--allowed-origin", action="append", metavar="ORIGIN",
+                        help="a web origin (https://host[:port]) whose pages may open /ws "
+                             "(repeat; default: this server's own; '*': any)")
     parser.add_argument("--data-url", action="append", metavar="URL",
                         help="parquet shard URL or path (repeat; default FineWeb-Edu 10BT)")
-    parser.add_argument("--data-dir", type=Path, help="server state folder (signaling key)")
+    parser.add_argument("--data-dir", type=Path,
+                        help="server state folder (signaling key, revocations)")
+    parser.add_argument("--dev-server", action="store_true",
+                        help="Werkzeug's development server instead of gevent (no limits)")
     parser.add_argument("--log-level", default="INFO")
     return parser.parse_args(argv)
 
@@ -33,6 +45,7 @@ def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
     overrides = {
         "host": args.host, "port": args.port, "trust_proxy_header": args.trust_proxy_header,
         "proxy_hops": args.proxy_hops, "data_urls": args.data_url, "data_dir": args.data_dir,
+        "allowed_origins": args.allowed_origin,
     }
     values.update({k: v for k, v in overrides.items() if v is not None})
     return values
@@ -40,25 +53,47 @@ def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
-    from server.app import create_app, make_threaded_server
-    from server.config import ServerConfig
+    from pynode.core.errors import DaisyError
+    from server.config import ServerConfig  # imports neither Flask nor sockets
 
     try:
         cfg = ServerConfig.from_dict(config_from_args(args))
-        app = create_app(cfg)
-        httpd = make_threaded_server(app, cfg.host, cfg.port)
     except (DaisyError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"DaisyChain server on http://{cfg.host}:{httpd.server_port}/ (Ctrl-C stops it)",
-          flush=True)
+    if not args.dev_server:
+        try:
+            from server.serving import monkey_patch
+        except ImportError:
+            print(GEVENT_MISSING, file=sys.stderr)
+            return 2
+        monkey_patch()  # before Flask, threads or sockets exist
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    from server.app import create_app, make_threaded_server
+
+    try:
+        app = create_app(cfg)
+        if args.dev_server:
+            httpd = make_threaded_server(app, cfg.host, cfg.port)
+            port = httpd.server_port
+        else:
+            from server.serving import make_server
+
+            httpd = make_server(app, cfg)
+            port = httpd.server_port
+    except (DaisyError, OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"DaisyChain server on http://{cfg.host}:{port}/ (Ctrl-C stops it)", flush=True)
     try:
         httpd.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
-        httpd.server_close()
+        if args.dev_server:
+            httpd.server_close()
+        else:
+            httpd.stop(timeout=1)
     return 0
 
 

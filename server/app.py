@@ -10,6 +10,7 @@ from werkzeug.serving import BaseWSGIServer, make_server
 
 from server import data, pages, runtime_routes, signaling
 from server.config import ServerConfig, as_config, default_data_dir
+from server.revocations import REVOKED_FILE, Revocations
 from server.rooms import RoomLimits, Rooms
 from server.tokens import TokenSigner, load_secret
 
@@ -27,13 +28,16 @@ def create_app(config: ServerConfig | dict[str, Any] | None = None) -> Flask:
         MAX_CONTENT_LENGTH=1 << 20,  # no route takes a body; refuse large ones early
     )
     app.config.update(cfg.extra)
-    secret = load_secret(cfg.secret, cfg.data_dir or default_data_dir())
+    state_dir = cfg.data_dir or default_data_dir()
     rooms = Rooms(
-        TokenSigner(secret, cfg.token_ttl_s),
-        RoomLimits(cfg.max_rooms, cfg.max_room_peers, cfg.room_idle_s),
+        TokenSigner(load_secret(cfg.secret, state_dir), cfg.token_ttl_s),
+        RoomLimits(cfg.max_rooms, cfg.max_room_peers, cfg.room_idle_s,
+                   cfg.max_rooms_per_address, cfg.max_pending_per_address),
+        revocations=Revocations(state_dir / REVOKED_FILE, cfg.token_ttl_s),
     )
     app.extensions[CONFIG_EXTENSION] = cfg
-    app.extensions[signaling.EXTENSION] = signaling.SignalingState(cfg, rooms)
+    app.extensions[signaling.EXTENSION] = signaling.SignalingState(
+        cfg, rooms, signaling.AddressCounter(cfg.max_ws_per_address))
     app.extensions[data.EXTENSION] = data.DataService(cfg)
     for blueprint in (pages.bp, runtime_routes.bp, signaling.bp, data.bp):
         app.register_blueprint(blueprint)

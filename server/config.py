@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ DEFAULT_CSP = (
     "frame-ancestors 'none'"
 )
 
+
+ORIGIN_PATTERN = re.compile(r"https?://[^/\s]+")
 
 PATH_FIELDS = ("static_dir", "app_dir", "runtime_dir", "bundle_file", "data_dir", "corpus_path")
 
@@ -52,6 +55,13 @@ class ServerConfig:
     # Off (None) by default: any client could forge it, and it decides auto-rooms.
     trust_proxy_header: str | None = None
     proxy_hops: int = 1  # how many trusted proxies append to that header (rightmost wins)
+    # Origins whose pages may open /ws; empty: the server's own (the request's Host), "*": any.
+    # Clients that send no Origin (native peers) are always let in.
+    allowed_origins: tuple[str, ...] = ()
+    # --- limits of `python -m server` (gevent); see docs/SERVER.md "Limits"
+    max_connections: int = 0  # open sockets at most; 0: what the descriptor limit allows
+    max_conns_per_address: int = 256  # open sockets per client address (not behind a proxy)
+    header_timeout_s: float = 10.0  # a request's line and headers must arrive within this
     # --- files
     static_dir: Path | None = None  # the page; None: the package's server/static/
     app_dir: Path | None = None  # page scripts; None: the package's server/pyodide_app/
@@ -71,6 +81,10 @@ class ServerConfig:
     max_strikes: int = 20  # rejected frames tolerated (refilling 1 per 5 s) before closing
     ws_ping_s: float = 25.0  # websocket ping interval; a peer silent for two is dropped
     send_queue: int = 512  # outbound frames buffered per peer; a peer that lags more is cut
+    send_queue_bytes: int = 1 << 20  # outbound bytes buffered per peer; likewise
+    max_ws_per_address: int = 64  # open signaling sockets per client address
+    max_rooms_per_address: int = 16  # private rooms an address has created and that exist
+    max_pending_per_address: int = 16  # pending joins of one address in one room
     max_rooms: int = 10000  # rooms held at once
     max_room_peers: int = 64  # connected peers per room, pending included
     room_idle_s: float = 120.0  # a room with nobody connected is forgotten after this
@@ -90,11 +104,22 @@ class ServerConfig:
             if value is not None and not isinstance(value, Path):
                 object.__setattr__(self, name, Path(value))
         urls = self.data_urls
+        origins = self.allowed_origins
+        object.__setattr__(self, "allowed_origins",
+                           (origins,) if isinstance(origins, str) else tuple(origins))
         object.__setattr__(self, "data_urls", (urls,) if isinstance(urls, str) else tuple(urls))
         _check_positive(self, ("rate_per_s", "rate_burst", "bytes_per_s", "max_strikes",
                                "send_queue", "max_rooms", "max_room_peers", "token_ttl_s",
                                "data_timeout_s", "data_max_bytes", "proxy_hops", "ws_ping_s",
-                               "data_retry_s"))
+                               "data_retry_s", "max_conns_per_address", "header_timeout_s",
+                               "send_queue_bytes", "max_ws_per_address",
+                               "max_rooms_per_address", "max_pending_per_address"))
+        if self.max_connections < 0:
+            raise ServerConfigError(f"max_connections must be >= 0, got {self.max_connections}")
+        for origin in self.allowed_origins:
+            if origin != "*" and not ORIGIN_PATTERN.fullmatch(origin):
+                raise ServerConfigError(
+                    f"allowed_origins entries are scheme://host[:port] or *, not {origin!r}")
         if not 0 <= self.port <= 65535:
             raise ServerConfigError(f"port must be in 0..65535, got {self.port}")
         if not 1024 <= self.max_frame_bytes <= self.hard_frame_bytes:
@@ -123,6 +148,7 @@ class ServerConfig:
         out = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
         out["secret"] = None if self.secret is None else "<set>"
         out["data_urls"] = list(self.data_urls)
+        out["allowed_origins"] = list(self.allowed_origins)
         return out
 
 

@@ -134,10 +134,14 @@ def _check_field(kind: str, name: str, spec: Field, value: Any) -> None:
     # bool is an int subclass in Python but never a number on the wire.
     if spec.kind == "int" and (type(value) is not int):
         raise ProtocolError("bad_field", f"{where} must be an integer")
-    if spec.kind == "num" and (type(value) not in (int, float) or not math.isfinite(value)):
+    if spec.kind == "num" and type(value) not in (int, float):
         raise ProtocolError("bad_field", f"{where} must be a finite number")
+    # The bounds first: comparing a Python int with a float is exact at any size, while
+    # float(value) overflows for integers of ~310 digits.
     if not spec.lo <= value <= spec.hi:
         raise ProtocolError("bad_field", f"{where} must be in [{spec.lo:g}, {spec.hi:g}]")
+    if type(value) is float and not math.isfinite(value):  # nan passes the comparison
+        raise ProtocolError("bad_field", f"{where} must be a finite number")
 
 
 def encode(kind: str, **fields: Any) -> str:

@@ -9,6 +9,12 @@ through a ``PeerLink`` whose ``deliver`` never blocks, so one registry lock guar
 Enumeration: joining an unknown code answers exactly as joining a real room whose host has
 not decided yet (``joined`` with ``state: pending``); the unknown code becomes a room without
 a host, which only a host resume token for that code can claim (after a server restart).
+Such an unclaimed room counts nowhere (not in ``max_rooms``, not in ``counts()``), so no
+reply and no number tells an unknown code from a real one.
+
+Quotas per client address (``RoomLimits``): private rooms it created that still exist, and
+its pending joins in one room. Revoked ids (removed or denied by a host) live in
+``Revocations``, which persists them across restarts.
 """
 
 from __future__ import annotations
@@ -16,11 +22,13 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from server.protocol import HOST_TYPES, RELAY_TYPES, ProtocolError, encode
+from server.revocations import Revocations
 from server.tokens import ResumeClaim, TokenSigner
 
 
@@ -35,6 +43,7 @@ class Member:
     id: str
     link: PeerLink
     approved: bool
+    group: str = ""  # the client address group it joined from
     resumed: bool = False  # came back with a token its room could not vouch for
     status: dict[str, Any] | None = None  # the last status frame's fields
 
@@ -45,9 +54,15 @@ class Room:
     private: bool
     host_id: str | None = None  # a private room keeps its host id while the host is away
     members: dict[str, Member] = field(default_factory=dict)  # connected, in join order
-    approved_ids: set[str] = field(default_factory=set)  # may resume without re-approval
-    banned_ids: set[str] = field(default_factory=set)  # removed by the host
+    # May resume without re-approval; insertion-ordered, the oldest absent ones pruned.
+    approved_ids: dict[str, None] = field(default_factory=dict)
     empty_since: float | None = None
+    creator: str | None = None  # address group that created this private room
+
+    @property
+    def claimed(self) -> bool:
+        """An auto room, or a private room with a host (not merely an unknown code)."""
+        return not self.private or self.host_id is not None
 
     @property
     def code(self) -> str | None:
@@ -59,6 +74,9 @@ class RoomLimits:
     max_rooms: int = 10000  # rooms held at once
     max_room_peers: int = 64  # connected peers per room
     room_idle_s: float = 120.0  # an empty room is forgotten after this
+    max_rooms_per_address: int = 16  # existing private rooms one address created
+    max_pending_per_address: int = 16  # pending joins of one address in one room
+    max_approved_ids: int = 256  # remembered approvals per room (absent ones pruned first)
 
 
 class Rooms:
@@ -69,13 +87,16 @@ class Rooms:
         signer: TokenSigner,
         limits: RoomLimits = RoomLimits(),
         clock: Callable[[], float] = time.monotonic,
+        revocations: Revocations | None = None,
     ) -> None:
         self._signer = signer
         self._limits = limits
         self._clock = clock
+        self._revoked = revocations if revocations is not None else Revocations(None, 1e18)
         self._lock = threading.Lock()
         self._rooms: dict[str, Room] = {}
         self._room_of: dict[str, str] = {}  # connected peer id -> room key
+        self._created: Counter[str] = Counter()  # address group -> its existing private rooms
 
     # ----------------------------------------------------------------- entering
     def join(
@@ -87,43 +108,66 @@ class Rooms:
         if claim is not None and claim.room != key:
             claim = None
         with self._lock:
-            room = self._room(key, private=code is not None)
-            if code is None:
-                return self._enter_auto(room, link, claim)
-            return self._enter_private(room, link, claim)
+            if code is not None and claim is not None and self._revoked.is_revoked(key, claim.peer):
+                link.deliver(encode("removed", reason="removed by the host"))
+                link.close(4403, "removed")
+                return claim.peer
+            # An unknown code must cost nothing that a real one does not: no room quota.
+            room = self._room(key, private=code is not None, counted=code is None)
+            try:
+                if code is None:
+                    return self._enter_auto(room, link, address_group, claim)
+                return self._enter_private(room, link, address_group, claim)
+            except ProtocolError:
+                if not room.members and not room.approved_ids:
+                    self._forget(room)  # refused into a room made for it: leave no trace
+                raise
 
-    def create(self, link: PeerLink) -> str:
+    def create(self, link: PeerLink, address_group: str) -> str:
         """Make a private room with a fresh code; the caller is its approved host."""
         with self._lock:
+            self._forget_idle()  # rooms it no longer holds do not count
+            if self._created[address_group] >= self._limits.max_rooms_per_address:
+                raise ProtocolError("too_many_rooms",
+                                    "your address already holds its quota of rooms")
             code = secrets.token_urlsafe(16)
             while code in self._rooms:
                 code = secrets.token_urlsafe(16)
-            room = self._room(code, private=True)
+            room = self._room(code, private=True, counted=True)
+            room.creator = address_group
+            self._created[address_group] += 1
             peer_id = self._new_id()
             room.host_id = peer_id
-            self._admit(room, Member(peer_id, link, approved=True))
+            self._admit(room, Member(peer_id, link, approved=True, group=address_group))
             return peer_id
 
-    def _enter_auto(self, room: Room, link: PeerLink, claim: ResumeClaim | None) -> str:
+    def _enter_auto(
+        self, room: Room, link: PeerLink, group: str, claim: ResumeClaim | None
+    ) -> str:
         peer_id = claim.peer if claim is not None else self._new_id()
         self._check_capacity(room, peer_id)
         if room.host_id not in room.members or room.host_id == peer_id:
             room.host_id = peer_id
-        self._admit(room, Member(peer_id, link, approved=True))
+        self._admit(room, Member(peer_id, link, approved=True, group=group))
         return peer_id
 
-    def _enter_private(self, room: Room, link: PeerLink, claim: ResumeClaim | None) -> str:
-        if claim is not None and claim.peer in room.banned_ids:
-            link.deliver(encode("removed", reason="removed by the host"))
-            link.close(4403, "removed")
-            return claim.peer
+    def _enter_private(
+        self, room: Room, link: PeerLink, group: str, claim: ResumeClaim | None
+    ) -> str:
         peer_id = claim.peer if claim is not None else self._new_id()
         self._check_capacity(room, peer_id)
         if claim is not None and claim.host and room.host_id in (None, claim.peer):
             room.host_id = peer_id
         approved = peer_id == room.host_id or peer_id in room.approved_ids
+        if not approved:
+            pending = sum(1 for m in room.members.values()
+                          if not m.approved and m.group == group and m.id != peer_id)
+            if pending >= self._limits.max_pending_per_address:
+                raise ProtocolError("too_many_pending",
+                                    "your address already has its quota of waiting joins")
         resumed = claim is not None and not approved
-        self._admit(room, Member(peer_id, link, approved=approved, resumed=resumed))
+        member = Member(peer_id, link, approved=approved, group=group, resumed=resumed)
+        self._admit(room, member)
         return peer_id
 
     def _check_capacity(self, room: Room, peer_id: str) -> None:
@@ -138,7 +182,7 @@ class Rooms:
         room.members[member.id] = member
         room.empty_since = None
         if member.approved:
-            room.approved_ids.add(member.id)
+            self._remember_approval(room, member.id)
         self._room_of[member.id] = room.key
         role = "host" if member.id == room.host_id else "member"
         member.link.deliver(encode(
@@ -195,15 +239,16 @@ class Rooms:
             raise ProtocolError("no_peer", f"no peer {target_id} to {kind}")
         if kind == "approve":
             target.approved = True
-            room.approved_ids.add(target.id)
+            self._remember_approval(room, target.id)
             target.link.deliver(encode("approved", peer=target.id))
         elif kind == "deny":
+            self._revoked.revoke(room.key, target.id)  # its token never brings it back
             target.link.deliver(encode("denied", reason="the host declined"))
             target.link.close(4403, "denied")
             self._drop(room, target.id)
         else:
-            room.banned_ids.add(target.id)
-            room.approved_ids.discard(target.id)
+            self._revoked.revoke(room.key, target.id)
+            room.approved_ids.pop(target.id, None)
             target.link.deliver(encode("removed", reason="removed by the host"))
             target.link.close(4403, "removed")
             self._drop(room, target.id)
@@ -233,7 +278,24 @@ class Rooms:
         if not room.members:
             room.empty_since = self._clock()
             if not room.approved_ids:  # nobody could resume into it: no reason to keep it
-                del self._rooms[room.key]
+                self._forget(room)
+
+    def _remember_approval(self, room: Room, peer_id: str) -> None:
+        room.approved_ids.pop(peer_id, None)
+        room.approved_ids[peer_id] = None
+        if len(room.approved_ids) > self._limits.max_approved_ids:
+            absent = [i for i in room.approved_ids if i not in room.members]
+            for stale in absent[: len(room.approved_ids) - self._limits.max_approved_ids]:
+                del room.approved_ids[stale]
+
+    def _forget(self, room: Room) -> None:
+        if self._rooms.get(room.key) is not room:
+            return
+        del self._rooms[room.key]
+        if room.creator is not None:
+            self._created[room.creator] -= 1
+            if self._created[room.creator] <= 0:
+                del self._created[room.creator]
 
     def _send_rosters(self, room: Room) -> None:
         approved = [self._entry(room, m) for m in room.members.values() if m.approved]
@@ -257,22 +319,25 @@ class Rooms:
             entry["status"] = member.status
         return entry
 
-    def _room(self, key: str, private: bool) -> Room:
+    def _room(self, key: str, private: bool, counted: bool) -> Room:
         room = self._rooms.get(key)
         if room is not None:
             return room
         self._forget_idle()
-        if len(self._rooms) >= self._limits.max_rooms:
+        if counted and self._claimed_rooms() >= self._limits.max_rooms:
             raise ProtocolError("server_full", "the server holds too many rooms; try later")
         room = self._rooms[key] = Room(key=key, private=private, empty_since=self._clock())
         return room
 
+    def _claimed_rooms(self) -> int:
+        return sum(1 for r in self._rooms.values() if r.claimed)
+
     def _forget_idle(self) -> None:
         limit = self._clock() - self._limits.room_idle_s
-        idle = [k for k, r in self._rooms.items()
+        idle = [r for r in self._rooms.values()
                 if r.empty_since is not None and r.empty_since <= limit]
-        for key in idle:
-            del self._rooms[key]
+        for room in idle:
+            self._forget(room)
 
     def _new_id(self) -> str:
         peer_id = secrets.token_urlsafe(9)
@@ -284,4 +349,4 @@ class Rooms:
     def counts(self) -> dict[str, int]:
         """Rooms and connected peers, for /healthz and the benchmark (no identities)."""
         with self._lock:
-            return {"rooms": len(self._rooms), "peers": len(self._room_of)}
+            return {"rooms": self._claimed_rooms(), "peers": len(self._room_of)}

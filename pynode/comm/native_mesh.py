@@ -39,6 +39,9 @@ HEADER = struct.Struct("<IIII")  # message id, fragment index, fragment count, m
 MAX_MESSAGE_BYTES = 1 << 30
 HIGH_WATER = 4 << 20  # stop feeding a channel above this many buffered bytes
 LOW_WATER = 1 << 20  # ... and resume when it drains to this
+# After (re)joining signaling, e.g. across a server restart, rosters refill as peers come
+# back; for this long a peer missing from them keeps its link. Afterwards the roster rules.
+ROSTER_GRACE_S = 30.0
 
 
 class FragmentError(CommError):
@@ -294,6 +297,8 @@ class NativeMesh(Mesh):
         self.sent_bytes = 0
         self._shown = ""  # the last `show`, as JSON
         self._open: frozenset[str] = frozenset()
+        self._joined_at = float("-inf")  # network loop time of the last `joined`
+        self._prune_timer: asyncio.TimerHandle | None = None
         self._main = asyncio.get_running_loop()
         self._events: asyncio.Queue[tuple[str, bytes | None]] = asyncio.Queue()
         net.call(self._attach)
@@ -334,12 +339,17 @@ class NativeMesh(Mesh):
         for kind in ("offer", "answer", "ice"):
             self.signaling.on(kind, self._on_signal)
         self.signaling.on("roster", lambda _frame: self._connect_roster())
+        self.signaling.on("joined", lambda _frame: self._rejoined())
+        if self.signaling.peer_id:
+            self._rejoined()
         self._connect_roster()
 
+    def _rejoined(self) -> None:
+        self._joined_at = asyncio.get_running_loop().time()
+
     def _connect_roster(self) -> None:
-        """Connect to every approved peer in the roster; the smaller id offers. A peer missing
-        from a roster keeps its link: after a server restart rosters refill while the
-        channels, which never touch the server, carry on."""
+        """Connect to every approved peer in the roster (the smaller id offers), and drop
+        the links of peers that are not on it (removed by the host, or gone)."""
         if not (self.signaling.approved and self.self_id):
             return
         for entry in self.signaling.roster:
@@ -349,6 +359,30 @@ class NativeMesh(Mesh):
             if self.self_id < peer:
                 link = self.links[peer] = _Link(self, peer)
                 self._guard(link, link.offer())
+        self._prune_links()
+
+    def _prune_links(self) -> None:
+        """Close every link to a peer the roster does not list as approved. Within
+        ROSTER_GRACE_S of (re)joining signaling the roster may still be refilling after a
+        server restart (the channels never touch the server and carry on meanwhile), so
+        the check waits until then."""
+        loop = asyncio.get_running_loop()
+        wait = self._joined_at + ROSTER_GRACE_S - loop.time()
+        if wait > 0:
+            if self._prune_timer is None:
+                self._prune_timer = loop.call_later(wait, self._prune_later)
+            return
+        if not (self.signaling.approved and self.signaling.connected):
+            return  # no roster to go by: keep what we have
+        approved = {e.get("id") for e in self.signaling.roster if e.get("state") == "approved"}
+        for peer, link in list(self.links.items()):
+            if peer not in approved:
+                log.info("peer %s: not on the approved roster; link closed", peer)
+                link.close()
+
+    def _prune_later(self) -> None:
+        self._prune_timer = None
+        self._prune_links()
 
     def _on_signal(self, frame: dict[str, Any]) -> None:
         kind, peer = frame.get("type"), frame.get("from")

@@ -143,12 +143,19 @@ class Link {
   }
 }
 
+// After (re)joining signaling, e.g. across a server restart, rosters refill as peers come
+// back; for this long a peer missing from them keeps its link. Afterwards the roster rules.
+export const ROSTER_GRACE_MS = 30000;
+
 export class Mesh extends EventTarget {
   constructor(signaling, selfId) {
     super();
     this.signaling = signaling;
     this.selfId = selfId;
     this.links = new Map();
+    this.joinedAt = performance.now();
+    this.pruneTimer = null;
+    this.approved = null; // ids of the last approved roster
     for (const type of ["offer", "answer", "ice"]) {
       signaling.addEventListener(type, (e) => this.onSignal(type, e.detail));
     }
@@ -158,17 +165,41 @@ export class Mesh extends EventTarget {
     this.dispatchEvent(new CustomEvent(type, { detail }));
   }
 
-  // Connect to every approved peer in `ids` (the roster); the smaller id offers. A peer
-  // missing from a roster keeps its link: after a server restart the rosters refill while
-  // the channels, which never touch the server, carry on. A channel that closes is the
-  // signal that a peer is gone.
+  // Signaling (re)joined: rosters may refill for a while (see ROSTER_GRACE_MS).
+  rejoined() {
+    this.joinedAt = performance.now();
+  }
+
+  // Connect to every approved peer in `ids` (the roster); the smaller id offers. Links to
+  // peers not in `ids` are closed (removed by the host, or gone), except within
+  // ROSTER_GRACE_MS of (re)joining signaling: after a server restart the rosters refill
+  // while the channels, which never touch the server, carry on.
   connect(ids) {
+    this.approved = new Set(ids);
     for (const peer of ids) {
       if (peer === this.selfId) continue;
       if (!this.links.has(peer) && this.selfId < peer) {
         const link = new Link(this, peer);
         this.links.set(peer, link);
         link.offer().catch((err) => this.fail(link, err));
+      }
+    }
+    this.prune();
+  }
+
+  prune() {
+    const wait = this.joinedAt + ROSTER_GRACE_MS - performance.now();
+    if (wait > 0) {
+      if (this.pruneTimer === null) {
+        this.pruneTimer = setTimeout(() => { this.pruneTimer = null; this.prune(); }, wait);
+      }
+      return;
+    }
+    if (this.approved === null) return;
+    for (const link of [...this.links.values()]) {
+      if (!this.approved.has(link.peer)) {
+        this.emit("error", { peer: link.peer, text: "not on the approved roster; link closed" });
+        link.close();
       }
     }
   }

@@ -73,6 +73,7 @@ export class PageNode extends EventTarget {
       this.say("info", m.state === "approved" ? `joined as ${m.role}`
         : "waiting for the host to approve this page");
       this.ensureMesh(m.peer);
+      this.mesh.rejoined();
       this.dispatchEvent(new CustomEvent("joined", { detail: m }));
     });
     on("approved", () => {
@@ -101,7 +102,8 @@ export class PageNode extends EventTarget {
     if (this.mesh && this.state.approved) {
       this.mesh.connect([...this.roster.values()].filter((p) => p.approved).map((p) => p.id));
       // After a server restart members come back pending; a peer still in our live mesh
-      // was approved before (a removed one is not), so the host lets it back in at once.
+      // was approved before, so the host lets it back in at once. A removed or denied
+      // peer never comes back pending: the server refuses its token, restarts included.
       if (this.state.role === "host") {
         const live = new Set(this.mesh.openPeers());
         for (const p of this.roster.values()) {

@@ -6,10 +6,12 @@ import itertools
 import json
 import os
 import random
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 import websocket
@@ -56,9 +58,14 @@ class Peer:
 
     _counter = itertools.count(1)
 
-    def __init__(self, ws_url: str, address: str | None = None) -> None:
+    def __init__(self, ws_url: str, address: str | None = None, source: str | None = None,
+                 **options: Any) -> None:
+        """``address``: claimed in X-Forwarded-For; ``source``: a loopback address to connect
+        from (127.0.0.0/8 is all loopback on Linux), so the server sees it as the peer."""
         headers = [f"X-Forwarded-For: {address}"] if address else []
-        self.ws = websocket.create_connection(ws_url, timeout=5, header=headers)
+        if source is not None:
+            options["socket"] = bound_socket(ws_url, source)
+        self.ws = websocket.create_connection(ws_url, timeout=5, header=headers, **options)
         self.id: str | None = None
         self.token: str | None = None
 
@@ -122,6 +129,17 @@ class Peer:
             self.ws.close(timeout=0.5)
         except (OSError, websocket.WebSocketException):
             pass
+
+
+def bound_socket(url: str, source: str, timeout: float = 5.0) -> socket.socket:
+    """A TCP socket from ``source`` connected to the host and port of ``url``."""
+    parsed = urlsplit(url)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as websocket-client's own
+    sock.settimeout(timeout)
+    sock.bind((source, 0))
+    sock.connect((parsed.hostname, parsed.port))
+    return sock
 
 
 class RangeServer:

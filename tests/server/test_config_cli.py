@@ -25,8 +25,13 @@ def test_config_from_dict_coerces_and_refuses() -> None:
     assert cfg.data_dir == Path("state") and cfg.data_urls == ("a.parquet",)
     assert cfg.to_dict()["secret"] is None
     assert ServerConfig(secret="s" * 20).to_dict()["secret"] == "<set>"
+    assert ServerConfig.from_dict({"allowed_origins": "https://a.example"}).allowed_origins \
+        == ("https://a.example",)
     for bad in ({"prot": 1}, {"port": 70000}, {"rate_per_s": 0}, {"rate_burst": True},
-                {"max_frame_bytes": 10}, {"data_urls": []}, {"trust_proxy_header": " "}):
+                {"max_frame_bytes": 10}, {"data_urls": []}, {"trust_proxy_header": " "},
+                {"allowed_origins": ["a.example"]}, {"allowed_origins": ["https://a/b"]},
+                {"max_ws_per_address": 0}, {"header_timeout_s": -1},
+                {"max_connections": -1}):
         with pytest.raises(ServerConfigError):
             ServerConfig.from_dict(bad)
 
@@ -35,10 +40,36 @@ def test_cli_arguments_override_the_config_file(tmp_path: Path) -> None:
     file = tmp_path / "server.json"
     file.write_text(json.dumps({"port": 9000, "host": "0.0.0.0", "rate_per_s": 5}))
     values = config_from_args(parse_args(["--config", str(file), "--port", "9100",
-                                          "--trust-proxy-header", "X-Forwarded-For"]))
+                                          "--trust-proxy-header", "X-Forwarded-For",
+                                          "--allowed-origin", "https://a.example",
+                                          "--allowed-origin", "https://b.example"]))
     assert values == {"port": 9100, "host": "0.0.0.0", "rate_per_s": 5,
-                      "trust_proxy_header": "X-Forwarded-For"}
+                      "trust_proxy_header": "X-Forwarded-For",
+                      "allowed_origins": ["https://a.example", "https://b.example"]}
+    # Refused before gevent is imported: main() in this process must not monkey-patch it.
     assert main(["--port", "-5", "--data-dir", str(tmp_path)]) == 1
+    assert main(["--config", str(tmp_path / "missing.json")]) == 1
+    assert "gevent.monkey" not in sys.modules or not _patched()
+
+
+def _patched() -> bool:
+    from gevent import monkey
+
+    return monkey.is_module_patched("socket")
+
+
+def test_without_gevent_python_m_server_names_the_extra(tmp_path: Path) -> None:
+    blocker = tmp_path / "gevent"
+    blocker.mkdir()
+    (blocker / "__init__.py").write_text("raise ImportError('gevent is not installed')\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
+    done = subprocess.run([sys.executable, "-m", "server", "--port", "0",
+                           "--data-dir", str(tmp_path / "state")],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "error: python -m server needs gevent: pip install 'daisychain[server]' "
+        "(or --dev-server for Werkzeug's development server)"]
 
 
 def test_client_address_trusts_the_header_only_when_configured() -> None:

@@ -70,6 +70,14 @@ def test_every_type_has_a_good_example_and_it_passes() -> None:
         ('{"v": 1, "type": "status", "loss": Infinity}', "bad_json"),
         ('{"v": 1, "type": "status", "capacity": "fast"}', "bad_field"),
         ('{"v": 1, "type": "status", "loss": 1e300}', "bad_field"),
+        ('{"v": 1, "type": "status", "loss": 1e999}', "bad_field"),  # parses as inf
+        # Integers too large for a float: refused by their bounds, never float(value).
+        ('{"v": 1, "type": "ping", "t": 1' + "0" * 400 + '}', "bad_field"),
+        ('{"v": 1, "type": "ping", "t": -1' + "0" * 400 + '}', "bad_field"),
+        ('{"v": 1, "type": "status", "loss": -9' + "9" * 3000 + '}', "bad_field"),
+        ('{"v": 1, "type": "status", "capacity": 9' + "9" * 3000 + '}', "bad_field"),
+        ('{"v": 1, "type": "status", "step": 9' + "9" * 3000 + '}', "bad_field"),
+        ('{"v": 1, "type": "status", "step": 9' + "9" * 5000 + '}', "bad_json"),  # > 4300
         ('{"v": 1, "type": "ice", "to": "p", "candidate": "", "sdpMLineIndex": 5000}',
          "bad_field"),
     ],

@@ -53,7 +53,7 @@ def offer(to: str) -> dict[str, Any]:
 def private_room() -> tuple[Rooms, str, str, FakeLink, str, FakeLink]:
     rooms, _ = make_rooms()
     host = FakeLink()
-    host_id = rooms.create(host)
+    host_id = rooms.create(host, "10.0.0.1")
     code = host.frames[0]["room"]
     guest = FakeLink()
     guest_id = rooms.join(guest, "10.0.0.9", code, None)
@@ -184,21 +184,99 @@ def test_a_token_of_another_room_or_a_forged_one_is_ignored() -> None:
 def test_limits_and_idle_rooms() -> None:
     rooms, clock = make_rooms(max_rooms=2, max_room_peers=2, room_idle_s=60)
     host = FakeLink()
-    host_id = rooms.create(host)
+    host_id = rooms.create(host, "10.0.0.1")
     code = host.take()[0]["room"]
     guest = FakeLink()
     guest_id = rooms.join(guest, "10.0.0.1", code, None)
     with pytest.raises(ProtocolError) as info:
         rooms.join(FakeLink(), "10.0.0.2", code, None)
     assert info.value.code == "room_full"
-    rooms.create(FakeLink())
+    rooms.create(FakeLink(), "10.0.0.1")
     with pytest.raises(ProtocolError) as info:
-        rooms.create(FakeLink())
+        rooms.create(FakeLink(), "10.0.0.1")
     assert info.value.code == "server_full"
     rooms.leave(guest_id, guest)
     rooms.leave(host_id, host)
     clock.now += 30
     with pytest.raises(ProtocolError):
-        rooms.create(FakeLink())  # the host's room waits for its host a while
+        rooms.create(FakeLink(), "10.0.0.1")  # the host's room waits for its host a while
     clock.now += 31
-    rooms.create(FakeLink())  # ...but not forever
+    rooms.create(FakeLink(), "10.0.0.1")  # ...but not forever
+
+
+def test_removed_and_denied_ids_stay_out_after_a_restart(tmp_path) -> None:
+    from server.revocations import Revocations
+
+    path = tmp_path / "revoked.txt"
+    rooms = Rooms(TokenSigner(KEY, 3600), revocations=Revocations(path, 3600))
+    host = FakeLink()
+    host_id = rooms.create(host, "10.0.0.1")
+    code = host.take()[0]["room"]
+    removed, denied = FakeLink(), FakeLink()
+    removed_id = rooms.join(removed, "10.0.0.2", code, None)
+    denied_id = rooms.join(denied, "10.0.0.3", code, None)
+    tokens = {removed_id: removed.frames[0]["token"], denied_id: denied.frames[0]["token"]}
+    rooms.handle(host_id, host, {"v": 1, "type": "approve", "peer": removed_id})
+    rooms.handle(host_id, host, {"v": 1, "type": "remove", "peer": removed_id})
+    rooms.handle(host_id, host, {"v": 1, "type": "deny", "peer": denied_id})
+    # A restarted server: same key, a fresh registry, the revocations read back from disk.
+    fresh = Rooms(TokenSigner(KEY, 3600), revocations=Revocations(path, 3600))
+    for peer_id, token in tokens.items():
+        link = FakeLink()
+        assert fresh.join(link, "10.0.0.4", code, token) == peer_id
+        assert link.types() == ["removed"] and link.closed == (4403, "removed")
+    assert fresh.counts() == {"rooms": 0, "peers": 0}
+    kept = FakeLink()  # a token nobody revoked still resumes (pending, for the host)
+    fresh.join(kept, "10.0.0.5", code, rooms._signer.issue(code, "someoneElse", False))
+    assert kept.frames[0]["peer"] == "someoneElse" and kept.frames[0]["state"] == "pending"
+
+
+def test_one_address_cannot_take_more_than_its_room_quota() -> None:
+    rooms, clock = make_rooms(max_rooms_per_address=3, max_rooms=100, room_idle_s=60)
+    links = [FakeLink() for _ in range(3)]
+    made = [rooms.create(link, "198.51.100.7") for link in links]
+    with pytest.raises(ProtocolError) as info:
+        rooms.create(FakeLink(), "198.51.100.7")
+    assert info.value.code == "too_many_rooms"
+    rooms.create(FakeLink(), "203.0.113.9")  # another address still can
+    assert rooms.counts()["rooms"] == 4
+    # Once one of its rooms is gone (empty, then idle), the address may make another.
+    rooms.leave(made[0], links[0])
+    clock.now += 61
+    rooms.create(FakeLink(), "198.51.100.7")
+    with pytest.raises(ProtocolError):
+        rooms.create(FakeLink(), "198.51.100.7")
+
+
+def test_pending_joins_per_address_are_capped_the_same_for_unknown_and_real_codes() -> None:
+    rooms, _ = make_rooms(max_pending_per_address=2, max_rooms=1)
+    host = FakeLink()
+    rooms.create(host, "10.0.0.1")
+    real = host.take()[0]["room"]
+    for code in (real, "C" * 22):
+        for _ in range(2):
+            rooms.join(FakeLink(), "198.51.100.7", code, None)
+        with pytest.raises(ProtocolError) as info:
+            rooms.join(FakeLink(), "198.51.100.7", code, None)
+        assert info.value.code == "too_many_pending"
+        rooms.join(FakeLink(), "203.0.113.9", code, None)  # another address still can
+    # max_rooms is 1 and spent, yet the unknown code answered like the real one, and
+    # /healthz's room count did not move for it.
+    assert rooms.counts() == {"rooms": 1, "peers": 7}
+
+
+def test_a_room_remembers_a_bounded_number_of_approvals() -> None:
+    rooms, _ = make_rooms(max_approved_ids=4, max_room_peers=64)
+    host = FakeLink()
+    host_id = rooms.create(host, "10.0.0.1")
+    code = host.take()[0]["room"]
+    ids = []
+    for i in range(10):  # each joins, is approved, and leaves again
+        link = FakeLink()
+        peer_id = rooms.join(link, f"10.0.1.{i}", code, None)
+        rooms.handle(host_id, host, {"v": 1, "type": "approve", "peer": peer_id})
+        rooms.leave(peer_id, link)
+        ids.append(peer_id)
+    remembered = list(rooms._rooms[code].approved_ids)
+    assert len(remembered) == 4 and host_id in remembered  # the connected host stays
+    assert remembered[1:] == ids[-3:]  # the most recent absent ones are kept

@@ -275,10 +275,22 @@ def test_a_lagging_peer_is_cut_off_instead_of_stalling_senders() -> None:
     class NeverWritten:  # nothing drains the queue, like a peer that stopped reading
         sock = FakeSocket()
 
-    ws = NeverWritten()
-    conn = Connection(ws, SignalingState(ServerConfig(send_queue=8), rooms=None), "group")
+    def connection(**limits) -> tuple[Connection, NeverWritten]:
+        ws = NeverWritten()
+        ws.sock = FakeSocket()
+        state = SignalingState(ServerConfig(**limits), rooms=None, sockets=None)
+        return Connection(ws, state, "group"), ws
+
+    conn, ws = connection(send_queue=8)
     for _ in range(8):
         conn.deliver("frame")
     assert not ws.sock.down
     conn.deliver("one too many")  # returns at once instead of blocking the sender
+    assert ws.sock.down
+    # The queue is bounded in bytes too: two 40 KiB frames fit in 100 KiB, a third does not.
+    conn, ws = connection(send_queue_bytes=100 * 1024)
+    conn.deliver("x" * 40 * 1024)
+    conn.deliver("x" * 40 * 1024)
+    assert not ws.sock.down
+    conn.deliver("x" * 40 * 1024)
     assert ws.sock.down

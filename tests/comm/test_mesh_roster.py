@@ -1,0 +1,110 @@
+"""The native mesh follows the approved roster: a peer the host removes loses its links,
+except while rosters refill just after (re)joining signaling (a server restart)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+from typing import Any
+
+import pytest
+from comm_helpers import REPO
+
+pytest.importorskip("aiortc")
+from pynode.comm import native_mesh  # noqa: E402
+from pynode.comm.native_mesh import NativeMesh  # noqa: E402
+
+
+class FakeSignaling:
+    def __init__(self) -> None:
+        self.peer_id = "a"
+        self.approved = self.connected = True
+        self.roster: list[dict[str, Any]] = []
+        self.listeners: dict[str, list[Any]] = {}
+
+    def on(self, kind: str, listener: Any) -> None:
+        self.listeners.setdefault(kind, []).append(listener)
+
+    def fire(self, kind: str, frame: dict[str, Any]) -> None:
+        if kind == "roster":
+            self.roster = frame["peers"]
+        for listener in self.listeners.get(kind, []):
+            listener(frame)
+
+
+class InlineNet:  # the mesh's network loop is the test's loop
+    def call(self, fn: Any, *args: Any) -> None:
+        fn(*args)
+
+
+class FakeLink:
+    def __init__(self, mesh: NativeMesh, peer: str) -> None:
+        self.mesh, self.peer, self.closed = mesh, peer, False
+
+    def close(self) -> None:
+        self.closed = True
+        self.mesh.links.pop(self.peer, None)
+
+
+def roster(*approved: str, pending: tuple[str, ...] = ()) -> dict[str, Any]:
+    peers = [{"id": p, "state": "approved"} for p in approved]
+    peers += [{"id": p, "state": "pending"} for p in pending]
+    return {"type": "roster", "peers": peers}
+
+
+def test_links_to_peers_off_the_approved_roster_are_closed_after_the_grace(monkeypatch):
+    monkeypatch.setattr(native_mesh, "ROSTER_GRACE_S", 0.3)
+
+    async def body() -> None:
+        sig = FakeSignaling()
+        mesh = NativeMesh(sig, InlineNet())  # joined already: the grace starts now
+        links = {p: FakeLink(mesh, p) for p in ("0", "1", "2")}  # ids below "a": they offer
+        mesh.links.update(links)
+        sig.fire("roster", roster("a", "0", "1", "2"))
+        sig.fire("roster", roster("a", "0", pending=("1",)))  # a restart: 2 not back yet
+        assert not any(link.closed for link in links.values())
+        await asyncio.sleep(0.5)  # the grace is over: the roster rules
+        assert [p for p, link in links.items() if link.closed] == ["1", "2"]
+        sig.fire("roster", roster("a"))  # the host removed 0: its link goes at once
+        assert links["0"].closed and not mesh.links
+        sig.fire("joined", {"type": "joined"})  # signaling came back: a new grace
+        mesh.links["3"] = third = FakeLink(mesh, "3")
+        sig.fire("roster", roster("a"))
+        assert not third.closed
+
+    asyncio.run(body())
+
+
+NODE_CHECK = """
+const { Mesh } = await import(process.argv[1]);
+const mesh = new Mesh(new EventTarget(), "a");
+const closed = [];
+const fake = (peer) => ({ peer, close() { closed.push(peer); mesh.links.delete(peer); } });
+for (const p of ["0", "1", "2"]) mesh.links.set(p, fake(p));
+mesh.connect(["a", "0"]);  // just joined: the roster may still be refilling
+const inGrace = [...closed];
+clearTimeout(mesh.pruneTimer); mesh.pruneTimer = null;
+mesh.joinedAt -= 31000;  // the grace is over
+mesh.connect(["a", "0"]);
+const afterGrace = [...closed];
+mesh.connect(["a"]);  // the host removed 0
+const left = [...mesh.links.keys()];
+console.log(JSON.stringify({ inGrace, afterGrace, last: [...closed], left }));
+"""
+
+
+def test_the_pages_mesh_follows_the_approved_roster_the_same_way():
+    if shutil.which("node") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("node is not installed (CI=true: the JS checks must run)")
+        pytest.skip("node is not installed")
+    module = (REPO / "server" / "pyodide_app" / "mesh.js").as_uri()
+    done = subprocess.run(["node", "--input-type=module", "-e", NODE_CHECK, module],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got == {"inGrace": [], "afterGrace": ["1", "2"], "last": ["1", "2", "0"],
+                   "left": []}
