@@ -14,7 +14,17 @@ data.py            /data                             shards.py / rangefile.py / 
 static/, pyodide_app/  the page and its scripts (package data, like templates/)
 """
 
-from server.app import create_app
+from typing import Any
+
 from server.config import ServerConfig
 
 __all__ = ["ServerConfig", "create_app"]
+
+
+def __getattr__(name: str) -> Any:
+    # create_app on first use: `python -m server` checks for flask & co. before importing them
+    if name == "create_app":
+        from server.app import create_app
+
+        return create_app
+    raise AttributeError(f"module 'server' has no attribute {name!r}")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pynode.core.errors import DaisyError
+from pynode.extras import MissingExtraError, require
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -41,6 +42,11 @@ def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    try:
+        require("the server", "flask", "flask_sock", "pyarrow")
+    except MissingExtraError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     from server.app import create_app, make_threaded_server
     from server.config import ServerConfig
 

@@ -28,9 +28,11 @@ from pynode.cli.report import Saver, StepReporter, print_summary, run_header, wr
 from pynode.comm import CommError, make_collective
 from pynode.config import ConfigError, RunConfig
 from pynode.core.errors import DaisyError
+from pynode.extras import require
 from pynode.run.assemble import load_resume
 from pynode.run.group import run_member
 from pynode.run.trainer import ForkError, StepResult, Trainer
+from pynode.tasks import load_task
 
 
 async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities) -> int:
@@ -160,7 +162,9 @@ async def peer_command(args) -> int:
 
 async def cluster_command(args, cfg: RunConfig) -> int:
     """gloo group from MASTER_ADDR / MASTER_PORT / WORLD_SIZE / RANK."""
+    require("cluster (the gloo transport)", "torch")
     check_output_flags(args)
+    load_task(cfg.task)  # a task's own extras (a resumed checkpoint's task: by its reading)
     collective = await make_collective("gloo", timeout=args.timeout)
     capacities = parse_capacity(args.capacity, collective.world_size)
     try:

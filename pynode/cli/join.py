@@ -31,6 +31,7 @@ from pynode.cli.flags import (
 from pynode.cli.peer import NativePeer
 from pynode.cli.report import StepReporter, say
 from pynode.config import ConfigError, RunConfig
+from pynode.extras import require
 from pynode.run.assemble import build_trainer, load_resume, load_units_and_gemm
 
 CLUSTER_TIMEOUT_S = 60.0  # how long the cluster's ranks wait for each other to form
@@ -104,12 +105,8 @@ async def join_command(args: argparse.Namespace) -> int:
 
 
 def require_webrtc() -> None:
-    """ConfigError naming the install command if aiortc or websockets is missing."""
-    import importlib.util
-
-    missing = [m for m in ("aiortc", "websockets") if importlib.util.find_spec(m) is None]
-    if missing:
-        raise ConfigError(f"join needs {' and '.join(missing)}: pip install 'daisychain[webrtc]'")
+    """MissingExtraError naming the install command if aiortc or websockets is missing."""
+    require("join", "aiortc", "websockets")
 
 
 async def join_as_cluster(args: argparse.Namespace, units: Any, gemm: Any,

@@ -16,6 +16,7 @@ from pynode.cli.flags import (
 from pynode.cli.join import add_join_parser
 from pynode.config import ConfigError
 from pynode.core.errors import DaisyError
+from pynode.extras import explain
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,6 +101,12 @@ def main(argv: list[str] | None = None) -> int:
             return module.main(args.args)
     except (DaisyError, ConfigError, FileNotFoundError, IsADirectoryError) as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    except ImportError as exc:  # an optional dependency a path needed and no check caught
+        missing = explain(f"`{args.command}`", exc)
+        if missing is None:
+            raise
+        print(f"error: {type(missing).__name__}: {missing}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -12,10 +12,12 @@ from pynode.cli.report import Saver, StepReporter, print_summary, run_header, wr
 from pynode.config import ConfigError, RunConfig
 from pynode.run.assemble import build_trainer, load_resume
 from pynode.run.loop import train
+from pynode.tasks import load_task
 
 
 async def train_command(args: argparse.Namespace, cfg: RunConfig) -> int:
     check_output_flags(args)
+    load_task(cfg.task)  # a task's own extras, before any peer starts
     if args.capacity is not None and args.peers == 1:
         raise ConfigError("--capacity sets the relative speeds of local peers: it needs "
                           "--peers N with N > 1 (one peer computes every microbatch)")
