@@ -19,9 +19,11 @@ from pathlib import Path
 from pynode import platform
 from pynode.cli.faults import install_fault
 from pynode.cli.flags import (
+    capacity_note,
     check_output_flags,
     explicit_config,
     parse_capacity,
+    resume_notes,
     train_options,
 )
 from pynode.cli.report import Saver, StepReporter, print_summary, run_header, write_summary
@@ -40,8 +42,13 @@ async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities)
     pin_to_core(0)
     resume = None
     if args.resume:
-        cfg, _ = load_resume(args.resume, explicit_config(args))
+        cfg, ckpt = load_resume(args.resume, explicit_config(args))
         resume = Path(args.resume).read_bytes()
+        for note in resume_notes(ckpt.config, ckpt.step, explicit_config(args)):
+            print(note, file=sys.stderr)
+    note = capacity_note(cfg.microbatches, capacities)
+    if note:
+        print(note, file=sys.stderr)
     saver = Saver(args.save, args.save_every)
     reporter: StepReporter | None = None
     hooks: list = []  # the loop's on_step hooks, filled once the trainer exists

@@ -26,6 +26,7 @@ from pynode.cli.flags import (
     check_output_flags,
     config_from_args,
     explicit_config,
+    resume_notes,
     train_options,
 )
 from pynode.cli.peer import NativePeer
@@ -78,7 +79,10 @@ def start_plan(args: argparse.Namespace) -> tuple[RunConfig | None, Any]:
     if args.min_peers < 1 or args.wait <= 0:
         raise ConfigError("--min-peers must be >= 1 and --wait positive")
     if args.resume:
-        return load_resume(args.resume, given)
+        cfg, ckpt = load_resume(args.resume, given)
+        for note in resume_notes(ckpt.config, ckpt.step, given):
+            say(note)
+        return cfg, ckpt
     return config_from_args(args), None
 
 

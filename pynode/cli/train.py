@@ -7,7 +7,7 @@ import sys
 import time
 
 from pynode.cli.faults import install_fault
-from pynode.cli.flags import check_output_flags, explicit_config, parse_capacity
+from pynode.cli.flags import check_output_flags, explicit_config, parse_capacity, resume_notes
 from pynode.cli.report import Saver, StepReporter, print_summary, run_header, write_summary
 from pynode.config import ConfigError, RunConfig
 from pynode.run.assemble import build_trainer, load_resume
@@ -28,6 +28,8 @@ async def train_command(args: argparse.Namespace, cfg: RunConfig) -> int:
     resume = None
     if args.resume:
         cfg, resume = load_resume(args.resume, explicit_config(args))
+        for note in resume_notes(resume.config, resume.step, explicit_config(args)):
+            print(note, file=sys.stderr)
     trainer = build_trainer(cfg, resume=resume, backend=args.backend,
                             kernels=args.kernels, check_products=args.check_products)
     install_fault(trainer)
