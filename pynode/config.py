@@ -29,6 +29,9 @@ class RunConfig:
     clip: float = 1.0            # global gradient-norm clip; 0 disables
     frac_bits: int = 32          # F of the int64 fixed-point gradient format
     data: str = "builtin"        # "builtin" corpus, or a DaisyChain server URL serving /data
+    # What a /data server may send when it cannot read its shards: "none" (the run stops,
+    # its text never silently changes) or "builtin" (the built-in corpus, said in a warning)
+    data_fallback: str = "none"
 
     def __post_init__(self) -> None:
         positive = ("steps", "width", "layers", "heads", "seq", "microbatch_size", "microbatches")
@@ -43,6 +46,9 @@ class RunConfig:
             raise ConfigError(f"lr must be in (0, 1), got {self.lr}")
         if self.data != "builtin" and not self.data.startswith(("http://", "https://")):
             raise ConfigError(f"data must be 'builtin' or an http(s) server URL, got {self.data!r}")
+        if self.data_fallback not in ("none", "builtin"):
+            raise ConfigError(f"data_fallback must be 'none' or 'builtin', got "
+                              f"{self.data_fallback!r}")
         if not 16 <= self.frac_bits <= 40:
             raise ConfigError(f"frac_bits must be in 16..40, got {self.frac_bits}")
 

@@ -8,6 +8,8 @@ server's /data slices its shards deterministically, so peers that ask get the sa
 from __future__ import annotations
 
 import json
+import logging
+from urllib.error import HTTPError
 from urllib.parse import urlencode
 
 import numpy as np
@@ -18,27 +20,55 @@ from pynode.platform import http_get_text
 
 PAD_BYTE = 0x20  # /data may answer up to 3 bytes short (whole UTF-8 characters)
 
+log = logging.getLogger(__name__)
+_warned: set[str] = set()  # servers whose built-in fallback this process has warned of
+
 
 class DataSourceError(DaisyError):
     """The configured data server did not answer with usable text."""
 
 
 def microbatch_bytes(
-    data: str, seed: int, step: int, index: int, rows: int, length: int
+    data: str, seed: int, step: int, index: int, rows: int, length: int,
+    fallback: str = "none",
 ) -> np.ndarray:
-    """(rows, length) int32 bytes of microbatch `index` of `step`."""
+    """(rows, length) int32 bytes of microbatch `index` of `step`. `fallback` (RunConfig's
+    data_fallback): "builtin" lets a /data server that cannot read its shards answer with
+    the built-in corpus (warned once per server); "none" stops the run instead."""
     if data == "builtin":
         return byte_windows(builtin_corpus(), seed, step, index, rows, length)
     want = rows * length
-    query = urlencode({"seed": seed, "step": step, "index": index, "bytes": want})
-    url = f"{data.rstrip('/')}/data?{query}"
+    query = {"seed": seed, "step": step, "index": index, "bytes": want}
+    if fallback != "builtin":
+        query["fallback"] = 0
+    url = f"{data.rstrip('/')}/data?{urlencode(query)}"
     try:
         reply = json.loads(http_get_text(url))
         raw = reply["text"].encode("utf-8")
+    except HTTPError as exc:
+        if exc.code != 503:
+            raise DataSourceError(f"data server {data} answered {exc.code} for {url}") from exc
+        raise DataSourceError(
+            f"data server {data} cannot read its shards ({unavailable_reason(exc)}); this run "
+            "trains on no other text in their place: fix the server's --data-url, or give "
+            "--data-fallback builtin to train on the built-in corpus meanwhile") from exc
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise DataSourceError(f"data server {data} gave no usable text for {url}: {exc}") from exc
     if len(raw) > want or len(raw) < want - 3:
         raise DataSourceError(f"data server returned {len(raw)} bytes, asked for {want}")
+    if reply.get("source") == "builtin" and data not in _warned:
+        _warned.add(data)
+        log.warning("data server %s cannot read its shards (%s): it serves the built-in corpus "
+                    "in their place while they fail (--data-fallback builtin)", data,
+                    reply.get("reason", "no reason given"))
     padded = np.full(want, PAD_BYTE, dtype=np.uint8)
     padded[: len(raw)] = np.frombuffer(raw, dtype=np.uint8)
     return padded.reshape(rows, length).astype(np.int32)
+
+
+def unavailable_reason(exc: HTTPError) -> str:
+    """The message of a /data 503 body, or the HTTP reason."""
+    try:
+        return str(json.loads(exc.read().decode("utf-8"))["message"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return str(exc.reason)

@@ -10,6 +10,7 @@ from pynode.cli.faults import install_fault
 from pynode.cli.flags import check_output_flags, explicit_config, parse_capacity, resume_notes
 from pynode.cli.report import Saver, StepReporter, print_summary, run_header, write_summary
 from pynode.config import ConfigError, RunConfig
+from pynode.core.errors import DaisyError
 from pynode.run.assemble import build_trainer, load_resume
 from pynode.run.loop import train
 from pynode.tasks import load_task
@@ -39,6 +40,12 @@ async def train_command(args: argparse.Namespace, cfg: RunConfig) -> int:
     started = time.perf_counter()
     try:
         last = await train(trainer, on_step=(reporter, saver.hook(trainer)))
+    except DaisyError:  # refused mid-run (bad data, a non-finite step): keep what was agreed
+        reporter.close()
+        saved = saver.last_agreed()
+        if saved:
+            print(saved, file=sys.stderr)
+        raise
     finally:
         reporter.close()
     elapsed = time.perf_counter() - started

@@ -20,7 +20,8 @@ class GPTTask:
 
     def sample(self, cfg: RunConfig, step: int, index: int) -> np.ndarray:
         # (B, T+1) int32: inputs are [:, :-1], targets [:, 1:]
-        return microbatch_bytes(cfg.data, cfg.seed, step, index, cfg.microbatch_size, cfg.seq + 1)
+        return microbatch_bytes(cfg.data, cfg.seed, step, index, cfg.microbatch_size,
+                                cfg.seq + 1, cfg.data_fallback)
 
     def loss(self, model: GPT, params, batch, key):
         return model.loss_and_grads(params, batch, key)
