@@ -1,4 +1,5 @@
-"""Where a microbatch's text comes from: the built-in corpus, or a server's /data.
+"""Where a microbatch's text comes from: the built-in corpus, a server's /data, or a local
+file (pynode.datafile).
 
 Either way a microbatch is a pure function of (seed, step, index): the built-in corpus is
 the same bytes on every peer (it ships inside the package and the page's bundle), and the
@@ -16,6 +17,7 @@ import numpy as np
 
 from pynode.core.errors import DaisyError
 from pynode.corpus import builtin_corpus, byte_windows
+from pynode.datafile import DataFileError, file_text, is_file_spec, split_spec
 from pynode.platform import http_get_text
 
 PAD_BYTE = 0x20  # /data may answer up to 3 bytes short (whole UTF-8 characters)
@@ -37,6 +39,12 @@ def microbatch_bytes(
     the built-in corpus (warned once per server); "none" stops the run instead."""
     if data == "builtin":
         return byte_windows(builtin_corpus(), seed, step, index, rows, length)
+    if is_file_spec(data):
+        text = file_text(data)
+        if text.shape[0] <= length:
+            raise DataFileError(f"the data file {split_spec(data)[0]} holds {text.shape[0]} "
+                                f"bytes of text, not more than one sequence ({length})")
+        return byte_windows(text, seed, step, index, rows, length)
     want = rows * length
     query = {"seed": seed, "step": step, "index": index, "bytes": want}
     if fallback != "builtin":

@@ -7,6 +7,7 @@ import os
 from dataclasses import fields
 from pathlib import Path
 
+from pynode import datafile
 from pynode.config import ConfigError, RunConfig
 from pynode.run.trainer import TrainOptions
 
@@ -59,8 +60,14 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def explicit_config(args: argparse.Namespace) -> dict:
-    """Config flags the user actually gave (the rest come from a resumed checkpoint)."""
-    return {n: getattr(args, n) for n in CONFIG_FLAGS if getattr(args, n, None) is not None}
+    """Config flags the user actually gave (the rest come from a resumed checkpoint);
+    --data FILE becomes file:FILE#sha256=... (pynode.datafile)."""
+    values = {n: getattr(args, n) for n in CONFIG_FLAGS if getattr(args, n, None) is not None}
+    data = values.get("data")
+    if data is not None and data != "builtin" and not data.startswith(
+            ("http://", "https://", datafile.PREFIX)):
+        values["data"] = datafile.file_spec(data)
+    return values
 
 
 def check_output_flags(args: argparse.Namespace) -> None:

@@ -26,7 +26,15 @@ from pynode.cli.flags import (
     resume_notes,
     train_options,
 )
-from pynode.cli.report import Saver, StepReporter, print_summary, run_header, write_summary
+from pynode.cli.report import (
+    Saver,
+    StepReporter,
+    echo,
+    print_summary,
+    run_header,
+    say,
+    write_summary,
+)
 from pynode.comm import CommError, make_collective
 from pynode.config import ConfigError, RunConfig
 from pynode.core.errors import DaisyError
@@ -58,7 +66,7 @@ async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities)
         nonlocal reporter
         install_fault(trainer, 0)
         print(run_header(trainer), file=sys.stderr)
-        reporter = StepReporter(trainer, cfg.steps, args.log, not args.no_progress)
+        reporter = StepReporter(trainer, trainer.cfg.steps, args.log, not args.no_progress)
         hooks.extend([reporter, saver.hook(trainer), last.append])
 
     options = train_options(args, capacities=capacities)
@@ -67,13 +75,15 @@ async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities)
             collective, cfg, resume=resume, backend=args.backend, kernels=args.kernels,
             options=options,
             check_products=args.check_products,
-            on_step=hooks, report=lambda line: print(line, file=sys.stderr), prepare=prepare,
+            on_step=hooks, report=echo, prepare=prepare,
         )
     except (CommError, ForkError) as exc:
-        print(f"error: the group stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
+        if reporter is not None:
+            reporter.close()
         saved = saver.last_agreed()
         if saved:
             print(saved, file=sys.stderr)
+        print(f"error: the group stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 3
     finally:
         if reporter is not None:
@@ -81,7 +91,8 @@ async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities)
     saver.final(trainer)
     if args.summary:
         write_summary(args.summary, trainer, collective.world_size, traffic)
-    print_summary(trainer, last[-1] if last else None, 0.0, local_units=False)
+    elapsed = reporter.elapsed if reporter is not None else 0.0
+    print_summary(trainer, last[-1] if last else None, elapsed, local_units=False)
     print(trainer.state.hash())
     return 0
 
@@ -94,18 +105,27 @@ def pin_to_core(rank: int) -> None:
 
 
 async def follow(collective, args: argparse.Namespace, capacities) -> int:
+    """A rank > 0. A cluster's ranks (each on its own terminal) say that they follow and
+    how their run ended; local peers (train --peers) only when they stop, rank 0 speaks
+    for the rest."""
     rank = collective.rank
+    alone = args.command == "cluster"
     pin_to_core(rank)
     options = train_options(args, capacities=capacities)
+    if alone:
+        say(f"rank {rank} of {collective.world_size}: in the group, following rank 0's run")
     try:
-        await run_member(collective, None, backend=args.backend, kernels=args.kernels,
-                         options=options,
-                         check_products=args.check_products,
-                         report=lambda line: None,
-                         prepare=lambda trainer: install_fault(trainer, rank))
+        trainer, _ = await run_member(collective, None, backend=args.backend,
+                                      kernels=args.kernels, options=options,
+                                      check_products=args.check_products,
+                                      report=lambda line: None,
+                                      prepare=lambda trainer: install_fault(trainer, rank))
     except DaisyError as exc:
         print(f"rank {rank}: stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 3
+    if alone:
+        say(f"rank {rank}: finished: step {trainer.state.step}, state hash "
+            f"{trainer.state.hash()} (every step agreed with the group)")
     return 0
 
 

@@ -32,6 +32,7 @@ from pynode.cli.flags import (
 from pynode.cli.peer import NativePeer
 from pynode.cli.report import StepReporter, say
 from pynode.config import ConfigError, RunConfig
+from pynode.datafile import is_file_spec
 from pynode.extras import require
 from pynode.run.assemble import build_trainer, load_resume, load_units_and_gemm
 
@@ -78,12 +79,18 @@ def start_plan(args: argparse.Namespace) -> tuple[RunConfig | None, Any]:
         return None, None
     if args.min_peers < 1 or args.wait <= 0:
         raise ConfigError("--min-peers must be >= 1 and --wait positive")
+    ckpt = None
     if args.resume:
         cfg, ckpt = load_resume(args.resume, given)
         for note in resume_notes(ckpt.config, ckpt.step, given):
             say(note)
-        return cfg, ckpt
-    return config_from_args(args), None
+    else:
+        cfg = config_from_args(args)
+    if is_file_spec(cfg.data):
+        raise ConfigError("--data FILE is read by each peer from its own disk, and a room's "
+                          "tabs have none: serve a parquet file with `python -m server "
+                          "--data-url FILE` and give --data http://SERVER")
+    return cfg, ckpt
 
 
 async def join_command(args: argparse.Namespace) -> int:
