@@ -14,6 +14,15 @@ from pynode.run.trainer import TrainOptions
 CONFIG_FLAGS = {f.name: f for f in fields(RunConfig)}
 
 
+# What a flag's "(default ...)" does not say by itself.
+CONFIG_HELP = {
+    "data": "the text: builtin, a DaisyChain server http://HOST:PORT, or a text or parquet "
+            "file ",
+    "data_fallback": "what a --data server that cannot read its shards may send instead: none "
+                     "(the run stops) or builtin ",
+}
+
+
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per RunConfig field (--microbatch-size for microbatch_size, ...)."""
     defaults = RunConfig()
@@ -21,7 +30,8 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         kind = {"int": int, "float": float, "str": str}[str(f.type)]
         flag = "--" + name.replace("_", "-")
         default = getattr(defaults, name)
-        parser.add_argument(flag, type=kind, default=None, help=f"(default {default})")
+        parser.add_argument(flag, type=kind, default=None,
+                            help=f"{CONFIG_HELP.get(name, '')}(default {default})")
 
 
 def add_output_flags(parser: argparse.ArgumentParser, who: str = "") -> None:

@@ -122,6 +122,11 @@ def runs(tmp_path_factory) -> dict:
         "gloo": gloo_pair(folder, "gloo", TRAIN[1:]),
         "death": gloo_pair(folder, "death", death_args, fault="1:3:kill"),
     }
+    text = folder / "notes.txt"
+    text.write_text(" ".join(f"line {i}: the peers read this file each" for i in range(300)))
+    started["file1"] = Launched(folder, "file1", [*TRAIN, *QUICK, "--data", str(text)])
+    started["file2"] = Launched(folder, "file2", [*TRAIN, *QUICK, "--data", str(text),
+                                                  "--peers", "2"])
     terminal = InTerminal([*(a for a in TRAIN if a != "--no-progress"), *QUICK, "--peers", "2"])
     done: dict = {"first2": started.pop("first2").wait(), "crash": started.pop("crash").wait()}
     started["resume_crash"] = Launched(folder, "resume_crash", ["train", "--resume",
@@ -206,6 +211,12 @@ def test_the_group_progress_bar_counts_to_its_total_under_the_report_lines(runs,
         lines = [seg for seg in segments if start in seg]
         assert lines and all(seg.startswith(start) for seg in lines), (start, lines)
     assert text.rstrip().endswith(reference.final_hash)
+
+
+def test_a_group_trains_a_data_file_to_the_one_peer_hashes(runs, reference):
+    one, two = ok(runs["file1"]), ok(runs["file2"])
+    assert len(one.hashes) == 4 and two.hashes == one.hashes
+    assert one.hashes != reference.hashes  # other text than the built-in corpus
 
 
 def test_capacities_whole_microbatches_cannot_follow_are_noted(runs):
