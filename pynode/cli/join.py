@@ -147,6 +147,7 @@ async def join_as_cluster(args: argparse.Namespace, units: Any, gemm: Any,
             finally:
                 for reporter in reporters:
                     reporter.close()
+            say(f"cluster rank {inner.rank}: rank 0 left the room; this rank is done")
             return 0
         say(f"cluster of {inner.world_size} ranks: this rank joins the room for all of them")
         bridge = ClusterBridge(inner)

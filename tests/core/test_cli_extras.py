@@ -101,3 +101,17 @@ def test_an_import_no_check_caught_still_names_the_extra(monkeypatch, capsys, na
     assert main(["train", "--steps", "1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: MissingExtraError: `train` needs ") and "daisychain[" in err
+
+
+def test_a_parquet_data_file_without_pyarrow_names_the_extra(hide_dir, tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "docs.parquet"
+    pq.write_table(pa.table({"text": ["some words " * 50] * 4}), path)
+    done = run_hidden(hide_dir, ["pynode", "train", "--steps", "1", "--no-progress",
+                                 "--kernels", "numpy", "--data", str(path)], "pyarrow", {})
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: MissingExtraError: --data {path} (a parquet file) needs pyarrow, not "
+        "installed here: pip install 'daisychain[server]'")
