@@ -52,6 +52,12 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         cfg = ServerConfig.from_dict(config_from_args(args))
+        missing = [url for url in cfg.data_urls if not url.startswith(("http://", "https://"))
+                   and not Path(url.removeprefix("file://")).is_file()]
+        if missing:  # else every slice would be the built-in fallback text
+            print(f"error: data shard {missing[0]}: no such file (a shard is an http(s) URL "
+                  "or a local parquet file)", file=sys.stderr)
+            return 2
         app = create_app(cfg)
         httpd = make_threaded_server(app, cfg.host, cfg.port)
     except (DaisyError, OSError, ValueError) as exc:

@@ -50,9 +50,10 @@ async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities)
     pin_to_core(0)
     resume = None
     if args.resume:
-        cfg, ckpt = load_resume(args.resume, explicit_config(args))
+        given = explicit_config(args)  # --data FILE: its sha256, computed once
+        cfg, ckpt = load_resume(args.resume, given)
         resume = Path(args.resume).read_bytes()
-        for note in resume_notes(ckpt.config, ckpt.step, explicit_config(args)):
+        for note in resume_notes(ckpt.config, ckpt.step, given):
             print(note, file=sys.stderr)
     note = capacity_note(cfg.microbatches, capacities)
     if note:
@@ -109,10 +110,10 @@ async def follow(collective, args: argparse.Namespace, capacities) -> int:
     how their run ended; local peers (train --peers) only when they stop, rank 0 speaks
     for the rest."""
     rank = collective.rank
-    alone = args.command == "cluster"
+    announce = args.command == "cluster"
     pin_to_core(rank)
     options = train_options(args, capacities=capacities)
-    if alone:
+    if announce:
         say(f"rank {rank} of {collective.world_size}: in the group, following rank 0's run")
     try:
         trainer, _ = await run_member(collective, None, backend=args.backend,
@@ -123,7 +124,7 @@ async def follow(collective, args: argparse.Namespace, capacities) -> int:
     except DaisyError as exc:
         print(f"rank {rank}: stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 3
-    if alone:
+    if announce:
         say(f"rank {rank}: finished: step {trainer.state.step}, state hash "
             f"{trainer.state.hash()} (every step agreed with the group)")
     return 0

@@ -28,8 +28,9 @@ async def train_command(args: argparse.Namespace, cfg: RunConfig) -> int:
         return await train_local_peers(args, cfg, parse_capacity(args.capacity, args.peers))
     resume = None
     if args.resume:
-        cfg, resume = load_resume(args.resume, explicit_config(args))
-        for note in resume_notes(resume.config, resume.step, explicit_config(args)):
+        given = explicit_config(args)  # --data FILE: its sha256, computed once
+        cfg, resume = load_resume(args.resume, given)
+        for note in resume_notes(resume.config, resume.step, given):
             print(note, file=sys.stderr)
     trainer = build_trainer(cfg, resume=resume, backend=args.backend,
                             kernels=args.kernels, check_products=args.check_products)

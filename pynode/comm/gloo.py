@@ -279,7 +279,7 @@ def _connect_blocking(
     hosts_store = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
     if not hosts_store:
         # TCPStore's client retries a refused connect for about twice its timeout, logging
-        # C++ stack frames each time: wait for the port here, then give it what is left.
+        # C++ stack frames each time: wait for rank 0's port here, at most `timeout`.
         _wait_for_port(addr, port, deadline, timeout)
     delta = timedelta(seconds=timeout)  # also every later store call's own timeout
     try:

@@ -1,8 +1,8 @@
 """`python -m pynode train --data URL` against a real server whose shards are, or are not,
 reachable: the run never trains on other text than it asked for without saying so.
 
-The server is the real threaded one (LiveServer); the shards are FineWeb-Edu-shaped parquet
-files behind a range-capable HTTP server, or a closed port.
+The server is the real threaded one (LiveServer); its shard is a FineWeb-Edu-shaped
+parquet file on disk, or a closed port.
 """
 
 from __future__ import annotations
@@ -24,17 +24,18 @@ TINY = ["--width", "32", "--layers", "1", "--heads", "2", "--seq", "16", "--micr
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, shard_dir):
     """The same 2-step run against a server without reachable shards (alone, as a group,
-    and with --data-fallback builtin) and against one whose shard answers."""
-    from server_testkit import LiveServer, RangeServer
+    and with --data-fallback builtin) and against one serving a local parquet file (what
+    `python -m server --data-url FILE.parquet` does; tests/server/test_data.py reads shards
+    over HTTP ranges)."""
+    from server_testkit import LiveServer
 
     from server import ServerConfig, create_app
 
     folder = tmp_path_factory.mktemp("data-client")
-    shards = RangeServer(shard_dir)
     config = {"data_dir": folder / "state", "static_dir": folder / "no-static"}
     down = LiveServer(create_app(ServerConfig(**config, data_urls=("http://127.0.0.1:9/x",))))
     up = LiveServer(create_app(ServerConfig(
-        **config, data_urls=(f"{shards.base}/000_00000.parquet",))))
+        **config, data_urls=(str(shard_dir / "000_00000.parquet"),))))
     train = ["train", "--steps", "2", *TINY]
     try:
         started = {
@@ -50,7 +51,6 @@ def runs(tmp_path_factory, shard_dir):
     finally:
         down.stop()
         up.stop()
-        shards.stop()
     done["folder"] = folder
     return done
 
@@ -87,3 +87,12 @@ def test_reachable_shards_train_without_a_word_about_fallbacks(runs):
     assert "built-in" not in done.err and "WARNING" not in done.err
     assert [row["step"] for row in done.log] == [1, 2]
     assert done.hashes != fallback.hashes  # it really trained on the shard's text
+
+
+def test_the_server_refuses_a_local_shard_that_is_not_there(tmp_path, capsys):
+    from server.__main__ import main
+
+    missing = tmp_path / "none.parquet"
+    assert main(["--port", "0", "--data-dir", str(tmp_path), "--data-url", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: data shard {missing}: no such file" in err
