@@ -46,37 +46,48 @@ def microbatch_bytes(
                                 f"bytes of text, not more than one sequence ({length})")
         return byte_windows(text, seed, step, index, rows, length)
     want = rows * length
-    query = {"seed": seed, "step": step, "index": index, "bytes": want}
-    if fallback != "builtin":
-        query["fallback"] = 0
-    url = f"{data.rstrip('/')}/data?{urlencode(query)}"
-    try:
-        reply = json.loads(http_get_text(url))
-        raw = reply["text"].encode("utf-8")
-    except HTTPError as exc:
-        if exc.code != 503:
-            raise DataSourceError(f"data server {data} answered {exc.code} for {url}") from exc
-        raise DataSourceError(
-            f"data server {data} cannot read its shards ({unavailable_reason(exc)}); this run "
-            "trains on no other text in their place: fix the server's --data-url, or give "
-            "--data-fallback builtin to train on the built-in corpus meanwhile") from exc
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise DataSourceError(f"data server {data} gave no usable text for {url}: {exc}") from exc
+    raw = server_text(data, {"seed": seed, "step": step, "index": index, "bytes": want},
+                      fallback)
     if len(raw) > want or len(raw) < want - 3:
         raise DataSourceError(f"data server returned {len(raw)} bytes, asked for {want}")
-    if reply.get("source") == "builtin" and data not in _warned:
-        _warned.add(data)
-        log.warning("data server %s cannot read its shards (%s): it serves the built-in corpus "
-                    "in their place while they fail (--data-fallback builtin)", data,
-                    reply.get("reason", "no reason given"))
     padded = np.full(want, PAD_BYTE, dtype=np.uint8)
     padded[: len(raw)] = np.frombuffer(raw, dtype=np.uint8)
     return padded.reshape(rows, length).astype(np.int32)
 
 
-def unavailable_reason(exc: HTTPError) -> str:
-    """The message of a /data 503 body, or the HTTP reason."""
+def server_text(data: str, query: dict, fallback: str) -> bytes:
+    """The UTF-8 text the server `data` answers for `query`; DataSourceError if none."""
+    if fallback != "builtin":
+        query = {**query, "fallback": 0}
+    url = f"{data.rstrip('/')}/data?{urlencode(query)}"
     try:
-        return str(json.loads(exc.read().decode("utf-8"))["message"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return str(exc.reason)
+        reply = json.loads(http_get_text(url))
+    except HTTPError as exc:  # natively; the page's open_url hands over a 503's body
+        if exc.code != 503:
+            raise DataSourceError(f"data server {data} answered {exc.code} for {url}") from exc
+        reply = error_body(exc)
+    except (OSError, ValueError) as exc:
+        raise DataSourceError(f"data server {data} gave no usable text for {url}: {exc}") from exc
+    if isinstance(reply, dict) and reply.get("error") == "source_unavailable":
+        raise DataSourceError(
+            f"data server {data} cannot read its shards ({reply.get('message')}); this run "
+            "trains on no other text in their place: fix the server's --data-url, or give "
+            "--data-fallback builtin to train on the built-in corpus meanwhile")
+    try:
+        raw = reply["text"].encode("utf-8")
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise DataSourceError(f"data server {data} gave no usable text for {url}: {exc}") from exc
+    if reply.get("source") == "builtin" and data not in _warned:
+        _warned.add(data)
+        log.warning("data server %s cannot read its shards (%s): it serves the built-in corpus "
+                    "in their place while they fail (--data-fallback builtin)", data,
+                    reply.get("reason", "no reason given"))
+    return raw
+
+
+def error_body(exc: HTTPError) -> dict:
+    """The JSON body of a /data error answer ({error, message}), or one made of its reason."""
+    try:
+        return json.loads(exc.read().decode("utf-8"))
+    except (OSError, ValueError):
+        return {"error": "source_unavailable", "message": str(exc.reason)}
