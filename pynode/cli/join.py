@@ -96,6 +96,8 @@ def start_plan(args: argparse.Namespace) -> tuple[RunConfig | None, Any]:
 async def join_command(args: argparse.Namespace) -> int:
     """Run `join` to its end; returns the exit code."""
     require_webrtc()
+    if args.cluster:
+        require("join --cluster (the gloo transport)", "torch")
     cfg, resume = start_plan(args)
     check_output_flags(args)
     if args.timeout is not None and args.timeout <= 0:

@@ -41,6 +41,8 @@ CASES = {
                     "torch", {}),
     "join": (["pynode", "join", "--server", "http://127.0.0.1:9"], "aiortc,websockets",
              "join needs aiortc and websockets", "webrtc", {}),
+    "join-cluster": (["pynode", "join", "--server", "http://127.0.0.1:9", "--cluster"], "torch",
+                     "join --cluster (the gloo transport) needs torch", "torch", GLOO),
     "server-flask": (["server", "--port", "0"], "flask", "the server needs flask", "server", {}),
     "server-sock": (["server", "--port", "0"], "flask_sock", "the server needs flask-sock",
                     "server", {}),
