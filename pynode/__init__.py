@@ -16,7 +16,9 @@ native_kernels.py  numba-fused hot kernels, gated against core/kernels.py's refe
 verify.py     `verify`: every start-up check as a table
 float_gpt.py  the plain-float torch twin of the GPT (native only)
 unitfiles.py  reads the shipped unit weights (data/units/);  corpus.py  the built-in corpus
-datasource.py microbatch text: built-in corpus or a server's /data
+datasource.py microbatch text: built-in corpus, a server's /data or a file
+datafile.py   --data FILE: a local text or parquet file, named with its sha256
+extras.py     optional dependencies: the extra that brings each, one line when missing
 browser.py    the page's Python side (JS bridge mesh, start-up checks)
 webgpu_gemm.py the page's WebGPU GEMM backend (waits on the GPU through Pyodide's run_sync)
 browser_gemm.py, wasm/   the page's exact GEMM in WebAssembly SIMD (wasm_simd)

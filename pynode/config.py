@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict, dataclass, fields, replace
 
 from pynode.core.errors import DaisyError
+from pynode.datafile import is_file_spec, split_spec
 
 
 class ConfigError(DaisyError, ValueError):
@@ -28,7 +29,11 @@ class RunConfig:
     weight_decay: float = 0.0    # decoupled (AdamW) weight decay
     clip: float = 1.0            # global gradient-norm clip; 0 disables
     frac_bits: int = 32          # F of the int64 fixed-point gradient format
-    data: str = "builtin"        # "builtin" corpus, or a DaisyChain server URL serving /data
+    data: str = "builtin"        # "builtin" corpus, a DaisyChain server URL serving /data,
+    #                              or file:PATH#sha256=HEX (--data FILE; pynode.datafile)
+    # What a /data server may send when it cannot read its shards: "none" (the run stops,
+    # its text never silently changes) or "builtin" (the built-in corpus, said in a warning)
+    data_fallback: str = "none"
     cross_check: int = 32        # each microbatch recomputed by another peer with chance 1/N
     #                              (pynode/run/crosscheck.py, docs/VERIFICATION.md); 0: never
 
@@ -43,8 +48,17 @@ class RunConfig:
             raise ConfigError(f"heads ({self.heads}) must divide width ({self.width})")
         if not 0 < self.lr < 1:
             raise ConfigError(f"lr must be in (0, 1), got {self.lr}")
-        if self.data != "builtin" and not self.data.startswith(("http://", "https://")):
-            raise ConfigError(f"data must be 'builtin' or an http(s) server URL, got {self.data!r}")
+        if is_file_spec(self.data):
+            try:
+                split_spec(self.data)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        elif self.data != "builtin" and not self.data.startswith(("http://", "https://")):
+            raise ConfigError(f"data must be 'builtin', an http(s) server URL or "
+                              f"file:PATH#sha256=HEX, got {self.data!r}")
+        if self.data_fallback not in ("none", "builtin"):
+            raise ConfigError(f"data_fallback must be 'none' or 'builtin', got "
+                              f"{self.data_fallback!r}")
         if not isinstance(self.cross_check, int) or self.cross_check < 0:
             raise ConfigError(f"cross_check must be an integer >= 0 (0: off), got "
                               f"{self.cross_check!r}")

@@ -23,7 +23,8 @@ __all__ = ["ServerConfig", "create_app"]
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy, so that `python -m server` can monkey-patch (gevent) before Flask is imported.
+    # Lazy, so that `python -m server` can check for flask & co. and monkey-patch (gevent)
+    # before Flask is imported.
     if name == "create_app":
         from server.app import create_app
 

@@ -13,6 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pynode.core.errors import DaisyError
+from pynode.extras import MissingExtraError, require
+
 GEVENT_MISSING = ("error: python -m server needs gevent: pip install 'daisychain[server]' "
                   "(or --dev-server for Werkzeug's development server)")
 
@@ -53,11 +56,21 @@ def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from pynode.core.errors import DaisyError
+    try:
+        require("the server", "flask", "flask_sock", "pyarrow")
+    except MissingExtraError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     from server.config import ServerConfig  # imports neither Flask nor sockets
 
     try:
         cfg = ServerConfig.from_dict(config_from_args(args))
+        missing = [url for url in cfg.data_urls if not url.startswith(("http://", "https://"))
+                   and not Path(url.removeprefix("file://")).is_file()]
+        if missing:  # else every slice would be the built-in fallback text
+            print(f"error: data shard {missing[0]}: no such file (a shard is an http(s) URL "
+                  "or a local parquet file)", file=sys.stderr)
+            return 2
     except (DaisyError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -17,6 +17,7 @@ import time
 
 from pynode.bench.machine import machine_info, machine_line
 from pynode.config import RunConfig
+from pynode.extras import require
 
 BLOCK = 5  # steps per block of the check-on / check-off alternation
 
@@ -89,6 +90,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one task here
     parser.add_argument("--config", default="{}", help="RunConfig overrides as JSON")
     args = parser.parse_args(argv)
+    require("bench train (it compares the int8 GPT with the float task)", "torch")
     cfg = RunConfig.from_dict(json.loads(args.config))
     if args.one:
         print(json.dumps(measure(args.one, cfg, args.steps)))

@@ -7,10 +7,20 @@ import os
 from dataclasses import fields
 from pathlib import Path
 
+from pynode import datafile
 from pynode.config import ConfigError, RunConfig
 from pynode.run.trainer import TrainOptions
 
 CONFIG_FLAGS = {f.name: f for f in fields(RunConfig)}
+
+
+# What a flag's "(default ...)" does not say by itself.
+CONFIG_HELP = {
+    "data": "the text: builtin, a DaisyChain server http://HOST:PORT, or a text or parquet "
+            "file ",
+    "data_fallback": "what a --data server that cannot read its shards may send instead: none "
+                     "(the run stops) or builtin ",
+}
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -20,7 +30,8 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         kind = {"int": int, "float": float, "str": str}[str(f.type)]
         flag = "--" + name.replace("_", "-")
         default = getattr(defaults, name)
-        parser.add_argument(flag, type=kind, default=None, help=f"(default {default})")
+        parser.add_argument(flag, type=kind, default=None,
+                            help=f"{CONFIG_HELP.get(name, '')}(default {default})")
 
 
 def add_output_flags(parser: argparse.ArgumentParser, who: str = "") -> None:
@@ -60,8 +71,14 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def explicit_config(args: argparse.Namespace) -> dict:
-    """Config flags the user actually gave (the rest come from a resumed checkpoint)."""
-    return {n: getattr(args, n) for n in CONFIG_FLAGS if getattr(args, n, None) is not None}
+    """Config flags the user actually gave (the rest come from a resumed checkpoint);
+    --data FILE becomes file:FILE#sha256=... (pynode.datafile)."""
+    values = {n: getattr(args, n) for n in CONFIG_FLAGS if getattr(args, n, None) is not None}
+    data = values.get("data")
+    if data is not None and data != "builtin" and not data.startswith(
+            ("http://", "https://", datafile.PREFIX)):
+        values["data"] = datafile.file_spec(data)
+    return values
 
 
 def check_output_flags(args: argparse.Namespace) -> None:
@@ -92,3 +109,54 @@ def train_options(args: argparse.Namespace, **fields) -> TrainOptions:
     if getattr(args, "timeout", None) is not None:
         fields["min_deadline"] = args.timeout
     return TrainOptions(**fields)
+
+
+def resume_notes(stored: dict, step: int, given: dict) -> list[str]:
+    """What a resume changes: one line per config flag whose value differs from the
+    checkpoint's. The flags win (a lower --lr after a NonFiniteError is a fix, not a
+    mistake), but from `step` on the run is no longer the checkpoint's own."""
+    notes = []
+    for name, value in given.items():
+        old = stored.get(name)
+        if old == value:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if name == "steps":
+            notes.append(f"note: --steps {value} (the checkpoint's run has {old}): from step "
+                         f"{step} the learning rate follows the schedule of a {value}-step run; "
+                         "without --steps the resume is the checkpoint's own run, bit for bit")
+        else:
+            notes.append(f"note: {flag} {value} replaces the checkpoint's {old!r}: from step "
+                         f"{step} this is another run than the checkpoint's (drop {flag} to "
+                         "continue it bit for bit)")
+    return notes
+
+
+def capacity_note(microbatches: int, capacities: dict[int, float] | None) -> str | None:
+    """None if --capacity splits the step's microbatches in its exact proportion, else the
+    line that says how whole microbatches split and which --microbatches would be exact."""
+    if capacities is None:
+        return None
+    from fractions import Fraction
+    from math import lcm
+
+    from pynode.core.plan import microbatch_plan
+
+    plan = microbatch_plan(microbatches, capacities)
+    weights = {r: Fraction(c).limit_denominator(10**6) for r, c in capacities.items()}
+    fractions = [weights[r] / sum(weights.values()) for r in sorted(weights)]
+    if all((f * microbatches).denominator == 1 for f in fractions):
+        return None
+    exact = lcm(*(f.denominator for f in fractions))
+    split = "/".join(str(len(plan[r])) for r in sorted(plan))
+    asked = "/".join(f"{float(f * microbatches):.3g}" for f in fractions)
+    idle = [str(r) for r in sorted(plan) if not plan[r]]
+    line = (f"note: --capacity {','.join(f'{c:g}' for c in capacities.values())} of "
+            f"{microbatches} microbatches: whole microbatches split {split} (the capacities "
+            f"ask for {asked})")
+    if idle:
+        line += f"; rank {idle[0]} computes none" if len(idle) == 1 else \
+            f"; ranks {', '.join(idle)} compute none"
+    if exact <= 4096:
+        line += f"; --microbatches {exact} (or a multiple) splits in exact proportion"
+    return line

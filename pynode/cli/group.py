@@ -19,25 +19,31 @@ from pathlib import Path
 from pynode import platform
 from pynode.cli.faults import install_fault
 from pynode.cli.flags import (
+    capacity_note,
     check_output_flags,
     explicit_config,
     parse_capacity,
+    resume_notes,
     train_options,
 )
 from pynode.cli.report import (
     Saver,
     StepReporter,
+    echo,
     name_rank_in_logs,
     print_summary,
     run_header,
+    say,
     write_summary,
 )
 from pynode.comm import CommError, make_collective
 from pynode.config import ConfigError, RunConfig
 from pynode.core.errors import DaisyError
+from pynode.extras import require
 from pynode.run.assemble import load_resume
 from pynode.run.group import run_member
 from pynode.run.trainer import ForkError, StepResult, Trainer, VerificationError
+from pynode.tasks import load_task
 
 
 async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities) -> int:
@@ -47,8 +53,14 @@ async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities)
         name_rank_in_logs(0)
     resume = None
     if args.resume:
-        cfg, _ = load_resume(args.resume, explicit_config(args))
+        given = explicit_config(args)  # --data FILE: its sha256, computed once
+        cfg, ckpt = load_resume(args.resume, given)
         resume = Path(args.resume).read_bytes()
+        for note in resume_notes(ckpt.config, ckpt.step, given):
+            print(note, file=sys.stderr)
+    note = capacity_note(cfg.microbatches, capacities)
+    if note:
+        print(note, file=sys.stderr)
     saver = Saver(args.save, args.save_every)
     reporter: StepReporter | None = None
     hooks: list = []  # the loop's on_step hooks, filled once the trainer exists
@@ -58,7 +70,7 @@ async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities)
         nonlocal reporter
         install_fault(trainer, 0)
         print(run_header(trainer), file=sys.stderr)
-        reporter = StepReporter(trainer, cfg.steps, args.log, not args.no_progress)
+        reporter = StepReporter(trainer, trainer.cfg.steps, args.log, not args.no_progress)
         hooks.extend([reporter, saver.hook(trainer), last.append])
 
     options = train_options(args, capacities=capacities)
@@ -67,13 +79,15 @@ async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities)
             collective, cfg, resume=resume, backend=args.backend, kernels=args.kernels,
             options=options,
             check_products=args.check_products,
-            on_step=hooks, report=lambda line: print(line, file=sys.stderr), prepare=prepare,
+            on_step=hooks, report=echo, prepare=prepare,
         )
     except (CommError, ForkError, VerificationError) as exc:
-        print(f"error: the group stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
+        if reporter is not None:
+            reporter.close()
         saved = saver.last_agreed()
         if saved:
             print(saved, file=sys.stderr)
+        print(f"error: the group stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 3
     finally:
         if reporter is not None:
@@ -81,7 +95,8 @@ async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities)
     saver.final(trainer)
     if args.summary:
         write_summary(args.summary, trainer, collective.world_size, traffic)
-    print_summary(trainer, last[-1] if last else None, 0.0, local_units=False)
+    elapsed = reporter.elapsed if reporter is not None else 0.0
+    print_summary(trainer, last[-1] if last else None, elapsed, local_units=False)
     print(trainer.state.hash())
     return 0
 
@@ -94,19 +109,28 @@ def pin_to_core(rank: int) -> None:
 
 
 async def follow(collective, args: argparse.Namespace, capacities) -> int:
+    """A rank > 0. A cluster's ranks (each on its own terminal) say that they follow and
+    how their run ended; local peers (train --peers) only when they stop, rank 0 speaks
+    for the rest."""
     rank = collective.rank
+    announce = args.command == "cluster"
     pin_to_core(rank)
     name_rank_in_logs(rank)
     options = train_options(args, capacities=capacities)
+    if announce:
+        say(f"rank {rank} of {collective.world_size}: in the group, following rank 0's run")
     try:
-        await run_member(collective, None, backend=args.backend, kernels=args.kernels,
-                         options=options,
-                         check_products=args.check_products,
-                         report=lambda line: None,
-                         prepare=lambda trainer: install_fault(trainer, rank))
+        trainer, _ = await run_member(collective, None, backend=args.backend,
+                                      kernels=args.kernels, options=options,
+                                      check_products=args.check_products,
+                                      report=lambda line: None,
+                                      prepare=lambda trainer: install_fault(trainer, rank))
     except DaisyError as exc:
         print(f"rank {rank}: stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 3
+    if announce:
+        say(f"rank {rank}: finished: step {trainer.state.step}, state hash "
+            f"{trainer.state.hash()} (every step agreed with the group)")
     return 0
 
 
@@ -170,7 +194,9 @@ async def peer_command(args) -> int:
 
 async def cluster_command(args, cfg: RunConfig) -> int:
     """gloo group from MASTER_ADDR / MASTER_PORT / WORLD_SIZE / RANK."""
+    require("cluster (the gloo transport)", "torch")
     check_output_flags(args)
+    load_task(cfg.task)  # a task's own extras (a resumed checkpoint's task: by its reading)
     collective = await make_collective("gloo", timeout=args.timeout)
     capacities = parse_capacity(args.capacity, collective.world_size)
     try:

@@ -26,11 +26,14 @@ from pynode.cli.flags import (
     check_output_flags,
     config_from_args,
     explicit_config,
+    resume_notes,
     train_options,
 )
 from pynode.cli.peer import NativePeer
 from pynode.cli.report import StepReporter, say
 from pynode.config import ConfigError, RunConfig
+from pynode.datafile import is_file_spec
+from pynode.extras import require
 from pynode.run.assemble import build_trainer, load_resume, load_units_and_gemm
 
 CLUSTER_TIMEOUT_S = 60.0  # how long the cluster's ranks wait for each other to form
@@ -76,14 +79,25 @@ def start_plan(args: argparse.Namespace) -> tuple[RunConfig | None, Any]:
         return None, None
     if args.min_peers < 1 or args.wait <= 0:
         raise ConfigError("--min-peers must be >= 1 and --wait positive")
+    ckpt = None
     if args.resume:
-        return load_resume(args.resume, given)
-    return config_from_args(args), None
+        cfg, ckpt = load_resume(args.resume, given)
+        for note in resume_notes(ckpt.config, ckpt.step, given):
+            say(note)
+    else:
+        cfg = config_from_args(args)
+    if is_file_spec(cfg.data):
+        raise ConfigError("--data FILE is read by each peer from its own disk, and a room's "
+                          "tabs have none: serve a parquet file with `python -m server "
+                          "--data-url FILE` and give --data http://SERVER")
+    return cfg, ckpt
 
 
 async def join_command(args: argparse.Namespace) -> int:
     """Run `join` to its end; returns the exit code."""
     require_webrtc()
+    if args.cluster:
+        require("join --cluster (the gloo transport)", "torch")
     cfg, resume = start_plan(args)
     check_output_flags(args)
     if args.timeout is not None and args.timeout <= 0:
@@ -104,12 +118,8 @@ async def join_command(args: argparse.Namespace) -> int:
 
 
 def require_webrtc() -> None:
-    """ConfigError naming the install command if aiortc or websockets is missing."""
-    import importlib.util
-
-    missing = [m for m in ("aiortc", "websockets") if importlib.util.find_spec(m) is None]
-    if missing:
-        raise ConfigError(f"join needs {' and '.join(missing)}: pip install 'daisychain[webrtc]'")
+    """MissingExtraError naming the install command if aiortc or websockets is missing."""
+    require("join", "aiortc", "websockets")
 
 
 async def join_as_cluster(args: argparse.Namespace, units: Any, gemm: Any,
@@ -139,6 +149,7 @@ async def join_as_cluster(args: argparse.Namespace, units: Any, gemm: Any,
             finally:
                 for reporter in reporters:
                     reporter.close()
+            say(f"cluster rank {inner.rank}: rank 0 left the room; this rank is done")
             return 0
         say(f"cluster of {inner.world_size} ranks: this rank joins the room for all of them")
         bridge = ClusterBridge(inner)

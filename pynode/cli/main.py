@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 
 from pynode.cli.flags import (
@@ -16,6 +17,7 @@ from pynode.cli.flags import (
 from pynode.cli.join import add_join_parser
 from pynode.config import ConfigError
 from pynode.core.errors import DaisyError
+from pynode.extras import explain
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # torch's C++ warnings (gloo's socket retries and timeouts, with stack frames) say
+    # nothing our own error lines do not; set before torch loads, a user's choice kept.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
@@ -100,6 +105,12 @@ def main(argv: list[str] | None = None) -> int:
             return module.main(args.args)
     except (DaisyError, ConfigError, FileNotFoundError, IsADirectoryError) as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    except ImportError as exc:  # an optional dependency a path needed and no check caught
+        missing = explain(f"`{args.command}`", exc)
+        if missing is None:
+            raise
+        print(f"error: {type(missing).__name__}: {missing}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

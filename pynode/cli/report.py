@@ -30,6 +30,16 @@ def name_rank_in_logs(rank: int) -> None:
         handler.setFormatter(logging.Formatter(f"rank {rank}: %(levelname)s:%(name)s:%(message)s"))
 
 
+def echo(text: str) -> None:
+    """A line of a run's report, above its progress bar if one is drawn."""
+    try:
+        from tqdm import tqdm
+
+        tqdm.write(text, file=sys.stderr)
+    except ImportError:
+        print(text, file=sys.stderr, flush=True)
+
+
 def gemm_summary(gemm: Any) -> str:
     """GEMM backend(s) and kernels of a run, for its header line."""
     if gemm is None:
@@ -51,6 +61,8 @@ class StepReporter:
 
     def __init__(self, trainer: Trainer, until: int, log_path: str | None, progress: bool):
         self.trainer = trainer
+        self.started = time.perf_counter()
+        self.elapsed = 0.0  # seconds from here to the end of the last step reported
         self.log_file = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115
         self.bar = None
         if progress and sys.stderr.isatty():
@@ -59,6 +71,7 @@ class StepReporter:
             self.bar = tqdm(total=until, initial=trainer.state.step, unit="step", file=sys.stderr)
 
     def __call__(self, result: StepResult) -> None:
+        self.elapsed = time.perf_counter() - self.started
         if self.log_file is not None:
             row = {"step": result.step, "loss": result.loss, "hash": result.hash,
                    "probe": result.probe, "seconds": round(result.seconds, 4)}
@@ -114,7 +127,7 @@ class Saver:
 def print_summary(trainer: Trainer, last: StepResult | None, elapsed: float,
                   local_units: bool = True) -> None:
     if last is not None:
-        print(f"step {last.step}  loss {last.loss:.4f}  {elapsed:.1f}s", file=sys.stderr)
+        print(f"step {last.step}  loss {last.loss:.4f}  {elapsed:.2f}s", file=sys.stderr)
     if trainer.units is not None and local_units:
         counts = trainer.units.counts.snapshot()
         pretty = "  ".join(f"{k} {v:,}" for k, v in counts.items())

@@ -7,15 +7,18 @@ import sys
 import time
 
 from pynode.cli.faults import install_fault
-from pynode.cli.flags import check_output_flags, explicit_config, parse_capacity
+from pynode.cli.flags import check_output_flags, explicit_config, parse_capacity, resume_notes
 from pynode.cli.report import Saver, StepReporter, print_summary, run_header, write_summary
 from pynode.config import ConfigError, RunConfig
+from pynode.core.errors import DaisyError
 from pynode.run.assemble import build_trainer, load_resume
 from pynode.run.loop import train
+from pynode.tasks import load_task
 
 
 async def train_command(args: argparse.Namespace, cfg: RunConfig) -> int:
     check_output_flags(args)
+    load_task(cfg.task)  # a task's own extras, before any peer starts
     if args.capacity is not None and args.peers == 1:
         raise ConfigError("--capacity sets the relative speeds of local peers: it needs "
                           "--peers N with N > 1 (one peer computes every microbatch)")
@@ -25,7 +28,10 @@ async def train_command(args: argparse.Namespace, cfg: RunConfig) -> int:
         return await train_local_peers(args, cfg, parse_capacity(args.capacity, args.peers))
     resume = None
     if args.resume:
-        cfg, resume = load_resume(args.resume, explicit_config(args))
+        given = explicit_config(args)  # --data FILE: its sha256, computed once
+        cfg, resume = load_resume(args.resume, given)
+        for note in resume_notes(resume.config, resume.step, given):
+            print(note, file=sys.stderr)
     trainer = build_trainer(cfg, resume=resume, backend=args.backend,
                             kernels=args.kernels, check_products=args.check_products)
     install_fault(trainer)
@@ -35,6 +41,12 @@ async def train_command(args: argparse.Namespace, cfg: RunConfig) -> int:
     started = time.perf_counter()
     try:
         last = await train(trainer, on_step=(reporter, saver.hook(trainer)))
+    except DaisyError:  # refused mid-run (bad data, a non-finite step): keep what was agreed
+        reporter.close()
+        saved = saver.last_agreed()
+        if saved:
+            print(saved, file=sys.stderr)
+        raise
     finally:
         reporter.close()
     elapsed = time.perf_counter() - started

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import time
 from datetime import timedelta
 from typing import Any
@@ -274,8 +275,13 @@ def _connect_blocking(
 
     if not dist.is_available() or not dist.is_gloo_available():
         raise CommError("this torch build has no gloo backend")
-    delta = timedelta(seconds=timeout)
+    deadline = time.monotonic() + timeout
     hosts_store = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    if not hosts_store:
+        # TCPStore's client retries a refused connect for about twice its timeout, logging
+        # C++ stack frames each time: wait for rank 0's port here, at most `timeout`.
+        _wait_for_port(addr, port, deadline, timeout)
+    delta = timedelta(seconds=timeout)  # also every later store call's own timeout
     try:
         store = dist.TCPStore(
             addr, port, world_size, hosts_store, delta, wait_for_workers=False, multi_tenant=True
@@ -287,14 +293,49 @@ def _connect_blocking(
     joined = [f"{keys}joined/{r}" for r in range(world_size)]
     try:
         store.set(joined[rank], b"1")
-        store.wait(joined, delta)
+        store.wait(joined, timedelta(seconds=max(deadline - time.monotonic(), _POLL_S)))
         pg = dist.ProcessGroupGloo(dist.PrefixStore(keys + "pg", store), rank, world_size, delta)
     except RuntimeError as exc:
         missing = roll_call(store, f"{keys}joined/", rank, world_size, _POLL_S)
         first = str(exc).splitlines()[0]
-        raise PeerLost(missing, f"gloo group did not form within {timeout:g} s: {first}") from None
+        who = f"rank {', '.join(map(str, missing))} of {world_size} did not join" if missing \
+            else first
+        raise PeerLost(missing, f"gloo group did not form within {timeout:g} s at "
+                       f"{addr}:{port}: {who}") from None
     log.info("gloo: rank %d of %d joined via %s:%d", rank, world_size, addr, port)
     return GlooCollective(pg, store, rank, world_size, keys)
+
+
+def _wait_for_port(addr: str, port: int, deadline: float, timeout: float) -> None:
+    """Return once something listens on addr:port; PeerLost([0]) at `deadline`."""
+    while True:
+        try:
+            _probe(addr, port, max(min(deadline - time.monotonic(), 1.0), _POLL_S))
+            return
+        except OSError as exc:
+            if time.monotonic() + 0.2 >= deadline:
+                raise PeerLost([0], f"rank 0 did not come: nothing answered at {addr}:{port} "
+                               f"within {timeout:g} s ({exc.strerror or exc}); start rank 0 "
+                               "with the same MASTER_ADDR and MASTER_PORT, or check that this "
+                               "machine reaches it") from None
+            time.sleep(0.2)
+
+
+def _probe(addr: str, port: int, timeout: float) -> None:
+    """Connect to addr:port and hang up; OSError if nothing listens. The local port is bound
+    first and never equals `port`: a connect to a free port of this machine may otherwise
+    get that very port as its source, connect to itself and hold it from rank 0's store."""
+    family, kind, proto, _, target = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
+    while True:
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", 0))
+            if sock.getsockname()[1] != port:
+                sock.settimeout(timeout)
+                sock.connect(target)
+                return
+        finally:
+            sock.close()
 
 
 def _env(name: str) -> str:

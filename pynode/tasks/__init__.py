@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 
 from pynode.core.errors import DaisyError
+from pynode.extras import require
 from pynode.tasks.base import Task
 
 REGISTERED = {
@@ -25,7 +26,8 @@ class UnknownTaskError(DaisyError, LookupError):
 
 
 def load_task(name: str) -> Task:
-    """Instantiate the task called `name` (a registered name or `package.module:Class`)."""
+    """Instantiate the task called `name` (a registered name or `package.module:Class`);
+    MissingExtraError if a module its `requires` names (optional) is not installed."""
     target = REGISTERED.get(name, name)
     if ":" not in target:
         raise UnknownTaskError(
@@ -42,4 +44,5 @@ def load_task(name: str) -> Task:
     task = cls()
     if not isinstance(task, Task):
         raise UnknownTaskError(f"task {name!r}: {target} does not implement the Task interface")
+    require(f"task {name!r}", *getattr(task, "requires", ()))
     return task

@@ -15,6 +15,7 @@ from pynode.tasks.gpt import GPTTask, gpt_config
 class FloatGPTTask(GPTTask):
     name = "float"
     uses_units = False
+    requires = ("torch",)  # checked by load_task: one line naming the extra, not a traceback
 
     def build_model(self, cfg: RunConfig, gemm: Any):
         from pynode.float_gpt import FloatGPT

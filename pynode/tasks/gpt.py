@@ -8,6 +8,7 @@ import numpy as np
 
 from pynode.config import RunConfig
 from pynode.core.gpt import GPT, GPTConfig
+from pynode.datafile import file_text, is_file_spec
 from pynode.datasource import microbatch_bytes
 
 
@@ -16,11 +17,14 @@ class GPTTask:
     vocab = 256  # byte-level; recorded in checkpoints and checked on load
 
     def build_model(self, cfg: RunConfig, gemm: Any) -> GPT:
+        if is_file_spec(cfg.data):  # a missing or other file is refused before any step
+            file_text(cfg.data)
         return GPT(gpt_config(cfg), gemm)
 
     def sample(self, cfg: RunConfig, step: int, index: int) -> np.ndarray:
         # (B, T+1) int32: inputs are [:, :-1], targets [:, 1:]
-        return microbatch_bytes(cfg.data, cfg.seed, step, index, cfg.microbatch_size, cfg.seq + 1)
+        return microbatch_bytes(cfg.data, cfg.seed, step, index, cfg.microbatch_size,
+                                cfg.seq + 1, cfg.data_fallback)
 
     def loss(self, model: GPT, params, batch, key):
         return model.loss_and_grads(params, batch, key)

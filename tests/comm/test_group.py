@@ -8,6 +8,8 @@ resumes starts as soon as the run that writes its checkpoint has ended.
 
 from __future__ import annotations
 
+import re
+import threading
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,54 @@ GLOO_TIMEOUT_S = 6
 # A surviving gloo rank waits at most --timeout for the dead one; the rest is slack for a
 # loaded machine (the first checkpoint write, interpreter exit).
 STOP_BOUND_S = GLOO_TIMEOUT_S + 12
+
+
+class InTerminal:
+    """`python -m pynode ARGS` with stderr on a 120-column pseudo-terminal, as a user sees
+    it: the progress bar is drawn."""
+
+    def __init__(self, args: list[str]):
+        import fcntl
+        import os
+        import pty
+        import struct
+        import subprocess
+        import sys
+        import termios
+
+        from pynode_runs import ONE_THREAD, REPO
+
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYNODE_")}
+        self.proc = subprocess.Popen([sys.executable, "-m", "pynode", *args], cwd=REPO,
+                                     env={**env, "PYTHONPATH": str(REPO), **ONE_THREAD},
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=slave, start_new_session=True)
+        os.close(slave)
+        self.master, self.chunks = master, []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        import os
+
+        while True:
+            try:
+                chunk = os.read(self.master, 65536)
+            except OSError:  # EIO: every writer of the terminal has exited
+                return
+            if not chunk:
+                return
+            self.chunks.append(chunk)
+
+    def wait(self) -> tuple[int, str]:
+        import os
+
+        out, _ = self.proc.communicate(timeout=300)
+        self.reader.join(timeout=30)
+        os.close(self.master)
+        return self.proc.returncode, b"".join(self.chunks).decode("utf-8", "replace") + out.decode()
 
 
 def gloo_pair(folder: Path, name: str, args: list[str], fault: str | None = None,
@@ -88,6 +138,12 @@ def runs(tmp_path_factory) -> dict:
         "gloo_grad": gloo_pair(folder, "gloo_grad", [*TRAIN[1:], *QUICK, "--cross-check", "1"],
                                fault="1:2:grad", world=3),
     }
+    text = folder / "notes.txt"
+    text.write_text(" ".join(f"line {i}: the peers read this file each" for i in range(300)))
+    started["file1"] = Launched(folder, "file1", [*TRAIN, *QUICK, "--data", str(text)])
+    started["file2"] = Launched(folder, "file2", [*TRAIN, *QUICK, "--data", str(text),
+                                                  "--peers", "2"])
+    terminal = InTerminal([*(a for a in TRAIN if a != "--no-progress"), *QUICK, "--peers", "2"])
     done: dict = {"first2": started.pop("first2").wait(), "crash": started.pop("crash").wait()}
     started["resume_crash"] = Launched(folder, "resume_crash", ["train", "--resume",
                                        str(folder / "crash.pt"), "--no-progress", *QUICK])
@@ -101,6 +157,7 @@ def runs(tmp_path_factory) -> dict:
                                        str(folder / "X.pt"), "--peers", "2", "--no-progress",
                                        *QUICK])
     done.update({name: proc.wait() for name, proc in started.items()})
+    done["terminal"] = terminal.wait()
     done["folder"] = folder
     return done
 
@@ -143,8 +200,46 @@ def test_capacity_plan_is_reported(runs):
     assert "cluster-wide unit invocations: mul" in runs["peers3"].err
 
 
-def test_gloo_follower_finishes_cleanly(runs):
-    assert ok(runs["gloo-rank1"]).out == ""
+def test_gloo_follower_finishes_cleanly(runs, reference):
+    rank1 = ok(runs["gloo-rank1"])
+    assert rank1.out == ""
+    lines = rank1.err.strip().splitlines()
+    assert "rank 1 of 2: in the group, following rank 0's run" in lines[0]
+    assert lines[-1].endswith(f"rank 1: finished: step 4, state hash {reference.final_hash} "
+                              "(every step agreed with the group)"), lines[-1]
+
+
+@pytest.mark.parametrize("name", ["peers3", "gloo"])
+def test_the_group_summary_gives_the_real_elapsed_time(runs, name):
+    run = ok(runs[name])
+    (elapsed,) = re.findall(r"^step 4  loss \d+\.\d{4}  (\d+\.\d\d)s$", run.err, re.M)
+    stepping = sum(row["seconds"] for row in run.log)
+    assert stepping - 0.01 <= float(elapsed) < stepping + 10.0, (elapsed, stepping)
+
+
+def test_the_group_progress_bar_counts_to_its_total_under_the_report_lines(runs, reference):
+    rc, text = runs["terminal"]
+    assert rc == 0, text[-3000:]
+    segments = [seg.strip() for seg in re.split(r"[\r\n]", text) if seg.strip()]
+    bars = [seg for seg in segments if "step/s" in seg]
+    assert bars and all(re.search(r"\| [0-4]/4 \[", bar) for bar in bars), bars
+    assert any("| 4/4 [" in bar for bar in bars)
+    for start in ("rank  device", "cluster-wide unit invocations", "traffic: ", "step 4  loss"):
+        lines = [seg for seg in segments if start in seg]
+        assert lines and all(seg.startswith(start) for seg in lines), (start, lines)
+    assert text.rstrip().endswith(reference.final_hash)
+
+
+def test_a_group_trains_a_data_file_to_the_one_peer_hashes(runs, reference):
+    one, two = ok(runs["file1"]), ok(runs["file2"])
+    assert len(one.hashes) == 4 and two.hashes == one.hashes
+    assert one.hashes != reference.hashes  # other text than the built-in corpus
+
+
+def test_capacities_whole_microbatches_cannot_follow_are_noted(runs):
+    assert "note: --capacity" not in ok(runs["peers3"]).err  # 1:2:5 of 8 is exact
+    assert ("note: --capacity 1,1,1 of 8 microbatches: whole microbatches split 3/3/2"
+            in ok(runs["kill"]).err)
 
 
 # --- faults ----------------------------------------------------------------------------------
@@ -217,8 +312,8 @@ def test_gloo_rank_death_stops_rank0_in_bounded_time_with_a_checkpoint(runs, ref
     rank0, rank1 = runs["death"], runs["death-rank1"]
     assert rank1.rc == -9, rank1.err[-2000:]  # the fault hook SIGKILLed rank 1
     assert rank0.rc not in (0, None), rank0.err[-2000:]
-    assert "the group stopped: PeerLost" in rank0.err
     assert "saved the last agreed state (step 2)" in rank0.err
+    assert rank0.err.strip().splitlines()[-1].startswith("error: the group stopped: PeerLost")
     stopped_after = rank0.ended - rank1.ended
     assert stopped_after < STOP_BOUND_S, f"rank 0 took {stopped_after:.1f} s to stop"
     assert rank0.hashes == reference.hashes[:2]

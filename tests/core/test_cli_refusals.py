@@ -65,3 +65,46 @@ def test_help_lists_the_commands_users_run_and_no_stray_names(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     assert "--check-products" in capsys.readouterr().out
+
+
+# --- what a command does that a user might not expect: it says so ---------------------------
+
+def trained(argv: list[str], capsys) -> str:
+    assert main(argv) == 0
+    return capsys.readouterr().err
+
+
+def test_a_resume_with_other_config_flags_says_what_changes(tmp_path, capsys):
+    """The flags win (a lower --lr after a NonFiniteError is the fix), and the run says
+    that from the checkpoint's step on it is not the checkpoint's own; equal values and
+    a plain resume say nothing."""
+    saved = checkpoint_at(3, tmp_path / "at3.pt")
+    quick = ["--no-progress", "--kernels", "numpy"]
+    err = trained(["train", "--resume", saved, "--lr", "0.001", "--seed", "7", "--steps", "5",
+                   *quick], capsys)
+    notes = [line for line in err.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 3, err
+    assert any("--lr 0.001 replaces the checkpoint's 0.003: from step 3" in n for n in notes)
+    assert any("--seed 7 replaces the checkpoint's 1" in n for n in notes)
+    assert any("--steps 5 (the checkpoint's run has 4): from step 3 the learning rate "
+               "follows the schedule of a 5-step run" in n for n in notes)
+    assert "step 5  loss" in err
+    err = trained(["train", "--resume", saved, "--seed", "1", "--width", "32", *quick], capsys)
+    assert "note:" not in err and "step 4  loss" in err
+
+
+@pytest.mark.parametrize("count,capacity,line", [
+    (4, "1,2,5", "note: --capacity 1,2,5 of 4 microbatches: whole microbatches split 1/1/2 "
+                 "(the capacities ask for 0.5/1/2.5); --microbatches 8 (or a multiple) splits "
+                 "in exact proportion"),
+    (2, "1,1,10", "note: --capacity 1,1,10 of 2 microbatches: whole microbatches split 0/0/2 "
+                  "(the capacities ask for 0.167/0.167/1.67); ranks 0, 1 compute none; "
+                  "--microbatches 12 (or a multiple) splits in exact proportion"),
+    (8, "1,2,5", None),
+    (6, "0.5,1", None),
+])
+def test_capacity_says_how_whole_microbatches_split(count, capacity, line):
+    from pynode.cli.flags import capacity_note, parse_capacity
+
+    peers = len(capacity.split(","))
+    assert capacity_note(count, parse_capacity(capacity, peers)) == line

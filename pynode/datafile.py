@@ -1,0 +1,99 @@
+"""`--data FILE`: a run's text from a local file, a text file or a parquet file with a
+`text` column (FineWeb-Edu's schema), named in the config with its sha256.
+
+The config holds ``file:PATH#sha256=HEX``: PATH as the user gave it (relative paths are
+read from each peer's working directory), HEX the digest of the file's bytes. Every peer
+reads PATH and refuses a file with another digest, so a run's text cannot differ between
+peers, or between a run and its resume. The whole text is held in memory; for shards of
+gigabytes, serve them (`python -m server --data-url FILE.parquet`) and give --data URL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from pynode.core.errors import DaisyError
+
+PREFIX = "file:"
+PARQUET_MAGIC = b"PAR1"
+DOC_SEPARATOR = b"\n\n"  # between a parquet file's documents
+
+
+class DataFileError(DaisyError):
+    """The run's data file is missing, changed, or holds no usable text."""
+
+
+def is_file_spec(data: str) -> bool:
+    return data.startswith(PREFIX)
+
+
+def file_spec(path: str) -> str:
+    """The config value of `--data PATH`: DataFileError if PATH is not a file."""
+    file = Path(path)
+    if not file.is_file():
+        raise DataFileError(f"--data: {path} is not a file; give builtin, a DaisyChain server "
+                          "(http://HOST:PORT) or a text or parquet file")
+    return f"{PREFIX}{path}#sha256={_sha256(file)}"
+
+
+def split_spec(spec: str) -> tuple[str, str]:
+    """(path, sha256 hex) of a ``file:PATH#sha256=HEX`` value; ValueError if malformed."""
+    path, _, digest = spec.removeprefix(PREFIX).rpartition("#sha256=")
+    if not path or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        raise ValueError(f"data {spec!r}: expected file:PATH#sha256=<64 hex digits>")
+    return path, digest
+
+
+def file_text(spec: str) -> np.ndarray:
+    """The (N,) uint8 text of the file `spec` names, checked against its digest (read again
+    when the file's size or modification time changes)."""
+    path, _ = split_spec(spec)
+    try:
+        stat = Path(path).stat()
+    except OSError as exc:
+        raise DataFileError(f"the run's data file {path} cannot be read here "
+                            f"({exc.strerror or exc}): every peer needs it at that path") from None
+    return _read_checked(spec, stat.st_size, stat.st_mtime_ns)
+
+
+@lru_cache(maxsize=2)
+def _read_checked(spec: str, size: int, mtime_ns: int) -> np.ndarray:
+    path, digest = split_spec(spec)
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise DataFileError(f"the run's data file {path} cannot be read here "
+                            f"({exc.strerror or exc}): every peer needs it at that path") from None
+    have = hashlib.sha256(raw).hexdigest()
+    if have != digest:
+        raise DataFileError(f"the run's data file {path} has sha256 {have[:16]}..., the run's "
+                            f"is {digest[:16]}...: the file changed, or this peer has another")
+    text = _parquet_text(path, raw) if raw.startswith(PARQUET_MAGIC) else raw
+    return np.frombuffer(text, dtype=np.uint8)
+
+
+def _parquet_text(path: str, raw: bytes) -> bytes:
+    from pynode.extras import require
+
+    require(f"--data {path} (a parquet file)", "pyarrow")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(pa.BufferReader(raw), columns=["text"])
+    except (pa.ArrowException, KeyError) as exc:
+        raise DataFileError(f"{path}: no readable 'text' column ({exc})") from None
+    docs = (doc.encode("utf-8") for doc in table.column(0).to_pylist() if doc)
+    return DOC_SEPARATOR.join(docs)
+
+
+def _sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with open(file, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

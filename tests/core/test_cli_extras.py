@@ -1,0 +1,119 @@
+"""A missing optional dependency, as a user with only the base install meets it: one line
+naming the extra to install, exit 2, no traceback.
+
+Each command runs as `python -m ...` in a subprocess whose sitecustomize puts None in
+sys.modules for the hidden modules, so `import torch` fails there as on a machine without
+torch (and importlib.util.find_spec answers None).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pynode.cli.main import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow  # some ten interpreters, each refusing before any work
+
+HIDE = """
+import os, sys
+for name in os.environ["HIDE_MODULES"].split(","):
+    sys.modules[name] = None
+"""
+GLOO = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "9", "WORLD_SIZE": "2", "RANK": "1"}
+
+# (argv after `python -m`, hidden modules, the line's start, the extra, environment)
+CASES = {
+    "cluster": (["pynode", "cluster", "--steps", "1"], "torch",
+                "cluster (the gloo transport) needs torch", "torch", GLOO),
+    "train-float": (["pynode", "train", "--task", "float", "--steps", "1", "--no-progress"],
+                    "torch", "task 'float' needs torch", "torch", {}),
+    "train-float-peers": (["pynode", "train", "--task", "float", "--steps", "1", "--peers", "2",
+                           "--no-progress"], "torch", "task 'float' needs torch", "torch", {}),
+    "bench-train": (["pynode", "bench", "train", "--steps", "1"], "torch",
+                    "bench train (it compares the int8 GPT with the float task) needs torch",
+                    "torch", {}),
+    "join": (["pynode", "join", "--server", "http://127.0.0.1:9"], "aiortc,websockets",
+             "join needs aiortc and websockets", "webrtc", {}),
+    "join-cluster": (["pynode", "join", "--server", "http://127.0.0.1:9", "--cluster"], "torch",
+                     "join --cluster (the gloo transport) needs torch", "torch", GLOO),
+    "server-flask": (["server", "--port", "0"], "flask", "the server needs flask", "server", {}),
+    "server-sock": (["server", "--port", "0"], "flask_sock", "the server needs flask-sock",
+                    "server", {}),
+    "server-pyarrow": (["server", "--port", "0"], "pyarrow", "the server needs pyarrow",
+                       "server", {}),
+}
+
+
+@pytest.fixture(scope="module")
+def hide_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("hide")
+    (folder / "sitecustomize.py").write_text(HIDE)
+    return folder
+
+
+def run_hidden(hide_dir: Path, argv: list[str], hidden: str,
+               env: dict) -> subprocess.CompletedProcess:
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("PYNODE_")}
+    full = {**inherited, **env, "HIDE_MODULES": hidden,
+            "PYTHONPATH": os.pathsep.join([str(hide_dir), str(REPO)])}
+    return subprocess.run([sys.executable, "-m", *argv], cwd=REPO, env=full,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_missing_extra_is_one_line_naming_it(hide_dir, name):
+    argv, hidden, start, extra, env = CASES[name]
+    done = run_hidden(hide_dir, argv, hidden, env)
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr[-3000:]
+    assert start in lines[0] and f"pip install 'daisychain[{extra}]'" in lines[0], lines[0]
+    assert done.stdout == ""
+
+
+def test_the_hiding_really_hides(hide_dir):
+    """The same commands get further with the modules present: the check is what refused."""
+    done = run_hidden(hide_dir, ["pynode", "train", "--task", "float", "--steps", "1",
+                                 "--resume", "missing.pt"], "numba", {})
+    assert done.returncode == 2 and "missing.pt" in done.stderr and "needs" not in done.stderr
+
+
+@pytest.mark.parametrize("name,named", [("torch.distributed", True), ("pyarrow.parquet", True),
+                                        ("no_such_thing", False)])
+def test_an_import_no_check_caught_still_names_the_extra(monkeypatch, capsys, name, named):
+    """The safety net of main(): an ImportError of an optional dependency on a path without
+    its own check is one line; any other ImportError is a bug and shown whole."""
+    import pynode.cli.train
+
+    async def fails(args, cfg):
+        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+    monkeypatch.setattr(pynode.cli.train, "train_command", fails)
+    if not named:
+        with pytest.raises(ModuleNotFoundError):
+            main(["train", "--steps", "1"])
+        return
+    assert main(["train", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: MissingExtraError: `train` needs ") and "daisychain[" in err
+
+
+def test_a_parquet_data_file_without_pyarrow_names_the_extra(hide_dir, tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "docs.parquet"
+    pq.write_table(pa.table({"text": ["some words " * 50] * 4}), path)
+    done = run_hidden(hide_dir, ["pynode", "train", "--steps", "1", "--no-progress",
+                                 "--kernels", "numpy", "--data", str(path)], "pyarrow", {})
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: MissingExtraError: --data {path} (a parquet file) needs pyarrow, not "
+        "installed here: pip install 'daisychain[server]'")

@@ -1,0 +1,129 @@
+"""`--data FILE`: a run's text from a local text or parquet file, named with its digest.
+
+The runs go through main() in this process (a small model, the numpy kernels); the group
+runs with --data FILE are in tests/comm/test_group.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pynode.cli.main import main
+from pynode.config import ConfigError, RunConfig
+from pynode.datafile import DataFileError, file_spec
+from pynode.tasks.gpt import GPTTask
+
+SMALL = ["--width", "32", "--layers", "1", "--heads", "2", "--seq", "16", "--microbatch-size",
+         "2", "--microbatches", "2", "--no-progress", "--kernels", "numpy"]
+DOCS = [f"Document {i}: " + " ".join(f"word{i * 7 + j}" for j in range(40)) for i in range(30)]
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text(" ".join(DOCS), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def parquet_file(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "docs.parquet"
+    pq.write_table(pa.table({"text": DOCS, "id": list(range(len(DOCS)))}), path,
+                   row_group_size=7)
+    return path
+
+
+def run(argv: list[str], capsys, tmp_path, name: str) -> tuple[int, list[str], str]:
+    """rc, per-step hashes and stderr of `python -m pynode` ARGV, in this process."""
+    log = tmp_path / f"{name}.jsonl"
+    rc = main([*argv, "--log", str(log)])
+    hashes = [json.loads(row)["hash"] for row in log.read_text().splitlines()] \
+        if log.exists() else []
+    return rc, hashes, capsys.readouterr().err
+
+
+def rows_of(cfg: RunConfig) -> list[bytes]:
+    task = GPTTask()
+    task.build_model(cfg, None)
+    batch = np.concatenate([task.sample(cfg, step, i) for step in range(3) for i in range(2)])
+    return [bytes(row.astype(np.uint8)) for row in batch]  # (rows, seq + 1) bytes
+
+
+def test_every_sequence_comes_from_the_text_file(text_file):
+    cfg = RunConfig(seq=16, data=file_spec(str(text_file)))
+    text = text_file.read_bytes()
+    rows = rows_of(cfg)
+    assert len(rows) == 6 * cfg.microbatch_size and all(row in text for row in rows)
+    assert len(set(rows)) > 1
+
+
+def test_every_sequence_comes_from_one_document_or_its_neighbour_of_the_parquet(parquet_file):
+    cfg = RunConfig(seq=16, data=file_spec(str(parquet_file)))
+    joined = "\n\n".join(DOCS).encode("utf-8")
+    assert all(row in joined for row in rows_of(cfg))
+
+
+def test_train_on_a_file_is_reproducible_and_is_not_the_built_in_text(text_file, tmp_path,
+                                                                      capsys):
+    argv = ["train", "--steps", "2", *SMALL]
+    rc1, first, _ = run([*argv, "--data", str(text_file)], capsys, tmp_path, "a")
+    rc2, again, _ = run([*argv, "--data", str(text_file)], capsys, tmp_path, "b")
+    rc3, builtin, _ = run(argv, capsys, tmp_path, "c")
+    assert rc1 == rc2 == rc3 == 0
+    assert first == again and len(first) == 2
+    assert first != builtin
+
+
+def test_a_resume_refuses_a_data_file_that_changed(text_file, tmp_path, capsys):
+    saved = str(tmp_path / "run.pt")
+    rc, _, _ = run(["train", "--steps", "1", *SMALL, "--data", str(text_file), "--save", saved],
+                   capsys, tmp_path, "first")
+    assert rc == 0
+    text_file.write_text("other words " * 100, encoding="utf-8")
+    rc, hashes, err = run(["train", "--resume", saved, "--steps", "2", *SMALL[-3:]], capsys,
+                          tmp_path, "resumed")
+    assert rc == 2 and hashes == []
+    assert f"error: DataFileError: the run's data file {text_file} has sha256 " in err
+    assert "the file changed, or this peer has another" in err
+
+
+@pytest.mark.parametrize("case", ["missing", "short", "no_text_column"])
+def test_an_unusable_data_file_is_one_line_and_exit_2(tmp_path, capsys, case):
+    path = tmp_path / "data.txt"
+    if case == "short":
+        path.write_text("too short", encoding="utf-8")
+        expected = "holds 9 bytes of text, not more than one sequence (17)"
+    elif case == "no_text_column":
+        pa = pytest.importorskip("pyarrow")
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"body": DOCS}), path)
+        expected = "no readable 'text' column"
+    else:
+        expected = "is not a file; give builtin, a DaisyChain server"
+    rc, hashes, err = run(["train", "--steps", "1", *SMALL, "--data", str(path)], capsys,
+                          tmp_path, case)
+    assert rc == 2 and hashes == []
+    assert err.startswith("error: DataFileError: ") and expected in err, err
+    assert "Traceback" not in err
+
+
+def test_join_refuses_a_data_file_its_tabs_cannot_read(text_file, capsys):
+    pytest.importorskip("aiortc")
+    rc = main(["join", "--server", "http://127.0.0.1:9", "--start", "--data", str(text_file)])
+    assert rc == 2
+    assert "ConfigError: --data FILE is read by each peer from its own disk" in \
+        capsys.readouterr().err
+
+
+def test_the_config_accepts_only_a_well_formed_file_value():
+    with pytest.raises(ConfigError, match="file:PATH#sha256="):
+        RunConfig(data="file:notes.txt")
+    with pytest.raises(DataFileError):
+        file_spec("/no/such/file")

@@ -1,0 +1,98 @@
+"""`python -m pynode train --data URL` against a real server whose shards are, or are not,
+reachable: the run never trains on other text than it asked for without saying so.
+
+The server is the real threaded one (LiveServer); its shard is a FineWeb-Edu-shaped
+parquet file on disk, or a closed port.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the run harness
+from pynode_runs import Launched  # noqa: E402
+
+pytestmark = pytest.mark.slow  # four training interpreters at once
+
+TINY = ["--width", "32", "--layers", "1", "--heads", "2", "--seq", "16", "--microbatch-size",
+        "2", "--microbatches", "2", "--no-progress", "--kernels", "numpy"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, shard_dir):
+    """The same 2-step run against a server without reachable shards (alone, as a group,
+    and with --data-fallback builtin) and against one serving a local parquet file (what
+    `python -m server --data-url FILE.parquet` does; tests/server/test_data.py reads shards
+    over HTTP ranges)."""
+    from server_testkit import LiveServer
+
+    from server import ServerConfig, create_app
+
+    folder = tmp_path_factory.mktemp("data-client")
+    config = {"data_dir": folder / "state", "static_dir": folder / "no-static"}
+    down = LiveServer(create_app(ServerConfig(**config, data_urls=("http://127.0.0.1:9/x",))))
+    up = LiveServer(create_app(ServerConfig(
+        **config, data_urls=(str(shard_dir / "000_00000.parquet"),))))
+    train = ["train", "--steps", "2", *TINY]
+    try:
+        started = {
+            "down": Launched(folder, "down", [*train, "--data", down.url,
+                                              "--save", str(folder / "down.pt")]),
+            "down_group": Launched(folder, "down_group", [*train, "--data", down.url,
+                                                          "--peers", "2"]),
+            "fallback": Launched(folder, "fallback", [*train, "--data", down.url,
+                                                      "--data-fallback", "builtin"]),
+            "up": Launched(folder, "up", [*train, "--data", up.url]),
+        }
+        done = {name: run.wait() for name, run in started.items()}
+    finally:
+        down.stop()
+        up.stop()
+    done["folder"] = folder
+    return done
+
+
+def test_a_server_without_its_shards_stops_the_run_naming_the_flag(runs):
+    done = runs["down"]
+    assert done.rc == 2, done.err[-3000:]
+    last = done.err.strip().splitlines()[-1]
+    assert last.startswith("error: DataSourceError: data server http://127.0.0.1:"), last
+    assert "cannot read its shards" in last and "--data-fallback builtin" in last
+    assert "Traceback" not in done.err and done.log == []
+    assert not (runs["folder"] / "down.pt").exists()
+
+
+def test_a_group_does_not_mix_in_other_text_either(runs):
+    done = runs["down_group"]
+    assert done.rc != 0, done.err[-3000:]
+    assert "DataSourceError" in done.err and "cannot read its shards" in done.err
+    assert "Traceback" not in done.err and done.log == []
+
+
+def test_with_the_flag_the_built_in_text_serves_and_says_so_once(runs):
+    done = runs["fallback"]
+    assert done.rc == 0, done.err[-3000:]
+    warnings = [line for line in done.err.splitlines() if "serves the built-in corpus" in line]
+    assert len(warnings) == 1, done.err
+    assert warnings[0].startswith("WARNING") and "--data-fallback builtin" in warnings[0]
+    assert [row["step"] for row in done.log] == [1, 2]
+
+
+def test_reachable_shards_train_without_a_word_about_fallbacks(runs):
+    done, fallback = runs["up"], runs["fallback"]
+    assert done.rc == 0, done.err[-3000:]
+    assert "built-in" not in done.err and "WARNING" not in done.err
+    assert [row["step"] for row in done.log] == [1, 2]
+    assert done.hashes != fallback.hashes  # it really trained on the shard's text
+
+
+def test_the_server_refuses_a_local_shard_that_is_not_there(tmp_path, capsys):
+    from server.__main__ import main
+
+    missing = tmp_path / "none.parquet"
+    assert main(["--port", "0", "--data-dir", str(tmp_path), "--data-url", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: data shard {missing}: no such file" in err
