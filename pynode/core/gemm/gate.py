@@ -5,7 +5,10 @@ K exactly at and just past the float32 chunk limit (1024, 1025, 2049), operands 
 int8 extremes whose sums reach the int32 bound (K = 131,071 of (-128)(-128) = 2**31 -
 16,384) or land on odd integers just past 2**24, strided, reversed and transposed
 operands, batches, and a second sweep of every shape with fresh data after the heap
-was filled with junk, which catches kernels that reuse or assume zeroed buffers.
+was filled with junk, which catches kernels that reuse or assume zeroed buffers. Beyond
+these fixed cases a small structured grid (`grid_shapes`) puts every dimension on every
+residue modulo 8 and on 0 and b - 1 modulo each block width b of 16, 32 and 64, with
+row counts up to 191, square and non-square outputs and batches of 16 and more.
 Operands come from pynode.core.rng, so every peer gates on the same bits. Results are
 compared with np.array_equal on int32, never approximately.
 
@@ -87,6 +90,43 @@ def _case_specs() -> list[tuple[str, str, tuple[int, ...], tuple[int, ...]]]:
     ]
 
 
+# Offsets within a 64-wide block: 9j lies at residue j of 8 in the j-th 8-wide sub-block,
+# so the offsets reach every residue mod 8, 0 and b - 1 mod every b in (8, 16, 32, 64),
+# and 1 (a one-element tail).
+GRID_OFFSETS = (*range(0, 64, 9), 1)
+GRID_BATCHES = (16, 17, 33)  # a full 16, one past it, one past 32
+
+
+def grid_shapes() -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """(a shape, b shape) of the structured grid: a Latin rotation of GRID_OFFSETS over
+    (M, K, N), so each dimension takes every offset once, on 64-wide block bases that
+    give 64-191 rows; every third output is square; then small batched products."""
+    off, count = GRID_OFFSETS, len(GRID_OFFSETS)
+    shapes = []
+    for i in range(count):
+        m = 64 * (1 + i % 2) + off[i]
+        square = i % 3 == 0
+        k = (0 if square else 64 * (i // 3 % 2)) + off[(i + 3) % count] or 64
+        n = m if square else off[(i + 6) % count] + 64 * (i // 2 % 2) or 64
+        shapes.append(((m, k), (k, n)))
+    for j, bs in enumerate(GRID_BATCHES):
+        m = off[(3 * j + 1) % count] % 32 or 32
+        k = off[(3 * j + 2) % count] + 1
+        n = off[(3 * j + 4) % count] % 32 or 32
+        shapes.append(((bs, m, k), (bs, k, n)))
+    return shapes
+
+
+def _grid_cases(seed: int, tag: str) -> list[GateCase]:
+    cases = []
+    for i, (a_shape, b_shape) in enumerate(grid_shapes()):
+        a = _random((GATE_PURPOSE, seed, 200, i, 0), a_shape)
+        b = _random((GATE_PURPOSE, seed, 200, i, 1), b_shape)
+        dims = "x".join(map(str, (*a_shape, b_shape[-1])))
+        cases.append(GateCase(f"grid_{dims}{tag}", a, b))
+    return cases
+
+
 def _layout_cases(seed: int, tag: str) -> list[GateCase]:
     """Operands that are views: strided, reversed, transposed (matmul and bmm)."""
     k = (GATE_PURPOSE, seed, 100)
@@ -113,7 +153,7 @@ def gate_cases(seed: int = 0, tag: str = "") -> list[GateCase]:
             a = _random((GATE_PURPOSE, seed, i, 0), a_shape)
             b = _random((GATE_PURPOSE, seed, i, 1), b_shape)
         cases.append(GateCase(name + tag, a, b))
-    return cases + _layout_cases(seed, tag)
+    return cases + _layout_cases(seed, tag) + _grid_cases(seed, tag)
 
 
 def _product(backend: GemmBackend, case: GateCase) -> np.ndarray:
@@ -167,6 +207,7 @@ class ExactGate:
         except Exception as exc:  # any exception on valid operands fails the gate
             return f"raised {type(exc).__name__}: {exc}"
         if not (np.array_equal(case.a, a0) and np.array_equal(case.b, b0)):
+            case.a[...], case.b[...] = a0, b0  # the next backend gates on the same operands
             return "modified its input operands"
         return mismatch(got, want)
 
