@@ -199,29 +199,39 @@ class ExactGate:
             sizes += [4 * c.a.size, 4 * c.b.size, 4 * out, 8 * out]
         return sizes
 
-    def _check(self, backend: GemmBackend, case: GateCase) -> str:
+    def _check(self, backend: GemmBackend, case: GateCase) -> tuple[str, object]:
+        """(why the case failed or '', the backend's result)."""
         want = self._expected[case.name]
         a0, b0 = case.a.copy(), case.b.copy()
         try:
             got = _product(backend, case)
         except Exception as exc:  # any exception on valid operands fails the gate
-            return f"raised {type(exc).__name__}: {exc}"
+            return f"raised {type(exc).__name__}: {exc}", None
         if not (np.array_equal(case.a, a0) and np.array_equal(case.b, b0)):
             case.a[...], case.b[...] = a0, b0  # the next backend gates on the same operands
-            return "modified its input operands"
-        return mismatch(got, want)
+            return "modified its input operands", got
+        return mismatch(got, want), got
 
     def run(self, backend: GemmBackend) -> GateReport:
-        """Gate `backend`: every case of both sweeps must match the reference exactly."""
+        """Gate `backend`: every case of both sweeps must match the reference exactly, and
+        every result must still match once all cases ran (a fresh array, not a reused one)."""
         t0 = time.perf_counter()
         run = 0
+        kept: list[tuple[str, object]] = []
         for sweep_index, sweep in enumerate(self._sweeps):
             if sweep_index:
                 poison_heap(self._poison_sizes(sweep))
             for case in sweep:
                 run += 1
-                detail = self._check(backend, case)
+                detail, got = self._check(backend, case)
                 if detail:
                     seconds = time.perf_counter() - t0
                     return GateReport(backend.name, False, case.name, seconds, run, detail)
+                kept.append((case.name, got))
+        for name, got in kept:
+            changed = mismatch(got, self._expected[name])
+            if changed:
+                detail = (f"its result changed after later calls ({changed}): it returns a "
+                          "buffer it reuses, not a fresh array")
+                return GateReport(backend.name, False, name, time.perf_counter() - t0, run, detail)
         return GateReport(backend.name, True, None, time.perf_counter() - t0, run)
