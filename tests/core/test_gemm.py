@@ -611,3 +611,16 @@ def test_the_wrapping_path_for_shapes_beyond_float64():
     assert check._holds_mod64(0, a, b, out)
     out[4, 5] -= 3
     assert not check._holds_mod64(1, a, b, out)
+
+
+@pytest.mark.parametrize("name", REAL)
+def test_size1_axes_with_any_stride_give_exact_results(name):
+    """numpy ignores a size-1 axis's stride; torch's _int_mm read it as a leading dimension
+    and returned garbage for an outer product of transposed views (found by
+    tests/core/test_properties.py). The shared normaliser gives such axes C strides."""
+    backend = available(name)
+    a, b = int8((1, 40), 21).T, int8((30, 1), 22).T  # (40, 1) strides (1, 40); (1, 30) (1, 1)
+    assert a.strides == (1, 40) and b.strides == (1, 1)
+    for _ in range(3):
+        assert np.array_equal(backend.matmul(a, b), exact(a, b))
+    assert np.array_equal(backend.bmm(a[None], b[None])[0], exact(a, b))

@@ -9,7 +9,9 @@ was filled with junk, which catches kernels that reuse or assume zeroed buffers.
 these fixed cases a small structured grid (`grid_shapes`) puts every dimension on every
 residue modulo 8 and on 0 and b - 1 modulo each block width b of 16, 32 and 64, with
 row counts up to 191, square and non-square outputs and batches of 16 and more.
-Operands come from pynode.core.rng, so every peer gates on the same bits. Results are
+Every result is compared again after the last case, so a backend that returns a buffer
+it reuses (a later call overwrites an earlier result) fails too. Operands come from
+pynode.core.rng, so every peer gates on the same bits. Results are
 compared with np.array_equal on int32, never approximately.
 
 Legend: B batch, M rows, K reduction length, N columns.
@@ -136,10 +138,15 @@ def _layout_cases(seed: int, tag: str) -> list[GateCase]:
     reversed_b = _random(k + (3,), (77, 40))[:, ::-1]  # (77, 40) int8, negative col stride
     bt_a = _random(k + (4,), (3, 33, 17)).transpose(0, 2, 1)  # (3, 17, 33) int8
     bt_b = _random(k + (5,), (3, 9, 33)).transpose(0, 2, 1)  # (3, 33, 9) int8
+    # an outer product of transposed views: the size-1 axes keep their old strides (40, 1),
+    # which numpy ignores and torch's _int_mm reads as a leading dimension (garbage)
+    outer_a = _random(k + (6,), (1, 40)).T  # (40, 1) int8, strides (1, 40)
+    outer_b = _random(k + (7,), (30, 1)).T  # (1, 30) int8, strides (1, 1)
     return [
         GateCase("strided" + tag, strided_a, fortran_b),
         GateCase("reversed" + tag, reversed_a, reversed_b),
         GateCase("batched_transposed" + tag, bt_a, bt_b),
+        GateCase("outer_views" + tag, outer_a, outer_b),
     ]
 
 
