@@ -83,7 +83,9 @@ def test_the_grid_and_the_check_each_catch_what_the_rest_miss(units, gate):
     grid_only = {n for n, r in results.items() if r.gate_case.startswith("grid_")}
     assert {"many_rows_k_tail", "batches_of_16_only", "square_output_transposed"} <= grid_only
     past_gate = {n for n, r in results.items() if not r.gate}
-    assert {"wrong_at_one_k", "wrong_at_k144", "stale_cache_by_address"} == past_gate
+    # a stale cache by address meets the gate only where the allocator reuses an address
+    assert {"wrong_at_one_k", "wrong_at_k144"} <= past_gate
+    assert past_gate <= {"wrong_at_one_k", "wrong_at_k144", "stale_cache_by_address"}
     # the check alone misses what changes after it looked: an aliased result, a written B
     assert {n for n, r in results.items() if not r.check_alone} == {"aliased_result",
                                                                     "writes_into_b"}

@@ -102,12 +102,12 @@ GRID_BATCHES = (16, 17, 33)  # a full 16, one past it, one past 32
 def grid_shapes() -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
     """(a shape, b shape) of the structured grid: a Latin rotation of GRID_OFFSETS over
     (M, K, N), so each dimension takes every offset once, on 64-wide block bases that
-    give 64-191 rows; every third output is square; then small batched products."""
+    give 64-191 rows; every third output is square (64-118); then small batched products."""
     off, count = GRID_OFFSETS, len(GRID_OFFSETS)
     shapes = []
     for i in range(count):
-        m = 64 * (1 + i % 2) + off[i]
         square = i % 3 == 0
+        m = 64 * (1 + (i % 2 and not square)) + off[i]  # squares cost M^2 K: the lower base
         k = (0 if square else 64 * (i // 3 % 2)) + off[(i + 3) % count] or 64
         n = m if square else off[(i + 6) % count] + 64 * (i // 2 % 2) or 64
         shapes.append(((m, k), (k, n)))
