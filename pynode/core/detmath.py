@@ -425,15 +425,30 @@ def _over_rows(a: np.ndarray, axis: int, row_fn: Callable[[np.ndarray], np.ndarr
     return _canonical_nan(np.ascontiguousarray(shaped))
 
 
+def _exp_shifted(x: np.ndarray, top: np.ndarray) -> np.ndarray:
+    """exp(x - top), (r, n) f64, with the rounding error of x - top put back.
+
+    Rounding d = x - top costs up to |d| / 2 ulps of d, which exp turns into |d| ulps of
+    its result; TwoSum (Knuth) gives the exact error, x - top = d + err, and exp(d + err)
+    = exp(d) (1 + err) to within err**2. Where the subtraction was exact (err == 0: float32
+    inputs almost always) the result is exp(d) itself."""
+    d = x - top
+    back = d - x
+    err = (x - (d - back)) - (top + back)  # (r, n) f64
+    e = _exp64(d)
+    fix = (err != 0) & np.isfinite(err)
+    return np.where(fix, e + e * err, e)
+
+
 def _softmax_rows(x: np.ndarray) -> np.ndarray:
-    e = _exp64(x - pmax(x, -1, keepdims=True))  # (r, n) f64
+    e = _exp_shifted(x, pmax(x, -1, keepdims=True))  # (r, n) f64
     return e / psum(e, -1, keepdims=True)
 
 
 def _logsumexp_rows(x: np.ndarray) -> np.ndarray:
     top = pmax(x, -1, keepdims=True)  # (r, 1) f64
     shift = np.where(np.isfinite(top), top, 0.0)
-    return _log64(psum(_exp64(x - shift), -1, keepdims=True)) + shift
+    return _log64(psum(_exp_shifted(x, shift), -1, keepdims=True)) + shift
 
 
 def softmax(x: ArrayLike, axis: int = -1) -> np.ndarray:

@@ -30,7 +30,7 @@ from pynode.core.gemm import (
     select_gemm,
 )
 from pynode.core.gemm.blas_exact import CHUNK_K, BlasFloatBackend
-from pynode.core.gemm.gate import gate_cases
+from pynode.core.gemm.gate import GRID_BATCHES, gate_cases, grid_shapes
 from pynode.core.gemm.numpy_int import NumpyIntBackend
 from pynode.core.gemm.reference import ReferenceBackend
 from pynode.gemm_backends import build_backend
@@ -283,6 +283,7 @@ def test_gate_catches_a_backend_that_writes_its_inputs(gate):
 
     report = gate.run(Scribbler())
     assert not report.passed and "modified" in report.detail
+    assert gate.run(BlasFloatBackend()).passed  # the shared cases were restored
 
 
 def test_gate_treats_an_exception_as_failure(gate):
@@ -303,6 +304,55 @@ def test_gate_cases_are_deterministic_and_sweeps_differ():
         assert np.array_equal(x.a, y.a) and np.array_equal(x.b, y.b)
         assert x.a.shape == z.a.shape and z.name == x.name + "/dirty"
     assert not np.array_equal(first[1].a, dirty[1].a)
+
+
+def test_grid_covers_residues_rows_batches_and_square_outputs():
+    shapes = [a + b[-1:] for a, b in grid_shapes()]  # (M, K, N) or (B, M, K, N)
+    plain = [s for s in shapes if len(s) == 3]
+    for dim in range(3):
+        sizes = {s[dim] for s in plain}
+        assert {x % 8 for x in sizes} == set(range(8)), (dim, sizes)
+        for block in (16, 32, 64):
+            assert {0, 1, block - 1} <= {x % block for x in sizes}, (dim, block, sizes)
+    assert any(m >= 100 and k % 8 for m, k, _ in plain)
+    assert any(m == n > 64 for m, _, n in plain) and any(m != n for m, _, n in plain)
+    assert {s[0] for s in shapes if len(s) == 4} == set(GRID_BATCHES)
+    assert min(GRID_BATCHES) >= 16
+    macs = sum(int(np.prod(c.a.shape)) * c.b.shape[-1] for c in gate_cases())
+    assert macs < 10_000_000  # the gate runs at every start, in the page too
+
+
+class WrongWhen(BlasFloatBackend):
+    """Right except one interior cell when `when(shape)` holds; shape (B, M, K, N)."""
+
+    def __init__(self, name, when) -> None:
+        super().__init__()
+        self.name, self.when = name, when
+
+    def _matmul(self, a, b):
+        return self._bmm(a[None], b[None])[0]
+
+    def _bmm(self, a, b):
+        out = super()._bmm(a, b)
+        if self.when((*a.shape, b.shape[-1])):
+            out[-1, out.shape[1] // 2, out.shape[2] // 3] += 1
+        return out
+
+
+@pytest.mark.parametrize("backend", [
+    WrongWhen("many_rows_k_tail", lambda s: s[1] >= 100 and s[2] % 8),
+    WrongWhen("batch_of_16_or_more", lambda s: s[0] >= 16),
+    WrongWhen("square_output_past_64", lambda s: s[1] == s[3] > 64),
+    WrongWhen("n_one_short_of_16", lambda s: s[3] % 16 == 15),
+    WrongWhen("k_at_residue_6_of_8", lambda s: s[2] % 8 == 6 and s[2] < 1024),
+], ids=lambda x: x.name)
+def test_grid_catches_what_the_fixed_cases_miss(gate, backend):
+    fixed = [c for c in gate_cases() if not c.name.startswith("grid_")]
+    for case in fixed:
+        got = backend.bmm(case.a, case.b) if case.a.ndim == 3 else backend.matmul(case.a, case.b)
+        assert np.array_equal(got, exact(case.a, case.b)), case.name  # the old list passes it
+    report = gate.run(backend)
+    assert not report.passed and report.failing_case.startswith("grid_"), report
 
 
 # ---------------------------------------------------------------- select_gemm / Gemm
@@ -561,3 +611,16 @@ def test_the_wrapping_path_for_shapes_beyond_float64():
     assert check._holds_mod64(0, a, b, out)
     out[4, 5] -= 3
     assert not check._holds_mod64(1, a, b, out)
+
+
+@pytest.mark.parametrize("name", REAL)
+def test_size1_axes_with_any_stride_give_exact_results(name):
+    """numpy ignores a size-1 axis's stride; torch's _int_mm read it as a leading dimension
+    and returned garbage for an outer product of transposed views (found by
+    tests/core/test_properties.py). The shared normaliser gives such axes C strides."""
+    backend = available(name)
+    a, b = int8((1, 40), 21).T, int8((30, 1), 22).T  # (40, 1) strides (1, 40); (1, 30) (1, 1)
+    assert a.strides == (1, 40) and b.strides == (1, 1)
+    for _ in range(3):
+        assert np.array_equal(backend.matmul(a, b), exact(a, b))
+    assert np.array_equal(backend.bmm(a[None], b[None])[0], exact(a, b))

@@ -128,6 +128,8 @@ def build_detmath(w) -> None:
         w.add("detmath", f"{fn}.rows", f"{dm}:{fn}", rows)
         w.add("detmath", f"{fn}.axis0", f"{dm}:{fn}", rows, axis=0)
         w.add("detmath", f"{fn}.inf", f"{dm}:{fn}", np.array([[0.0, -np.inf, 1.0]], F32))
+        # float64 rows where x - max rounds (the error is put back: detmath._exp_shifted)
+        w.add("detmath", f"{fn}.f64", f"{dm}:{fn}", rows.astype(np.float64)[:, :29] * 1.1)
 
     vec = scaled_normal(39, 1000)  # (1000,) f32
     mat = scaled_normal(40, 7 * 129).reshape(7, 129)  # (7, 129) f32

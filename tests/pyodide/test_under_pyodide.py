@@ -23,6 +23,7 @@ PYODIDE_MODULES = [
     "tests/core/test_golden.py",
     "tests/core/test_detmath.py",
     "tests/core/test_rng.py",
+    "tests/core/test_properties.py",
 ]
 PYODIDE_DATA = ["tests/golden/golden_v2.npz"]
 

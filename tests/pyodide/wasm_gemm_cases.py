@@ -11,6 +11,7 @@ import numpy as np
 
 from pynode.core import rng
 from pynode.core.gemm import BackendUnavailableError, ExactGate
+from pynode.core.gemm.gate import gate_cases
 from pynode.core.gemm.numpy_int import NumpyIntBackend
 from pynode.core.gemm.reference import ReferenceBackend
 from pynode.unitfiles import load_default_units
@@ -35,7 +36,7 @@ def test_wasm_simd_passes_the_exact_gate():
     units = load_default_units()
     report = ExactGate(ReferenceBackend(units.mul_lut)).run(backend())
     assert report.passed, f"{report.failing_case}: {report.detail}"
-    assert report.cases == 32, report.cases
+    assert report.cases == 2 * len(gate_cases()), report.cases
 
 
 def test_wasm_simd_equals_the_reference_on_random_shapes():

@@ -3,8 +3,8 @@
 A backend computes C = A @ B exactly for int8 operands with int32 results. The public
 `matmul` / `bmm` of `GemmBackend` refuse bad operands before any work is done, return an
 all-zero result for empty shapes, and hand the rest to the backend's `_matmul` / `_bmm`,
-which may assume plain int8 ndarrays (no subclass) with 1 <= M, N and 1 <= K <= MAX_K
-and no negative stride (any other strides).
+which may assume plain int8 ndarrays (no subclass) with 1 <= M, N and 1 <= K <= MAX_K,
+no negative stride and C-order strides on size-1 axes (any other strides).
 
 Legend: B batch, M rows, K reduction length, N columns.
 """
@@ -44,12 +44,18 @@ def _check_int8(what: str, x: object, ndim: int) -> None:
 
 
 def normalise(x: np.ndarray) -> np.ndarray:
-    """x with no negative stride (a copy if it has one), so every backend can take it.
+    """x with no negative stride and, on each size-1 axis, the stride a fresh C-order array
+    has there (a copy if either is not so), so every backend can take it.
 
-    numpy calls an array with a negative stride on a size-1 axis contiguous, so
-    np.ascontiguousarray keeps it, and torch.from_numpy then refuses it."""
-    if any(s < 0 for s in x.strides):
-        return x.copy(order="C")
+    numpy ignores the stride of a size-1 axis (it calls such an array contiguous, so
+    np.ascontiguousarray keeps it): torch.from_numpy refuses a negative one, and torch's
+    _int_mm reads a positive one as a leading dimension and returns garbage (a (40, 1)
+    transposed view with strides (1, 40))."""
+    canonical = x.itemsize
+    for size, stride in zip(x.shape[::-1], x.strides[::-1], strict=True):
+        if stride < 0 or (size == 1 and stride != canonical):
+            return x.copy(order="C")
+        canonical *= size
     return x
 
 

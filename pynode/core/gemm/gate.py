@@ -5,8 +5,13 @@ K exactly at and just past the float32 chunk limit (1024, 1025, 2049), operands 
 int8 extremes whose sums reach the int32 bound (K = 131,071 of (-128)(-128) = 2**31 -
 16,384) or land on odd integers just past 2**24, strided, reversed and transposed
 operands, batches, and a second sweep of every shape with fresh data after the heap
-was filled with junk, which catches kernels that reuse or assume zeroed buffers.
-Operands come from pynode.core.rng, so every peer gates on the same bits. Results are
+was filled with junk, which catches kernels that reuse or assume zeroed buffers. Beyond
+these fixed cases a small structured grid (`grid_shapes`) puts every dimension on every
+residue modulo 8 and on 0 and b - 1 modulo each block width b of 16, 32 and 64, with
+row counts up to 191, square and non-square outputs and batches of 16 and more.
+Every result is compared again after the last case, so a backend that returns a buffer
+it reuses (a later call overwrites an earlier result) fails too. Operands come from
+pynode.core.rng, so every peer gates on the same bits. Results are
 compared with np.array_equal on int32, never approximately.
 
 Legend: B batch, M rows, K reduction length, N columns.
@@ -87,6 +92,43 @@ def _case_specs() -> list[tuple[str, str, tuple[int, ...], tuple[int, ...]]]:
     ]
 
 
+# Offsets within a 64-wide block: 9j lies at residue j of 8 in the j-th 8-wide sub-block,
+# so the offsets reach every residue mod 8, 0 and b - 1 mod every b in (8, 16, 32, 64),
+# and 1 (a one-element tail).
+GRID_OFFSETS = (*range(0, 64, 9), 1)
+GRID_BATCHES = (16, 17, 33)  # a full 16, one past it, one past 32
+
+
+def grid_shapes() -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """(a shape, b shape) of the structured grid: a Latin rotation of GRID_OFFSETS over
+    (M, K, N), so each dimension takes every offset once, on 64-wide block bases that
+    give 64-191 rows; every third output is square (64-118); then small batched products."""
+    off, count = GRID_OFFSETS, len(GRID_OFFSETS)
+    shapes = []
+    for i in range(count):
+        square = i % 3 == 0
+        m = 64 * (1 + (i % 2 and not square)) + off[i]  # squares cost M^2 K: the lower base
+        k = (0 if square else 64 * (i // 3 % 2)) + off[(i + 3) % count] or 64
+        n = m if square else off[(i + 6) % count] + 64 * (i // 2 % 2) or 64
+        shapes.append(((m, k), (k, n)))
+    for j, bs in enumerate(GRID_BATCHES):
+        m = off[(3 * j + 1) % count] % 32 or 32
+        k = off[(3 * j + 2) % count] + 1
+        n = off[(3 * j + 4) % count] % 32 or 32
+        shapes.append(((bs, m, k), (bs, k, n)))
+    return shapes
+
+
+def _grid_cases(seed: int, tag: str) -> list[GateCase]:
+    cases = []
+    for i, (a_shape, b_shape) in enumerate(grid_shapes()):
+        a = _random((GATE_PURPOSE, seed, 200, i, 0), a_shape)
+        b = _random((GATE_PURPOSE, seed, 200, i, 1), b_shape)
+        dims = "x".join(map(str, (*a_shape, b_shape[-1])))
+        cases.append(GateCase(f"grid_{dims}{tag}", a, b))
+    return cases
+
+
 def _layout_cases(seed: int, tag: str) -> list[GateCase]:
     """Operands that are views: strided, reversed, transposed (matmul and bmm)."""
     k = (GATE_PURPOSE, seed, 100)
@@ -96,10 +138,15 @@ def _layout_cases(seed: int, tag: str) -> list[GateCase]:
     reversed_b = _random(k + (3,), (77, 40))[:, ::-1]  # (77, 40) int8, negative col stride
     bt_a = _random(k + (4,), (3, 33, 17)).transpose(0, 2, 1)  # (3, 17, 33) int8
     bt_b = _random(k + (5,), (3, 9, 33)).transpose(0, 2, 1)  # (3, 33, 9) int8
+    # an outer product of transposed views: the size-1 axes keep their old strides (40, 1),
+    # which numpy ignores and torch's _int_mm reads as a leading dimension (garbage)
+    outer_a = _random(k + (6,), (1, 40)).T  # (40, 1) int8, strides (1, 40)
+    outer_b = _random(k + (7,), (30, 1)).T  # (1, 30) int8, strides (1, 1)
     return [
         GateCase("strided" + tag, strided_a, fortran_b),
         GateCase("reversed" + tag, reversed_a, reversed_b),
         GateCase("batched_transposed" + tag, bt_a, bt_b),
+        GateCase("outer_views" + tag, outer_a, outer_b),
     ]
 
 
@@ -113,7 +160,7 @@ def gate_cases(seed: int = 0, tag: str = "") -> list[GateCase]:
             a = _random((GATE_PURPOSE, seed, i, 0), a_shape)
             b = _random((GATE_PURPOSE, seed, i, 1), b_shape)
         cases.append(GateCase(name + tag, a, b))
-    return cases + _layout_cases(seed, tag)
+    return cases + _layout_cases(seed, tag) + _grid_cases(seed, tag)
 
 
 def _product(backend: GemmBackend, case: GateCase) -> np.ndarray:
@@ -159,28 +206,39 @@ class ExactGate:
             sizes += [4 * c.a.size, 4 * c.b.size, 4 * out, 8 * out]
         return sizes
 
-    def _check(self, backend: GemmBackend, case: GateCase) -> str:
+    def _check(self, backend: GemmBackend, case: GateCase) -> tuple[str, object]:
+        """(why the case failed or '', the backend's result)."""
         want = self._expected[case.name]
         a0, b0 = case.a.copy(), case.b.copy()
         try:
             got = _product(backend, case)
         except Exception as exc:  # any exception on valid operands fails the gate
-            return f"raised {type(exc).__name__}: {exc}"
+            return f"raised {type(exc).__name__}: {exc}", None
         if not (np.array_equal(case.a, a0) and np.array_equal(case.b, b0)):
-            return "modified its input operands"
-        return mismatch(got, want)
+            case.a[...], case.b[...] = a0, b0  # the next backend gates on the same operands
+            return "modified its input operands", got
+        return mismatch(got, want), got
 
     def run(self, backend: GemmBackend) -> GateReport:
-        """Gate `backend`: every case of both sweeps must match the reference exactly."""
+        """Gate `backend`: every case of both sweeps must match the reference exactly, and
+        every result must still match once all cases ran (a fresh array, not a reused one)."""
         t0 = time.perf_counter()
         run = 0
+        kept: list[tuple[str, object]] = []
         for sweep_index, sweep in enumerate(self._sweeps):
             if sweep_index:
                 poison_heap(self._poison_sizes(sweep))
             for case in sweep:
                 run += 1
-                detail = self._check(backend, case)
+                detail, got = self._check(backend, case)
                 if detail:
                     seconds = time.perf_counter() - t0
                     return GateReport(backend.name, False, case.name, seconds, run, detail)
+                kept.append((case.name, got))
+        for name, got in kept:
+            changed = mismatch(got, self._expected[name])
+            if changed:
+                detail = (f"its result changed after later calls ({changed}): it returns a "
+                          "buffer it reuses, not a fresh array")
+                return GateReport(backend.name, False, name, time.perf_counter() - t0, run, detail)
         return GateReport(backend.name, True, None, time.perf_counter() - t0, run)
