@@ -180,7 +180,7 @@ def test_wasm_simd_is_unavailable_natively():
 
 @pytest.mark.slow
 def test_wasm_philox_under_pyodide(session, record_property):
-    """The page's wasm Philox4x64: numpy's words bit for bit, checked, faster than numpy."""
+    """The page's wasm Philox4x64: numpy's words bit for bit, checked; its speed recorded."""
     check_wasm_cases(session, "philox")
     (line,) = [ln for ln in session[0].stdout.splitlines() if ln.startswith("PHILOX_BENCH ")]
     bench = json.loads(line[len("PHILOX_BENCH "):])

@@ -116,11 +116,13 @@ def best_words_per_second(draw, repeats=5):
     return STEP_WORDS / best
 
 
-def test_kernel_is_faster_than_numpy():
+def test_kernel_speed_is_recorded():
+    """Words per second of the wasm kernel and of numpy's Philox, for the record (the
+    PHILOX_BENCH line; test_under_pyodide.py stores it). Not asserted: a timed test fails
+    on a loaded machine, and speed targets live in benchmarks/ (bench browser)."""
     kernel()
     assert browser_philox.available()
     numpy_rate = best_words_per_second(rng.raw64)
     wasm_rate = best_words_per_second(browser_philox.raw64_wasm)
     print("PHILOX_BENCH " + json.dumps({"words": STEP_WORDS, "numpy_words_per_s": numpy_rate,
                                         "wasm_words_per_s": wasm_rate}))
-    assert wasm_rate > 2 * numpy_rate, (numpy_rate, wasm_rate)
