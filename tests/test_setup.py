@@ -58,13 +58,8 @@ def make_path() -> str:
     return os.path.realpath(found)
 
 
-# A clone, a venv and a pip install: half a minute, more than the quick tier can spend.
-FULL_SUITE = os.environ.get("PYNODE_FULL_SUITE") == "1" or os.environ.get("CI") == "true"
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not FULL_SUITE, reason="runs in the full suite: make test, or "
-                    "PYNODE_FULL_SUITE=1 (CI=true) (README, Tests)")
+@pytest.mark.full  # a clone, a venv and a pip install: half a minute
 def test_fresh_clone_make_demo_with_only_python3_and_make(tmp_path: Path, make_path: str):
     if shutil.which("git") is None:
         pytest.skip("git is not installed (the test clones this repository)")

@@ -38,6 +38,7 @@ def server_process(tmp_path: Path):
 
 
 @pytest.mark.slow
+@pytest.mark.full
 def test_one_address_is_capped_and_others_keep_going(server_process) -> None:
     server = server_process()
     got = many_sockets(server, 2000)
@@ -47,6 +48,7 @@ def test_one_address_is_capped_and_others_keep_going(server_process) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.full
 def test_slowloris_at_1024_descriptors_leaves_room_for_new_clients(server_process) -> None:
     server = server_process(fd_limit=1024)
     got = slowloris(server, count=1100, addresses=1100, newcomers=5)
@@ -59,6 +61,7 @@ def test_slowloris_at_1024_descriptors_leaves_room_for_new_clients(server_proces
 
 
 @pytest.mark.slow
+@pytest.mark.full
 def test_a_request_that_never_finishes_its_headers_is_closed(server_process) -> None:
     server = server_process({"header_timeout_s": 1.0})
     from server_testkit import bound_socket
@@ -83,6 +86,7 @@ def test_a_request_that_never_finishes_its_headers_is_closed(server_process) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.full
 def test_ten_thousand_fuzz_frames_leave_no_traceback(server_process) -> None:
     server = server_process(FUZZ_CONFIG)
     got = fuzz(server, frames=10000)
@@ -92,6 +96,7 @@ def test_ten_thousand_fuzz_frames_leave_no_traceback(server_process) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.full
 def test_room_quota_per_address(server_process) -> None:
     server = server_process({"max_rooms_per_address": 4})
     got = room_quota(server, 4)
@@ -161,6 +166,7 @@ def test_too_many_sockets_from_one_address_are_refused_before_the_handshake(live
 
 
 @pytest.mark.slow
+@pytest.mark.full
 def test_the_production_server_serves_pages_data_and_signaling(server_process, tmp_path,
                                                                shard_dir, range_server) -> None:
     """`python -m server` on gevent: the same app as the in-process tests, end to end."""
@@ -190,6 +196,7 @@ def test_the_production_server_serves_pages_data_and_signaling(server_process, t
 
 
 @pytest.mark.slow
+@pytest.mark.full
 def test_a_client_that_stops_reading_loses_its_socket(server_process, tmp_path) -> None:
     """Slow read: a response stuck in a full socket for header_timeout_s is abandoned."""
     import socket

@@ -111,7 +111,8 @@ def served(installed: Install, tmp_path: Path) -> Iterator[str]:
     """The installed ``python -m server`` on a free loopback port; yields its base URL."""
     log = tmp_path / "server.log"
     args = ["-m", "server", "--host", "127.0.0.1", "--port", "0", "--log-level", "WARNING",
-            "--data-dir", str(tmp_path / "state"), "--data-url", str(tmp_path / "none.parquet")]
+            "--data-dir", str(tmp_path / "state"),
+            "--data-url", "http://127.0.0.1:9/never-fetched.parquet"]
     with log.open("w") as stderr:
         process = subprocess.Popen([str(installed.python), *args], cwd=installed.cwd,
                                    env=installed.env, stdout=subprocess.PIPE, stderr=stderr,
