@@ -1,6 +1,7 @@
 """Known outcomes for checking the Pyodide runner itself (not collected by pytest).
 
-test_under_pyodide.py runs this module and expects exactly: 1 passed, 2 failed, 1 skipped.
+test_under_pyodide.py runs this module with the others and expects exactly: 1 passed, 2 failed,
+1 skipped here.
 """
 
 import sys

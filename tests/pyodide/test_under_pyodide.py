@@ -2,9 +2,9 @@
 
 Needs node and the fetched runtime (`python -m server.runtime fetch`). Without them these
 tests skip with the reason, except under CI=true, where a missing runtime is a failure.
-Each Pyodide run boots Pyodide and numpy first (seconds), so the modules share one run (the
-runner's self-check has its own) and those tests are also `slow`; the `*_natively` tests
-need neither.
+Each Pyodide run boots Pyodide and numpy first (seconds), so every module shares one run
+(the runner's self-check among them, whose failures are on purpose) and those tests are
+also `slow`; the `*_natively` tests need neither.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ WASM_CASES = {
     "philox": ("tests/pyodide/wasm_philox_cases.py", 6),
 }
 TRAINER_CASES = "tests/pyodide/trainer_cases.py"
+SELFCHECK = "tests/pyodide/selfcheck_cases.py"  # known outcomes: the runner checked itself
 TRAINER_EXPECTED = "artifacts/pyodide_trainer_expected.json"
 
 
@@ -78,7 +79,8 @@ def session(runtime, bundle) -> tuple:
     """Every module in one Pyodide run: booting Pyodide and numpy is most of a run's time.
     Returns the runner's process and its report; each test reads its modules' results."""
     native_trainer_hashes()
-    modules = [*PYODIDE_MODULES, *(path for path, _ in WASM_CASES.values()), TRAINER_CASES]
+    modules = [*PYODIDE_MODULES, *(path for path, _ in WASM_CASES.values()), TRAINER_CASES,
+               SELFCHECK]
     proc, report = run_in_pyodide(runtime, bundle, modules, [*PYODIDE_DATA, TRAINER_EXPECTED])
     assert report is not None, f"runner gave no results (rc {proc.returncode}):\n{proc.stderr}"
     return proc, report
@@ -108,18 +110,21 @@ def test_core_modules_pass_under_pyodide(session, record_property):
 
 
 @pytest.mark.slow
-def test_runner_reports_failures_and_skips(runtime, bundle):
-    proc, report = run_in_pyodide(runtime, bundle, ["tests/pyodide/selfcheck_cases.py"], [])
-    assert report is not None, f"runner gave no results (rc {proc.returncode}):\n{proc.stderr}"
-    outcome = {r["test"]: r["status"] for r in report["results"]}
+def test_runner_reports_failures_and_skips(session):
+    proc, report = session
+    outcome = {r["test"]: r["status"] for r in results_of(report, [SELFCHECK])}
     assert outcome == {
         "test_runs_on_wasm_numpy": "passed",
         "test_fails_on_purpose": "failed",
         "test_skips_on_purpose": "skipped",
         "test_needs_a_fixture": "failed",
     }
-    assert proc.returncode == 1
-    assert proc.stdout.splitlines()[-1] == "1 passed, 2 failed, 1 skipped"
+    counts = {s: sum(r["status"] == s for r in report["results"])
+              for s in ("passed", "failed", "skipped")}
+    assert {s: report[s] for s in counts} == counts
+    assert proc.returncode == 1  # the self-check fails on purpose
+    assert proc.stdout.splitlines()[-1] == (
+        f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped")
     assert "deliberate failure" in proc.stdout
 
 
