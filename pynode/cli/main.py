@@ -1,4 +1,4 @@
-"""Command line: `python -m pynode {train,verify,bench,cluster,join} ...`."""
+"""Command line: `python -m pynode {train,generate,verify,bench,cluster,join} ...`."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pynode.cli.flags import (
     add_output_flags,
     config_from_args,
 )
+from pynode.cli.generate import add_generate_parser
 from pynode.cli.join import add_join_parser
 from pynode.config import ConfigError
 from pynode.core.errors import DaisyError
@@ -23,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     # The metavar lists the commands a user runs (the internal `_peer` stays out of help).
     sub = parser.add_subparsers(dest="command", required=True,
-                                metavar="{train,cluster,join,verify,bench}")
+                                metavar="{train,generate,cluster,join,verify,bench}")
 
     train = sub.add_parser("train", help="train on this machine (one or more local peers)")
     add_config_flags(train)
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     peer.add_argument("--capacity")
 
     add_join_parser(sub)
+    add_generate_parser(sub)
 
     verify = sub.add_parser("verify", help="check units, LUTs and GEMM backends; exit 1 on failure")
     verify.add_argument("--json", action="store_true", help="print rows as JSON lines")
@@ -89,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
             from pynode.cli.join import join_command
 
             return asyncio.run(join_command(args))
+        if args.command == "generate":
+            from pynode.cli.generate import generate_command
+
+            return generate_command(args)
         if args.command == "verify":
             from pynode.verify import verify_command
 
