@@ -13,7 +13,7 @@ from pynode.cli.flags import (
     add_output_flags,
     config_from_args,
 )
-from pynode.cli.generate import add_generate_parser
+from pynode.cli.generate import add_generate_parser, add_train_sample_flags
 from pynode.cli.join import add_join_parser
 from pynode.config import ConfigError
 from pynode.core.errors import DaisyError
@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--peers", type=int, default=1, help="local peer processes (loopback)")
     train.add_argument("--capacity", help="relative speeds of the local peers, e.g. 1,2,5")
     train.add_argument("--summary", help="write a JSON summary (final hash, traffic) here")
+    add_train_sample_flags(train)
 
     cluster = sub.add_parser(
         "cluster", help="gloo cluster from MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK"

@@ -8,6 +8,7 @@ import time
 
 from pynode.cli.faults import install_fault
 from pynode.cli.flags import check_output_flags, explicit_config, parse_capacity
+from pynode.cli.generate import check_train_sample_flags, print_train_sample
 from pynode.cli.report import Saver, StepReporter, print_summary, run_header, write_summary
 from pynode.config import ConfigError, RunConfig
 from pynode.run.assemble import build_trainer, load_resume
@@ -16,6 +17,7 @@ from pynode.run.loop import train
 
 async def train_command(args: argparse.Namespace, cfg: RunConfig) -> int:
     check_output_flags(args)
+    check_train_sample_flags(args, cfg)
     if args.capacity is not None and args.peers == 1:
         raise ConfigError("--capacity sets the relative speeds of local peers: it needs "
                           "--peers N with N > 1 (one peer computes every microbatch)")
@@ -42,5 +44,6 @@ async def train_command(args: argparse.Namespace, cfg: RunConfig) -> int:
     if args.summary:
         write_summary(args.summary, trainer, 1, None)
     print_summary(trainer, last, elapsed)
+    print_train_sample(args, trainer)
     print(trainer.state.hash())
     return 0

@@ -237,3 +237,27 @@ def test_read_model_gives_the_saved_weights(checkpoint):
     assert cfg == RunConfig.from_dict({**SMALL.__dict__})
     for name, value in sharp_params(SMALL).items():
         assert params[name].tobytes() == value.tobytes()
+
+
+def test_train_sample_prints_what_generate_writes_from_the_saved_state(tmp_path, capsys):
+    saved = tmp_path / "run.pt"
+    argv = ["train", "--steps", "2", "--width", "32", "--layers", "1", "--heads", "2", "--seq",
+            "16", "--no-progress", "--kernels", "numpy", "--backend", "numpy_int",
+            "--save", str(saved), "--sample", "24", "--prompt", "\u00e9t\u00e9 "]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    head = "sample (temperature 0.8, seed 0):\n\u00e9t\u00e9 "
+    assert head in err
+    want = bytes(load_generator(saved.read_bytes(), backend="numpy_int", kernels="numpy")
+                 .generate("\u00e9t\u00e9 ".encode(), Sampling(tokens=24)))
+    assert err[err.index(head) + len(head):].startswith(want.decode("utf-8", "replace") + "\n")
+    assert len(out.splitlines()[-1]) == 64  # the state hash stays the last stdout line
+
+
+def test_train_sample_refusals(capsys):
+    for flags, what in ((["--prompt", "x"], "--prompt is what --sample continues"),
+                        (["--sample", "0"], "--sample needs a positive number"),
+                        (["--sample", "5", "--task", "mlp"], "--sample needs the gpt task"),
+                        (["--sample", "5", "--peers", "2"], "--sample needs one local peer"),
+                        (["--sample", "5", "--prompt", ""], "--prompt is empty")):
+        assert f"ConfigError: {what}" in refused(["train", "--steps", "1", *flags], capsys)
