@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import codecs
 import sys
 from pathlib import Path
 from typing import TextIO
 
 from pynode.cli.flags import add_arithmetic_flags
 from pynode.config import ConfigError, RunConfig
-from pynode.run.generate import Generator, Sampling, load_generator, prompt_window
+from pynode.run.generate import (
+    Generator,
+    Sampling,
+    load_generator,
+    prompt_window,
+    text_pieces,
+)
 from pynode.run.trainer import Trainer
 
 
@@ -100,14 +105,17 @@ def stream_text(generator: Generator, prompt: bytes, sampling: Sampling, out: Te
         seen = prompt_window(prompt, generator.context)
         print(f"note: the prompt is {len(prompt)} bytes and the model's context "
               f"{generator.context}: it continues the last {len(seen)}", file=sys.stderr)
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")
     produced = bytearray()
-    for token in generator.generate(prompt, sampling):
-        produced.append(token)
-        text = decoder.decode(bytes([token]))
+
+    def tokens():
+        for token in generator.generate(prompt, sampling):
+            produced.append(token)
+            yield token
+
+    for text in text_pieces(tokens()):
         if text:
             out.write(text)
             out.flush()
-    out.write(decoder.decode(b"", final=True) + "\n")
+    out.write("\n")
     out.flush()
     return bytes(produced)

@@ -26,8 +26,9 @@ Legend: S context (cfg.seq), D width, H heads, Dh = D / H, V vocab, n new positi
 
 from __future__ import annotations
 
+import codecs
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,11 +154,22 @@ def sample_token(logits: np.ndarray, sampling: Sampling, position: int, ops: Any
     return int(kept[np.searchsorted(cumulative, draw, side="right")])
 
 
-class Generator:
-    """A checkpoint's model ready to continue prompts."""
+def text_pieces(tokens: Iterable[int]) -> Iterator[str]:
+    """The text of a byte stream as it comes, whole characters only: UTF-8 decoded
+    incrementally, an invalid byte as U+FFFD; a piece may be empty (a character's first
+    bytes). The last piece flushes what an unfinished character left."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    for token in tokens:
+        yield decoder.decode(bytes((token,)))
+    yield decoder.decode(b"", final=True)
 
-    def __init__(self, cfg: RunConfig, params: dict[str, np.ndarray], gemm: Any) -> None:
-        self.cfg = cfg
+
+class Generator:
+    """A checkpoint's model ready to continue prompts (`step`: the state's step)."""
+
+    def __init__(self, cfg: RunConfig, params: dict[str, np.ndarray], gemm: Any,
+                 step: int = 0) -> None:
+        self.cfg, self.step = cfg, step
         self.decoder = Decoder(GPT(gpt_config(cfg), gemm), params)
 
     @property
@@ -190,8 +202,8 @@ def prompt_window(prompt: bytes, context: int) -> bytes:
     return bytes(prompt[-context:])
 
 
-def read_model(data: bytes) -> tuple[RunConfig, dict[str, np.ndarray]]:
-    """The run config and weights of the gpt checkpoint `data`; CheckpointError (nothing
+def read_model(data: bytes) -> tuple[RunConfig, checkpoint.CheckpointState]:
+    """The run config and state of the gpt checkpoint `data`; CheckpointError (nothing
     loaded) for a bad file, GenerateError for a checkpoint of another task."""
     from pynode.run.assemble import checkpoint_expectations
 
@@ -204,8 +216,7 @@ def read_model(data: bytes) -> tuple[RunConfig, dict[str, np.ndarray]]:
         cfg = RunConfig.from_dict(config)
     except ValueError as exc:
         raise checkpoint.CheckpointError(f"checkpoint config is not valid: {exc}") from exc
-    ckpt = checkpoint.load_checkpoint(data, expect=checkpoint_expectations(cfg))
-    return cfg, dict(ckpt.params)
+    return cfg, checkpoint.load_checkpoint(data, expect=checkpoint_expectations(cfg))
 
 
 def load_generator(data: bytes, *, arithmetic: tuple[Any, Any] | None = None,
@@ -214,9 +225,9 @@ def load_generator(data: bytes, *, arithmetic: tuple[Any, Any] | None = None,
     """A Generator for the checkpoint `data`. `arithmetic` is (units, gemm) a peer
     verified already; without it they are loaded and checked as for training
     (pynode.run.assemble.load_units_and_gemm with `backend`, `kernels`, `check_products`)."""
-    cfg, params = read_model(data)
+    cfg, ckpt = read_model(data)
     if arithmetic is None:
         from pynode.run.assemble import load_units_and_gemm
 
         arithmetic = load_units_and_gemm(backend, kernels, check_products)
-    return Generator(cfg, params, arithmetic[1])
+    return Generator(cfg, dict(ckpt.params), arithmetic[1], ckpt.step)

@@ -233,10 +233,10 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, checkpoint):
 
 
 def test_read_model_gives_the_saved_weights(checkpoint):
-    cfg, params = read_model(checkpoint)
-    assert cfg == RunConfig.from_dict({**SMALL.__dict__})
+    cfg, ckpt = read_model(checkpoint)
+    assert cfg == RunConfig.from_dict({**SMALL.__dict__}) and ckpt.step == 2
     for name, value in sharp_params(SMALL).items():
-        assert params[name].tobytes() == value.tobytes()
+        assert ckpt.params[name].tobytes() == value.tobytes()
 
 
 def test_train_sample_prints_what_generate_writes_from_the_saved_state(tmp_path, capsys):
@@ -261,3 +261,37 @@ def test_train_sample_refusals(capsys):
                         (["--sample", "5", "--peers", "2"], "--sample needs one local peer"),
                         (["--sample", "5", "--prompt", ""], "--prompt is empty")):
         assert f"ConfigError: {what}" in refused(["train", "--steps", "1", *flags], capsys)
+
+
+def test_the_page_streams_the_bytes_of_generate(checkpoint, reference_arithmetic):
+    """pynode.browser.generate_text (what the page's generation worker runs), natively with
+    a fake bridge: the pieces are whole characters and add up to `generate`'s bytes."""
+    import asyncio
+    import json
+
+    from pynode.browser import Checks, generate_text
+
+    class Bridge:
+        def __init__(self):
+            self.posts = []
+
+        def post(self, kind, fields):
+            self.posts.append((kind, json.loads(fields)))
+
+    checks = Checks(units=reference_arithmetic[0], gemm=reference_arithmetic[1])
+    request = {"id": 7, "prompt": "h\u00e9llo", "tokens": 30, "temperature": 1.2, "top_k": 0,
+               "seed": 5}
+    bridge = Bridge()
+    answer = json.loads(asyncio.run(generate_text(checks, checkpoint, json.dumps(request),
+                                                  bridge)))
+    want = bytes(load_generator(checkpoint, arithmetic=reference_arithmetic).generate(
+        "h\u00e9llo".encode(), Sampling(tokens=30, temperature=1.2, seed=5)))
+    assert answer["ok"] and bytes.fromhex(answer["bytes"]) == want, answer
+    assert answer["step"] == 2 and answer["context"] == 16 and answer["prompt_bytes"] == 6
+    pieces = [f["text"] for kind, f in bridge.posts if kind == "generated" and f["id"] == 7]
+    assert "".join(pieces) == answer["text"] == want.decode("utf-8", "replace")
+    bad = json.loads(asyncio.run(generate_text(checks, b"junk", json.dumps(request), bridge)))
+    assert not bad["ok"] and bad["error"].startswith("CheckpointError"), bad
+    request["temperature"] = -1
+    bad = json.loads(asyncio.run(generate_text(checks, checkpoint, json.dumps(request), bridge)))
+    assert bad["error"].startswith("GenerateError: temperature"), bad
