@@ -42,6 +42,7 @@ GEMM_CASE_PURPOSE = 0x6E3C  # rng key of case_operands' random operands
 # download, a copy of the state to generate from) until the run ends: it yields between
 # two steps at least this often, and only then (a group's steps wait on the mesh already).
 SOLO_YIELD_EVERY_S = 0.25
+GENERATE_YIELD_EVERY_S = 0.05  # generation hands its worker's event loop over this often
 
 
 class BrokenBackend:
@@ -245,7 +246,7 @@ async def generate_text(checks: Checks, buffer: Any, request_json: str, bridge: 
     request {id, prompt (text), tokens, temperature, top_k, seed}: the bytes `python -m
     pynode generate` writes (pynode.run.generate). Streams the text as it comes, whole
     characters, as `generated` reports {id, text}, yielding to the worker's event loop
-    after each byte; returns JSON {ok, bytes (hex), text, step, context, prompt_bytes,
+    every GENERATE_YIELD_EVERY_S; returns JSON {ok, bytes (hex), text, step, context, prompt_bytes,
     seconds} or {ok: false, error} (never raises into JS)."""
     from pynode.run.generate import Sampling, load_generator, text_pieces
 
@@ -266,10 +267,13 @@ async def generate_text(checks: Checks, buffer: Any, request_json: str, bridge: 
                 produced.append(token)
                 yield token
 
+        yielded = time.perf_counter()
         for piece in text_pieces(tokens()):  # one byte each
             if piece:
                 bridge.post("generated", json.dumps({"id": request["id"], "text": piece}))
-            await asyncio.sleep(0)  # the worker's other messages get their turn
+            if time.perf_counter() - yielded > GENERATE_YIELD_EVERY_S:
+                await asyncio.sleep(0)  # the worker's other messages get their turn
+                yielded = time.perf_counter()
     except (DaisyError, ValueError, TypeError, KeyError) as exc:
         return json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
     return json.dumps({"ok": True, "bytes": produced.hex(), "text": produced.decode(

@@ -62,8 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="check units, LUTs and GEMM backends; exit 1 on failure")
     verify.add_argument("--json", action="store_true", help="print rows as JSON lines")
 
-    bench = sub.add_parser("bench", help="benchmarks: gemm, train, scaling, browser")
-    bench.add_argument("name", choices=["gemm", "train", "scaling", "browser"])
+    bench = sub.add_parser("bench", help="benchmarks: gemm, train, scaling, browser, generate")
+    bench.add_argument("name", choices=["gemm", "train", "scaling", "browser", "generate"])
     bench.add_argument("args", nargs=argparse.REMAINDER, metavar="...",
                        help="the benchmark's own flags (python -m pynode bench NAME --help)")
     return parser

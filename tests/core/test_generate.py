@@ -295,3 +295,17 @@ def test_the_page_streams_the_bytes_of_generate(checkpoint, reference_arithmetic
     request["temperature"] = -1
     bad = json.loads(asyncio.run(generate_text(checks, checkpoint, json.dumps(request), bridge)))
     assert bad["error"].startswith("GenerateError: temperature"), bad
+
+
+def test_bench_generate_times_both_forwards_on_the_same_bytes(capsys):
+    import json
+
+    from pynode.bench.generate import main as bench
+
+    config = json.dumps({"width": 32, "layers": 1, "heads": 2, "seq": 16})
+    assert bench(["--json", "--tokens", "24", "--repeats", "1", "--config", config,
+                  "--backend", "numpy_int", "--kernels", "numpy"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["runtime"] == "native" and row["backend"] == "numpy_int" and row["tokens"] == 24
+    assert row["tokens_per_s"] > 0 and row["uncached_tokens_per_s"] > 0
+    assert row["config"]["seq"] == 16
