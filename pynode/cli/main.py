@@ -15,6 +15,7 @@ from pynode.cli.flags import (
 )
 from pynode.cli.generate import add_generate_parser, add_train_sample_flags
 from pynode.cli.join import add_join_parser
+from pynode.cli.kit import add_kit_parser
 from pynode.config import ConfigError
 from pynode.core.errors import DaisyError
 
@@ -24,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     # The metavar lists the commands a user runs (the internal `_peer` stays out of help).
     sub = parser.add_subparsers(dest="command", required=True,
-                                metavar="{train,generate,cluster,join,verify,bench}")
+                                metavar="{train,generate,kit,cluster,join,verify,bench}")
 
     train = sub.add_parser("train", help="train on this machine (one or more local peers)")
     add_config_flags(train)
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_join_parser(sub)
     add_generate_parser(sub)
+    add_kit_parser(sub)
 
     verify = sub.add_parser("verify", help="check units, LUTs and GEMM backends; exit 1 on failure")
     verify.add_argument("--json", action="store_true", help="print rows as JSON lines")
@@ -96,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
             from pynode.cli.generate import generate_command
 
             return generate_command(args)
+        if args.command == "kit":
+            from pynode.cli.kit import kit_command
+
+            return kit_command(args)
         if args.command == "verify":
             from pynode.verify import verify_command
 

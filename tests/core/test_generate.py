@@ -309,3 +309,15 @@ def test_bench_generate_times_both_forwards_on_the_same_bytes(capsys):
     assert row["runtime"] == "native" and row["backend"] == "numpy_int" and row["tokens"] == 24
     assert row["tokens_per_s"] > 0 and row["uncached_tokens_per_s"] > 0
     assert row["config"]["seq"] == 16
+
+
+def test_the_kit_refuses_what_generate_refuses(tmp_path, capsys):
+    mlp = tmp_path / "mlp.pt"
+    mlp.write_bytes(Trainer(RunConfig(task="mlp", steps=2), load_task("mlp"), None)
+                    .state_bytes())
+    assert main(["kit", str(mlp), "-o", str(tmp_path / "kit.html")]) == 2
+    err = capsys.readouterr().err
+    assert "GenerateError: generate needs a checkpoint of the gpt task" in err
+    assert not (tmp_path / "kit.html").exists()
+    assert main(["kit", str(tmp_path / "none.pt"), "-o", str(tmp_path / "k.html")]) == 2
+
