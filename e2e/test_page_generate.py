@@ -1,6 +1,7 @@
 """The page's prompt box: generating from this page's state during a run changes no hash of
 the run, and gives the bytes native generation gives from the same step's state; after the
-run, from the prompt box and from an uploaded .pt alike. One tab, a server on 127.0.0.1.
+run, from the prompt box and from an uploaded .pt alike; its inference kit is the one
+`python -m pynode kit` writes. One tab, a server on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from local_page import LocalServer, open_page
 from pynode.config import RunConfig
 from pynode.run.assemble import build_trainer
 from pynode.run.generate import Generator, Sampling
+from pynode.run.kit import build_kit
 from pynode.run.trainer import Trainer, TrainState
 from pynode.tasks import load_task
 
@@ -99,6 +101,12 @@ def test_generating_during_a_run_changes_no_hash(local_browser, tmp_path: Path):
                                "document.querySelector('#generate-line').textContent)",
                                timeout=60_000)
         after_live = page.inner_text("#generate-output")
+        with page.expect_download() as state:
+            page.click("#download")
+        with page.expect_download() as kit:
+            page.click("#download-kit")
+        page_state = Path(state.value.path()).read_bytes()
+        page_kit = Path(kit.value.path()).read_text(encoding="utf-8")
 
         hashes, generators = native_run(RUN["steps"])
         saved = tmp_path / "final.pt"
@@ -123,6 +131,7 @@ def test_generating_during_a_run_changes_no_hash(local_browser, tmp_path: Path):
     want_after = AFTER["prompt"] + native_text(generators[RUN["steps"]], AFTER)
     assert after_live == want_after
     assert after_file == want_after, line
+    assert page_kit == build_kit(page_state)  # the page's kit is the command's, byte for byte
 
 
 def final_state(generators: dict[int, Generator]) -> bytes:

@@ -15,8 +15,9 @@ worker then transfers; `to_bytes` copies an arriving one), never element by elem
 `await gemm_cases(checks, cases_json)` runs GEMM cases through any candidate backend (tests,
 benchmarks). `await generate_text(checks, buffer, request_json, bridge)` continues a prompt
 with a .pt's model; the page runs it in a second worker that joins no room (generate.js),
-so generating never takes the training worker's time. Nothing here runs natively except
-under tests, which pass a fake bridge.
+so generating never takes the training worker's time; `kit_html(buffer)` writes a .pt's
+inference kit there too. Nothing here runs natively except under tests, which pass a fake
+bridge.
 """
 
 from __future__ import annotations
@@ -279,6 +280,19 @@ async def generate_text(checks: Checks, buffer: Any, request_json: str, bridge: 
     return json.dumps({"ok": True, "bytes": produced.hex(), "text": produced.decode(
         "utf-8", "replace"), "step": generator.step, "context": generator.context,
         "prompt_bytes": len(prompt), "seconds": time.perf_counter() - started})
+
+
+def kit_html(buffer: Any) -> str:
+    """The inference kit of the .pt `buffer` (pynode.run.kit): JSON {ok, html, step} or
+    {ok: false, error} (never raises into JS)."""
+    from pynode.run.kit import build_kit
+
+    try:
+        data = buffer.to_bytes() if hasattr(buffer, "to_bytes") else bytes(buffer)
+        html = build_kit(data)
+    except (DaisyError, ValueError, TypeError) as exc:
+        return json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+    return json.dumps({"ok": True, "html": html})
 
 
 class JsMesh(Mesh):

@@ -48,6 +48,20 @@ export class PageGenerator {
     }
   }
 
+  // The inference kit of the .pt bytes `data` (transferred): resolves to its HTML text.
+  async kit(data) {
+    await this.boot();
+    return (await this.ask({ type: "kit", data }, [data])).html;
+  }
+
+  ask(msg, transfer = []) {
+    const id = this.nextId++;
+    return new Promise((resolve, reject) => {
+      this.requests.set(id, { resolve, reject, onText: () => {} });
+      this.worker.postMessage({ ...msg, id }, transfer);
+    });
+  }
+
   // data: the .pt bytes (an ArrayBuffer, transferred); request: {prompt, tokens, temperature,
   // top_k, seed}; onText(piece) as whole characters come. Resolves to {bytes (hex), text,
   // step, context, prompt_bytes, seconds}; rejects with the reason (a bad file, ...).

@@ -6,7 +6,8 @@
 // main -> worker: boot {flags}, self {id}, open {peer}, gone {peer},
 //                 message {peer, data: ArrayBuffer (transferred)}, start {id, config},
 //                 bench {id, size, repeats}, gemm {id, cases},
-//                 generate {id, data: .pt ArrayBuffer, request: {prompt, tokens, ...}}
+//                 generate {id, data: .pt ArrayBuffer, request: {prompt, tokens, ...}},
+//                 kit {id, data: .pt ArrayBuffer}
 // worker -> main: state {state, error}, checks {ready, rows}, send {peer, data (transferred)},
 //                 report {kind, fields}, started {id, ok, ranks | error}
 //
@@ -153,6 +154,8 @@ self.onmessage = (event) => {
     meshEvent(msg.type, msg.peer, msg.data);
   } else if (msg.type === "checkpoint") {
     checkpoint(msg);
+  } else if (msg.type === "kit") {
+    post({ type: "started", id: msg.id, ...JSON.parse(browser.kit_html(msg.data)) });
   } else if (msg.type === "generate") {
     generate(msg).catch((err) => post({ type: "started", id: msg.id, ok: false, error: String(err) }));
   } else if (["start", "resume", "bench", "gemm"].includes(msg.type)) {

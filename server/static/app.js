@@ -278,35 +278,54 @@ async function generate(request, data = null, onText = () => {}) {
 // The generation worker boots (seconds) as soon as someone means to use it.
 $("generate-form").addEventListener("focusin", () => generator.boot().catch(() => {}));
 
+function showGenerateError(text) {
+  $("generate-error").textContent = text;
+  $("generate-error").hidden = !text;
+}
+
+// The .pt the generate panel works from: the chosen file's, or this page's state (null).
+async function generateSource() {
+  if ($("generate-form").elements.source.value !== "file") return null;
+  const file = $("generate-file").files[0];
+  if (!file) throw new Error("choose a .pt file to generate from");
+  return file.arrayBuffer();
+}
+
+$("download-kit").addEventListener("click", async () => {
+  showGenerateError("");
+  try {
+    const html = await generator.kit((await generateSource()) ?? await node.checkpoint());
+    const url = URL.createObjectURL(new Blob([html], { type: "text/html" }));
+    const link = document.createElement("a");
+    link.href = url;
+    link.download = "daisychain-kit.html";
+    link.click();
+    setTimeout(() => URL.revokeObjectURL(url), 10_000);
+  } catch (err) {
+    showGenerateError(`no inference kit: ${err.message}`);
+  }
+});
+
 $("generate-form").addEventListener("submit", timed((event) => {
   event.preventDefault();
   const form = new FormData(event.target);
   const request = { prompt: form.get("prompt"), tokens: parseInt(form.get("tokens")),
     temperature: parseFloat(form.get("temperature")), top_k: parseInt(form.get("top_k")),
     seed: parseInt(form.get("seed")) };
-  const file = $("generate-file").files[0];
   const output = $("generate-output");
-  const show = (text) => {
-    $("generate-error").textContent = text;
-    $("generate-error").hidden = !text;
-  };
-  show("");
-  if (form.get("source") === "file" && !file) {
-    show("choose a .pt file to generate from");
-    return;
-  }
+  showGenerateError("");
   output.textContent = request.prompt;
   $("generate").disabled = true;
   $("generate-line").textContent = "Generating…";
   (async () => {
-    const data = form.get("source") === "file" ? await file.arrayBuffer() : null;
+    const data = await generateSource();
     const done = await generate(request, data, (piece) => { output.textContent += piece; });
     output.textContent = request.prompt + done.text;
     $("generate-line").textContent = `${done.bytes.length / 2} bytes from the model at step ` +
       `${done.step} in ${done.seconds.toFixed(1)} s (context ${done.context} bytes` +
       `${done.prompt_bytes > done.context ? ": it saw the prompt's last ones" : ""}).`;
   })().catch((err) => {
-    show(`could not generate: ${err.message}`);
+    showGenerateError(`could not generate: ${err.message}`);
     $("generate-line").textContent = "";
   }).finally(() => { $("generate").disabled = false; });
 }));
