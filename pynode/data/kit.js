@@ -177,7 +177,9 @@ class Model {
   reset() {
     const { layers, heads, seq } = this.c;
     this.length = 0;
-    this.keys = Array.from({ length: layers * heads }, () => ({ q: new Int8Array(seq * this.dh), s: new Float32Array(seq) }));
+    // per (layer, head): keys quantized per position (int8, scale), values as float32
+    this.keys = Array.from({ length: layers * heads },
+      () => ({ q: new Int8Array(seq * this.dh), s: new Float32Array(seq) }));
     this.values = Array.from({ length: layers * heads }, () => new Float32Array(seq * this.dh));
   }
 
@@ -222,15 +224,21 @@ class Model {
         const k = quantize((_, j) => qkv[i * 3 * d + d + h * dh + j], 1, dh);
         cache.q.set(k.q, (start + i) * dh);
         cache.s[start + i] = k.s[0];
-        for (let j = 0; j < dh; j++) values[(start + i) * dh + j] = qkv[i * 3 * d + 2 * d + h * dh + j];
+        for (let j = 0; j < dh; j++) {
+          values[(start + i) * dh + j] = qkv[i * 3 * d + 2 * d + h * dh + j];
+        }
       }
       const q = new Float32Array(n * dh);
-      for (let i = 0; i < n; i++) for (let j = 0; j < dh; j++) q[i * dh + j] = qkv[i * 3 * d + h * dh + j];
+      for (let i = 0; i < n; i++) {
+        for (let j = 0; j < dh; j++) q[i * dh + j] = qkv[i * 3 * d + h * dh + j];
+      }
       const keyCols = { q: cache.q.subarray(0, end * dh), s: cache.s.subarray(0, end) };
       const scores = product(q, n, dh, keyCols, end);
       const v = quantize((i, j) => values[i * dh + j], end, dh); // per key position
       const vCols = { q: new Int8Array(dh * end), s: null };
-      for (let t = 0; t < end; t++) for (let j = 0; j < dh; j++) vCols.q[j * end + t] = v.q[t * dh + j];
+      for (let t = 0; t < end; t++) {
+        for (let j = 0; j < dh; j++) vCols.q[j * end + t] = v.q[t * dh + j];
+      }
       for (let i = 0; i < n; i++) {
         const row = new Float32Array(seq);
         for (let t = 0; t < end; t++) row[t] = fr(scores[i * end + t] * scale);
@@ -305,7 +313,9 @@ function blake2b(data, outLength, personal) { // no key, no salt
 
 function canonicalKey(key) { // rng._canonical_key
   const bytes = [];
-  const le8 = (n) => { for (let i = 0; i < 8; i++) bytes.push(Number((BigInt(n) >> BigInt(8 * i)) & 0xffn)); };
+  const le8 = (n) => {
+    for (let i = 0; i < 8; i++) bytes.push(Number((BigInt(n) >> BigInt(8 * i)) & 0xffn));
+  };
   le8(key.length);
   for (const part of key) {
     let v = BigInt(part);
@@ -324,7 +334,8 @@ function mul32(a, b) { // [hi, lo] of a * b, 32-bit words
 
 function firstBits64(key) { // rng.bits64(key, 1)[0] as a BigInt
   const d = blake2b(canonicalKey(key), 16, new TextEncoder().encode("daisychain.rng1"));
-  const w = [0, 4, 8, 12].map((i) => (d[i] | (d[i + 1] << 8) | (d[i + 2] << 16) | (d[i + 3] << 24)) >>> 0);
+  const w = [0, 4, 8, 12].map(
+    (i) => (d[i] | (d[i + 1] << 8) | (d[i + 2] << 16) | (d[i + 3] << 24)) >>> 0);
   let [k0, k1] = [w[0], w[1]];
   let [c0, c1, c2, c3] = [0, 0, w[2], w[3]];
   for (let round = 0; round < 10; round++) {

@@ -21,6 +21,9 @@ the weights' total from rng.randint keyed by (seed, position, SAMPLE_PURPOSE), w
 position is the index of the new byte in prompt + generated; the byte whose cumulative
 weight first exceeds the draw is the sample.
 
+pynode/data/kit.js (the inference kit, pynode/run/kit.py) does all of this in JavaScript,
+to the same bits.
+
 Legend: S context (cfg.seq), D width, H heads, Dh = D / H, V vocab, n new positions.
 """
 
