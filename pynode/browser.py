@@ -13,7 +13,11 @@ fragments it onto the peer's data channel), `post(kind, json)` reports to the pa
 large buffer is converted once each way (`to_js` copies into a fresh ArrayBuffer that the
 worker then transfers; `to_bytes` copies an arriving one), never element by element.
 `await gemm_cases(checks, cases_json)` runs GEMM cases through any candidate backend (tests,
-benchmarks). Nothing here runs natively except under tests, which pass a fake bridge.
+benchmarks). `await generate_text(checks, buffer, request_json, bridge)` continues a prompt
+with a .pt's model; the page runs it in a second worker that joins no room (generate.js),
+so generating never takes the training worker's time; `kit_html(buffer)` writes a .pt's
+inference kit there too. Nothing here runs natively except under tests, which pass a fake
+bridge.
 """
 
 from __future__ import annotations
@@ -35,6 +39,11 @@ from pynode.run.trainer import Trainer
 from pynode.verify import CheckRow, product_check_row
 
 GEMM_CASE_PURPOSE = 0x6E3C  # rng key of case_operands' random operands
+# A tab training alone never waits on the mesh, so the worker would take no message (a
+# download, a copy of the state to generate from) until the run ends: it yields between
+# two steps at least this often, and only then (a group's steps wait on the mesh already).
+SOLO_YIELD_EVERY_S = 0.25
+GENERATE_YIELD_EVERY_S = 0.05  # generation hands its worker's event loop over this often
 
 
 class BrokenBackend:
@@ -233,6 +242,59 @@ async def gemm_cases(checks: Checks, cases_json: str) -> str:
     return json.dumps(results)
 
 
+async def generate_text(checks: Checks, buffer: Any, request_json: str, bridge: Any) -> str:
+    """Continue a prompt with the model of the .pt `buffer` (a JS ArrayBuffer, or bytes):
+    request {id, prompt (text), tokens, temperature, top_k, seed}: the bytes `python -m
+    pynode generate` writes (pynode.run.generate). Streams the text as it comes, whole
+    characters, as `generated` reports {id, text}, yielding to the worker's event loop
+    every GENERATE_YIELD_EVERY_S; returns JSON {ok, bytes (hex), text, step, context, prompt_bytes,
+    seconds} or {ok: false, error} (never raises into JS)."""
+    from pynode.run.generate import Sampling, load_generator, text_pieces
+
+    started = time.perf_counter()
+    produced = bytearray()
+    try:
+        request = json.loads(request_json)
+        if not checks.ready:
+            raise GateError("this page did not pass its start-up checks; it must not compute")
+        sampling = Sampling(tokens=request["tokens"], temperature=request["temperature"],
+                            top_k=request["top_k"], seed=request["seed"])
+        prompt = str(request["prompt"]).encode("utf-8")
+        data = buffer.to_bytes() if hasattr(buffer, "to_bytes") else bytes(buffer)
+        generator = load_generator(data, arithmetic=(checks.units, checks.gemm))
+
+        def tokens():
+            for token in generator.generate(prompt, sampling):
+                produced.append(token)
+                yield token
+
+        yielded = time.perf_counter()
+        for piece in text_pieces(tokens()):  # one byte each
+            if piece:
+                bridge.post("generated", json.dumps({"id": request["id"], "text": piece}))
+            if time.perf_counter() - yielded > GENERATE_YIELD_EVERY_S:
+                await asyncio.sleep(0)  # the worker's other messages get their turn
+                yielded = time.perf_counter()
+    except (DaisyError, ValueError, TypeError, KeyError) as exc:
+        return json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+    return json.dumps({"ok": True, "bytes": produced.hex(), "text": produced.decode(
+        "utf-8", "replace"), "step": generator.step, "context": generator.context,
+        "prompt_bytes": len(prompt), "seconds": time.perf_counter() - started})
+
+
+def kit_html(buffer: Any) -> str:
+    """The inference kit of the .pt `buffer` (pynode.run.kit): JSON {ok, html, step} or
+    {ok: false, error} (never raises into JS)."""
+    from pynode.run.kit import build_kit
+
+    try:
+        data = buffer.to_bytes() if hasattr(buffer, "to_bytes") else bytes(buffer)
+        html = build_kit(data)
+    except (DaisyError, ValueError, TypeError) as exc:
+        return json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+    return json.dumps({"ok": True, "html": html})
+
+
 class JsMesh(Mesh):
     """The data channels of the page, as the main thread reports them through the worker."""
 
@@ -279,11 +341,22 @@ class BrowserPeer:
             raise GateError("this peer did not pass its start-up checks; it must not train")
         self.bridge = bridge
         self.mesh = JsMesh(bridge, self_id)
-        self.room = RoomPeer(self.mesh, checks.make_trainer, self.post)
+        self.room = RoomPeer(self.mesh, checks.make_trainer, self.post,
+                             before_step=(self.let_messages_in,))
+        self.yielded = time.perf_counter()
         self.task = asyncio.ensure_future(self.room.serve())
 
     def post(self, kind: str, fields: dict) -> None:
         self.bridge.post(kind, json.dumps(fields))
+
+    async def let_messages_in(self, trainer: Trainer) -> None:
+        """Before a step of a run this tab trains alone: hand the worker's event loop its
+        turn (asyncio's next task runs from a JS timer), so messages waiting are taken
+        between steps, never inside one."""
+        if len(trainer.members()) > 1 or time.perf_counter() - self.yielded < SOLO_YIELD_EVERY_S:
+            return
+        await asyncio.sleep(0)
+        self.yielded = time.perf_counter()
 
     def opened(self, peer: str) -> None:
         self.mesh.opened(peer)

@@ -1,4 +1,4 @@
-"""Command line: `python -m pynode {train,verify,bench,cluster,join} ...`."""
+"""Command line: `python -m pynode {train,generate,verify,bench,cluster,join} ...`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from pynode.cli.flags import (
     add_output_flags,
     config_from_args,
 )
+from pynode.cli.generate import add_generate_parser, add_train_sample_flags
 from pynode.cli.join import add_join_parser
+from pynode.cli.kit import add_kit_parser
 from pynode.config import ConfigError
 from pynode.core.errors import DaisyError
 from pynode.extras import explain
@@ -25,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     # The metavar lists the commands a user runs (the internal `_peer` stays out of help).
     sub = parser.add_subparsers(dest="command", required=True,
-                                metavar="{train,cluster,join,verify,bench}")
+                                metavar="{train,generate,kit,cluster,join,verify,bench}")
 
     train = sub.add_parser("train", help="train on this machine (one or more local peers)")
     add_config_flags(train)
@@ -35,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--peers", type=int, default=1, help="local peer processes (loopback)")
     train.add_argument("--capacity", help="relative speeds of the local peers, e.g. 1,2,5")
     train.add_argument("--summary", help="write a JSON summary (final hash, traffic) here")
+    add_train_sample_flags(train)
 
     cluster = sub.add_parser(
         "cluster", help="gloo cluster from MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK"
@@ -57,12 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
     peer.add_argument("--capacity")
 
     add_join_parser(sub)
+    add_generate_parser(sub)
+    add_kit_parser(sub)
 
     verify = sub.add_parser("verify", help="check units, LUTs and GEMM backends; exit 1 on failure")
     verify.add_argument("--json", action="store_true", help="print rows as JSON lines")
 
-    bench = sub.add_parser("bench", help="benchmarks: gemm, train, scaling, browser")
-    bench.add_argument("name", choices=["gemm", "train", "scaling", "browser"])
+    bench = sub.add_parser("bench", help="benchmarks: gemm, train, scaling, browser, generate")
+    bench.add_argument("name", choices=["gemm", "train", "scaling", "browser", "generate"])
     bench.add_argument("args", nargs=argparse.REMAINDER, metavar="...",
                        help="the benchmark's own flags (python -m pynode bench NAME --help)")
     return parser
@@ -94,6 +99,14 @@ def main(argv: list[str] | None = None) -> int:
             from pynode.cli.join import join_command
 
             return asyncio.run(join_command(args))
+        if args.command == "generate":
+            from pynode.cli.generate import generate_command
+
+            return generate_command(args)
+        if args.command == "kit":
+            from pynode.cli.kit import kit_command
+
+            return kit_command(args)
         if args.command == "verify":
             from pynode.verify import verify_command
 

@@ -8,6 +8,7 @@ import time
 
 from pynode.cli.faults import install_fault
 from pynode.cli.flags import check_output_flags, explicit_config, parse_capacity, resume_notes
+from pynode.cli.generate import check_train_sample_flags, print_train_sample
 from pynode.cli.report import Saver, StepReporter, print_summary, run_header, write_summary
 from pynode.config import ConfigError, RunConfig
 from pynode.core.errors import DaisyError
@@ -19,6 +20,7 @@ from pynode.tasks import load_task
 async def train_command(args: argparse.Namespace, cfg: RunConfig) -> int:
     check_output_flags(args)
     load_task(cfg.task)  # a task's own extras, before any peer starts
+    check_train_sample_flags(args, cfg)
     if args.capacity is not None and args.peers == 1:
         raise ConfigError("--capacity sets the relative speeds of local peers: it needs "
                           "--peers N with N > 1 (one peer computes every microbatch)")
@@ -54,5 +56,6 @@ async def train_command(args: argparse.Namespace, cfg: RunConfig) -> int:
     if args.summary:
         write_summary(args.summary, trainer, 1, None)
     print_summary(trainer, last, elapsed)
+    print_train_sample(args, trainer)
     print(trainer.state.hash())
     return 0

@@ -5,9 +5,14 @@
 //
 // main -> worker: boot {flags}, self {id}, open {peer}, gone {peer},
 //                 message {peer, data: ArrayBuffer (transferred)}, start {id, config},
-//                 bench {id, size, repeats}, gemm {id, cases}
+//                 bench {id, size, repeats}, gemm {id, cases},
+//                 generate {id, data: .pt ArrayBuffer, request: {prompt, tokens, ...}},
+//                 kit {id, data: .pt ArrayBuffer}
 // worker -> main: state {state, error}, checks {ready, rows}, send {peer, data (transferred)},
 //                 report {kind, fields}, started {id, ok, ranks | error}
+//
+// The page's generation worker (generate.js) is this same script booted without `self`: it
+// joins no room and trains nothing, it only answers `generate`.
 
 importScripts("/app/webgpu.js"); // pyodide.js once boot() knows the server has the runtime
 
@@ -109,6 +114,17 @@ async function lead(msg) {
   post({ type: "started", id: msg.id, ...JSON.parse(answer) });
 }
 
+// Continue a prompt with a .pt's model; text streams as `report` {kind: "generated"}.
+async function generate(msg) {
+  if (!checks || !checks.ready) {
+    post({ type: "started", id: msg.id, ok: false, error: "this page's checks did not pass" });
+    return;
+  }
+  const request = JSON.stringify({ ...msg.request, id: msg.id });
+  const answer = await browser.generate_text(checks, msg.data, request, bridge);
+  post({ type: "started", id: msg.id, ...JSON.parse(answer) });
+}
+
 // GEMM cases through the page's candidate backends (tests and benchmarks): {ok, results}.
 async function gemmCases(cases) {
   const results = await browser.gemm_cases(checks, JSON.stringify(cases));
@@ -138,6 +154,10 @@ self.onmessage = (event) => {
     meshEvent(msg.type, msg.peer, msg.data);
   } else if (msg.type === "checkpoint") {
     checkpoint(msg);
+  } else if (msg.type === "kit") {
+    post({ type: "started", id: msg.id, ...JSON.parse(browser.kit_html(msg.data)) });
+  } else if (msg.type === "generate") {
+    generate(msg).catch((err) => post({ type: "started", id: msg.id, ok: false, error: String(err) }));
   } else if (["start", "resume", "bench", "gemm"].includes(msg.type)) {
     lead(msg).catch((err) => post({ type: "started", id: msg.id, ok: false, error: String(err) }));
   }

@@ -6,6 +6,7 @@
 //   &break_gate=1     test hook: corrupt the GEMM backends so the exact gate fails
 //   &backend=NAME     force a GEMM backend (e.g. webgpu); it must pass its exact gate
 
+import { PageGenerator } from "/app/generate.js";
 import { PageNode } from "/app/node.js";
 
 const params = new URLSearchParams(location.search);
@@ -13,6 +14,7 @@ const target = params.get("create") ? { create: true }
   : params.get("room") ? { room: params.get("room") } : {};
 const node = new PageNode(target, { break_gate: params.get("break_gate") === "1",
   backend: params.get("backend") });
+const generator = new PageGenerator({ backend: params.get("backend") });
 const $ = (id) => document.getElementById(id);
 const NUMBER_FIELDS = { width: parseInt, layers: parseInt, heads: parseInt, seq: parseInt,
   microbatch_size: parseInt, microbatches: parseInt, steps: parseInt, lr: parseFloat, seed: parseInt };
@@ -30,6 +32,9 @@ window.daisychain = {
   gemm: (cases) => node.gemm(cases),
   checkpoint: () => node.checkpoint(),
   resume: (data) => node.resume(data),
+  // {prompt, tokens, temperature, top_k, seed}, from `data` (.pt bytes) or this page's state
+  generate: (request, data = null) => generate(request, data),
+  bootGenerator: () => generator.boot().then(() => true),
   approve: (peerId) => node.approve(peerId),
   deny: (peerId) => node.deny(peerId),
 };
@@ -263,6 +268,67 @@ $("upload").addEventListener("change", async (event) => {
   }
   event.target.value = "";
 });
+
+// The model of this page's state now (a copy, as a download) or of `data`: text streams to
+// `onText`; resolves to {bytes, text, step, ...} (generate.js).
+async function generate(request, data = null, onText = () => {}) {
+  return generator.generate(data ?? await node.checkpoint(), request, onText);
+}
+
+// The generation worker boots (seconds) as soon as someone means to use it.
+$("generate-form").addEventListener("focusin", () => generator.boot().catch(() => {}));
+
+function showGenerateError(text) {
+  $("generate-error").textContent = text;
+  $("generate-error").hidden = !text;
+}
+
+// The .pt the generate panel works from: the chosen file's, or this page's state (null).
+async function generateSource() {
+  if ($("generate-form").elements.source.value !== "file") return null;
+  const file = $("generate-file").files[0];
+  if (!file) throw new Error("choose a .pt file to generate from");
+  return file.arrayBuffer();
+}
+
+$("download-kit").addEventListener("click", async () => {
+  showGenerateError("");
+  try {
+    const html = await generator.kit((await generateSource()) ?? await node.checkpoint());
+    const url = URL.createObjectURL(new Blob([html], { type: "text/html" }));
+    const link = document.createElement("a");
+    link.href = url;
+    link.download = "daisychain-kit.html";
+    link.click();
+    setTimeout(() => URL.revokeObjectURL(url), 10_000);
+  } catch (err) {
+    showGenerateError(`no inference kit: ${err.message}`);
+  }
+});
+
+$("generate-form").addEventListener("submit", timed((event) => {
+  event.preventDefault();
+  const form = new FormData(event.target);
+  const request = { prompt: form.get("prompt"), tokens: parseInt(form.get("tokens")),
+    temperature: parseFloat(form.get("temperature")), top_k: parseInt(form.get("top_k")),
+    seed: parseInt(form.get("seed")) };
+  const output = $("generate-output");
+  showGenerateError("");
+  output.textContent = request.prompt;
+  $("generate").disabled = true;
+  $("generate-line").textContent = "Generating…";
+  (async () => {
+    const data = await generateSource();
+    const done = await generate(request, data, (piece) => { output.textContent += piece; });
+    output.textContent = request.prompt + done.text;
+    $("generate-line").textContent = `${done.bytes.length / 2} bytes from the model at step ` +
+      `${done.step} in ${done.seconds.toFixed(1)} s (context ${done.context} bytes` +
+      `${done.prompt_bytes > done.context ? ": it saw the prompt's last ones" : ""}).`;
+  })().catch((err) => {
+    showGenerateError(`could not generate: ${err.message}`);
+    $("generate-line").textContent = "";
+  }).finally(() => { $("generate").disabled = false; });
+}));
 
 window.addEventListener("pagehide", () => {
   node.mesh?.close();

@@ -57,7 +57,7 @@ def test_help_lists_the_commands_users_run_and_no_stray_names(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     out = capsys.readouterr().out
-    assert "{train,cluster,join,verify,bench}" in out and "_peer" not in out
+    assert "{train,generate,kit,cluster,join,verify,bench}" in out and "_peer" not in out
     with pytest.raises(SystemExit):
         main(["bench", "--help"])
     out = capsys.readouterr().out

@@ -49,6 +49,9 @@ WASM_CASES = {
 TRAINER_CASES = "tests/pyodide/trainer_cases.py"
 SELFCHECK = "tests/pyodide/selfcheck_cases.py"  # known outcomes: the runner checked itself
 TRAINER_EXPECTED = "artifacts/pyodide_trainer_expected.json"
+GENERATE_CASES = "tests/pyodide/generate_cases.py"
+GENERATE_EXPECTED = "artifacts/pyodide_generate_expected.json"
+GENERATE_CHECKPOINT = "artifacts/pyodide_generate.pt"
 
 
 def native_trainer_hashes() -> None:
@@ -74,14 +77,52 @@ def native_trainer_hashes() -> None:
                                     "wasm_backend": "wasm_simd", "wasm_kernels": "wasm"}))
 
 
+def native_generated_bytes() -> None:
+    """Bytes generated natively from a small checkpoint (weights scaled up so that every
+    rounding matters): greedy, sampled, top-k, a multi-byte UTF-8 prompt and one longer
+    than the context, for generate_cases.py to compare with wasm."""
+    import numpy as np
+
+    from pynode.config import RunConfig
+    from pynode.core.gpt import gpt_init_params
+    from pynode.run.generate import Sampling, load_generator
+    from pynode.run.trainer import Trainer, TrainState
+    from pynode.tasks import load_task
+    from pynode.tasks.gpt import gpt_config
+
+    cfg = RunConfig(steps=4, seed=1, width=32, layers=2, heads=2, seq=16)
+    trainer = Trainer(cfg, load_task("gpt"), None)
+    params = {k: v if k.endswith(".g") else v * np.float32(25)
+              for k, v in gpt_init_params(gpt_config(cfg), 5).items()}
+    trainer.state = TrainState(step=2, params=params, opt=trainer.state.opt)
+    (REPO / "artifacts").mkdir(exist_ok=True)
+    (REPO / GENERATE_CHECKPOINT).write_bytes(trainer.state_bytes())
+    generator = load_generator(trainer.state_bytes())
+    cases = []
+    for prompt, sampling in [
+        (b"The ", dict(tokens=40, temperature=0.0)),
+        (b"The ", dict(tokens=40, temperature=1.0, seed=3)),
+        ("h\u00e9llo \u20ac ".encode(), dict(tokens=40, temperature=0.7, top_k=5, seed=11)),
+        (bytes(range(40, 70)), dict(tokens=30, temperature=1.3, top_k=20, seed=2)),
+        (b"a", dict(tokens=25, temperature=0.5, top_k=1)),
+    ]:
+        got = bytes(generator.generate(prompt, Sampling(**sampling)))
+        cases.append({"prompt": prompt.hex(), "sampling": sampling, "bytes": got.hex()})
+    (REPO / GENERATE_EXPECTED).write_text(json.dumps({
+        "checkpoint": GENERATE_CHECKPOINT, "cases": cases,
+        "wasm_backend": "wasm_simd", "wasm_kernels": "wasm"}))
+
+
 @pytest.fixture(scope="module")
 def session(runtime, bundle) -> tuple:
     """Every module in one Pyodide run: booting Pyodide and numpy is most of a run's time.
     Returns the runner's process and its report; each test reads its modules' results."""
     native_trainer_hashes()
+    native_generated_bytes()
     modules = [*PYODIDE_MODULES, *(path for path, _ in WASM_CASES.values()), TRAINER_CASES,
-               SELFCHECK]
-    proc, report = run_in_pyodide(runtime, bundle, modules, [*PYODIDE_DATA, TRAINER_EXPECTED])
+               GENERATE_CASES, SELFCHECK]
+    data = [*PYODIDE_DATA, TRAINER_EXPECTED, GENERATE_EXPECTED, GENERATE_CHECKPOINT]
+    proc, report = run_in_pyodide(runtime, bundle, modules, data)
     assert report is not None, f"runner gave no results (rc {proc.returncode}):\n{proc.stderr}"
     return proc, report
 
@@ -132,6 +173,13 @@ def test_runner_reports_failures_and_skips(session):
 def test_training_steps_match_native_under_pyodide(session):
     """The same 3-step run gives the same per-step hashes natively and on wasm."""
     (result,) = results_of(session[1], [TRAINER_CASES])
+    assert result["status"] == "passed", result["detail"]
+
+
+@pytest.mark.slow
+def test_generation_matches_native_under_pyodide(session):
+    """The same checkpoint, prompts and samplings give the same bytes natively and on wasm."""
+    (result,) = results_of(session[1], [GENERATE_CASES])
     assert result["status"] == "passed", result["detail"]
 
 

@@ -1,0 +1,142 @@
+"""The page's prompt box: generating from this page's state during a run changes no hash of
+the run, and gives the bytes native generation gives from the same step's state; after the
+run, from the prompt box and from an uploaded .pt alike; its inference kit is the one
+`python -m pynode kit` writes. One tab, a server on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from browser_helpers import CHROMIUM_FLAGS, missing_browser_parts, status, wait, wait_booted
+from local_page import LocalServer, open_page
+
+from pynode.config import RunConfig
+from pynode.run.assemble import build_trainer
+from pynode.run.generate import Generator, Sampling
+from pynode.run.kit import build_kit
+from pynode.run.trainer import Trainer, TrainState
+from pynode.tasks import load_task
+
+pytestmark = [pytest.mark.slow]
+
+RUN = {"task": "gpt", "width": 32, "layers": 1, "heads": 2, "seq": 16, "microbatch_size": 2,
+       "microbatches": 2, "steps": 300, "seed": 5}
+DURING = {"prompt": "Th\u00e9 ", "tokens": 24, "temperature": 0.9, "top_k": 0, "seed": 3}
+AFTER = {"prompt": "an ", "tokens": 30, "temperature": 0.6, "top_k": 8, "seed": 1}
+
+
+@pytest.fixture(scope="module")
+def local_browser() -> Iterator[Any]:
+    reason = missing_browser_parts()
+    if reason:
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=shutil.which("chromium"),
+                                     args=CHROMIUM_FLAGS)
+        yield browser
+        browser.close()
+
+
+def native_run(steps: int) -> tuple[list[str], dict[int, Generator]]:
+    """The run natively: its per-step hashes, and a Generator of the state after each step.
+    In a thread of its own: Playwright's sync API keeps an event loop running in this one."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(_native_run, steps).result()
+
+
+def _native_run(steps: int) -> tuple[list[str], dict[int, Generator]]:
+    trainer = build_trainer(RunConfig(**RUN))
+    hashes, generators = [], {}
+
+    async def run() -> None:
+        for _ in range(steps):
+            result = await trainer.step()
+            hashes.append(result.hash)
+            params = {k: v.copy() for k, v in trainer.state.params.items()}
+            generators[result.step] = Generator(trainer.cfg, params, trainer.gemm, result.step)
+
+    asyncio.run(run())
+    return hashes, generators
+
+
+def native_text(generator: Generator, request: dict) -> str:
+    sampling = Sampling(tokens=request["tokens"], temperature=request["temperature"],
+                        top_k=request["top_k"], seed=request["seed"])
+    return bytes(generator.generate(request["prompt"].encode(), sampling)).decode(
+        "utf-8", "replace")
+
+
+def test_generating_during_a_run_changes_no_hash(local_browser, tmp_path: Path):
+    (tmp_path / "data").mkdir()
+    server = LocalServer(tmp_path / "data")
+    console: list[str] = []
+    try:
+        page = open_page(local_browser, f"{server.url}/?create=1", console)
+        wait_booted(page)
+        assert status(page)["state"] == "ready", status(page)["error"]
+        page.evaluate("() => daisychain.bootGenerator()")  # its own Pyodide: seconds
+        page.evaluate("(config) => daisychain.start(config)", RUN)
+        wait(page, "s => s.state === 'training' && s.step >= 2", 120_000)
+        during = page.evaluate("""async (request) => {
+            const done = await daisychain.generate(request);
+            return {done, state: daisychain.status().state};
+        }""", DURING)
+        wait(page, "s => ['done', 'failed'].includes(s.state)", 300_000)
+        final = status(page)
+
+        page.fill("#generate-form [name=prompt]", AFTER["prompt"])
+        for name in ("tokens", "temperature", "top_k", "seed"):
+            page.fill(f"#generate-form [name={name}]", str(AFTER[name]))
+        page.click("#generate")
+        page.wait_for_function("() => /bytes from the model at step/.test("
+                               "document.querySelector('#generate-line').textContent)",
+                               timeout=60_000)
+        after_live = page.inner_text("#generate-output")
+        with page.expect_download() as state:
+            page.click("#download")
+        with page.expect_download() as kit:
+            page.click("#download-kit")
+        page_state = Path(state.value.path()).read_bytes()
+        page_kit = Path(kit.value.path()).read_text(encoding="utf-8")
+
+        hashes, generators = native_run(RUN["steps"])
+        saved = tmp_path / "final.pt"
+        saved.write_bytes(final_state(generators))
+        page.select_option("#generate-form [name=source]", "file")
+        page.set_input_files("#generate-file", str(saved))
+        page.evaluate("() => { document.querySelector('#generate-output').textContent = ''; }")
+        page.click("#generate")
+        page.wait_for_function(f"() => /at step {RUN['steps']} in/.test("
+                               "document.querySelector('#generate-line').textContent)",
+                               timeout=60_000)
+        after_file = page.inner_text("#generate-output")
+        line = page.inner_text("#generate-line")
+    finally:
+        server.close()
+        print("\n".join(console[-100:]))
+    assert final["state"] == "done", final["error"]
+    assert [h["hash"] for h in final["history"]] == hashes  # every step, generation or not
+    done = during["done"]
+    assert during["state"] == "training" and 2 <= done["step"] < RUN["steps"], during
+    assert done["text"] == native_text(generators[done["step"]], DURING)
+    want_after = AFTER["prompt"] + native_text(generators[RUN["steps"]], AFTER)
+    assert after_live == want_after
+    assert after_file == want_after, line
+    assert page_kit == build_kit(page_state)  # the page's kit is the command's, byte for byte
+
+
+def final_state(generators: dict[int, Generator]) -> bytes:
+    """The native run's final weights as a .pt (what the test uploads)."""
+    trainer = Trainer(RunConfig(**RUN), load_task("gpt"), None)
+    trainer.state = TrainState(step=RUN["steps"], params=generators[RUN["steps"]].decoder.params,
+                               opt=trainer.state.opt)
+    return trainer.state_bytes()

@@ -1,0 +1,22 @@
+"""`python -m pynode kit run.pt -o kit.html`: the one-file inference kit (pynode/run/kit.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pynode.run.assemble import write_atomically
+from pynode.run.kit import build_kit
+
+
+def add_kit_parser(sub) -> None:
+    kit = sub.add_parser("kit", help="write a one-file HTML inference kit of a .pt")
+    kit.add_argument("checkpoint", help="the .pt file a run saved (--save)")
+    kit.add_argument("-o", "--output", required=True, help="the .html file to write")
+
+
+def kit_command(args: argparse.Namespace) -> int:
+    html = build_kit(Path(args.checkpoint).read_bytes())
+    write_atomically(args.output, html.encode("utf-8"))
+    print(f"wrote {args.output} ({len(html) / 1024:.0f} KiB)")
+    return 0
