@@ -19,7 +19,8 @@ broadcast before each step; the step's hash and probe check stops any peer that 
     go      {run, config | bench, ranks, group}   leader -> accepted peers: start
     cancel  {run}                   leader -> accepted peers left out
     join    {run, open}             idle ready peer -> leader (`open`: peers it reaches)
-    sync    {run, config, ranks, members, seq, group, hash, capacities} + checkpoint
+    sync    {run, config, ranks, members, seq, group, hash, capacities, distrusted}
+            + checkpoint
 
 In a group (pynode.run.group), rank 0 broadcasts `go {config}` (+ checkpoint when resuming).
 Behind a cluster bridge (pynode.run.cluster), rank 0 broadcasts to its ranks `go {config}`
@@ -360,7 +361,8 @@ class RoomPeer:
         self.chan.send(peer, TAG + start_message(
             "sync", run.cfg, trainer.state_bytes(), run=run.id, ranks=list(run.coll.ranks),
             members=list(run.coll.members), seq=run.coll.seq, group=run.coll.group,
-            hash=trainer.state.hash(), capacities=trainer.capacities))
+            hash=trainer.state.hash(), capacities=trainer.capacities,
+            distrusted=sorted(trainer.distrusted)))
 
     async def on_sync(self, leader: str, head: dict[str, Any], blob: bytes) -> None:
         coll = await webrtc.connect(self.coll_chan, head["ranks"], group=head["group"],
@@ -375,6 +377,8 @@ class RoomPeer:
             self.report("failed", {"error": f"could not sync with the run: {exc}"})
             return
         trainer.adopt_capacities(head["capacities"])
+        # ranks the group's cross-check left out plan no microbatches here either
+        trainer.distrusted = set(head.get("distrusted", ()))
         self.launch(Run(head["run"], leader, cfg, trainer, coll), joined=True)
 
     def checkpoint(self) -> bytes:

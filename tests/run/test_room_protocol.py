@@ -73,6 +73,10 @@ def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 120))
 
 
+async def steps_of(trainer, count: int) -> list[str]:
+    return [(await trainer.step()).hash for _ in range(count)]
+
+
 def test_three_peers_train_the_reference_hashes(checks, reference):
     async def body():
         net = MemoryNetwork()
@@ -218,6 +222,11 @@ def test_a_tab_whose_gradients_are_wrong_is_outvoted_and_its_work_left_out(
     check sees it): every microbatch is recomputed by another tab, the majority names it,
     and every tab ends on the reference hashes."""
     from pynode.cli.faults import WrongGradients
+    from pynode.config import RunConfig
+
+    alone = checks.make_trainer(RunConfig.from_dict({**CONFIG, "steps": 6, "microbatches": 6}),
+                                None, None)
+    reference6 = run(steps_of(alone, 6))
 
     def wrong(cfg, coll, resume):
         trainer = checks.make_trainer(cfg, coll, resume)
@@ -229,15 +238,21 @@ def test_a_tab_whose_gradients_are_wrong_is_outvoted_and_its_work_left_out(
         pages = [Page(net, f"tab{i}", checks) for i in range(3)]
         pages[2].peer.make_trainer = wrong
         await asyncio.sleep(0.05)
-        await pages[0].peer.start({**CONFIG, "steps": 4, "cross_check": 1})
-        await settle(pages)
+        await pages[0].peer.start({**CONFIG, "steps": 6, "cross_check": 1, "microbatches": 6})
+        await wait_for_step(pages[0], 3)
+        late = Page(net, "late", checks)  # learns who is left out from the sync
+        await settle([*pages, late])
         for page in pages:
-            assert page.hashes() == {s + 1: h for s, h in enumerate(reference[:4])}
+            assert page.hashes() == {s + 1: h for s, h in enumerate(reference6[:6])}
+        joined = late.hashes()
+        assert joined and all(reference6[s - 1] == h for s, h in joined.items())
+        assert late.kinds("done")[0]["hash"] == reference6[5]
 
     with caplog.at_level("WARNING", logger="pynode.run"):
         run(body())
     assert "ranks [2] computed it wrong" in caplog.text
     assert "this peer (rank 2) computed differently from the majority" in caplog.text
+    assert "re-planning lost microbatches" not in caplog.text  # every peer planned alike
 
 
 def test_allreduce_benchmark_over_the_room(checks):
