@@ -62,7 +62,8 @@ def add_join_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="least seconds to wait for the other peers in a step (default 30)")
     add_arithmetic_flags(p)
     p.add_argument("--ice-server", action="append", default=[], metavar="URL",
-                   help="a STUN/TURN server (repeat); default: host candidates only")
+                   help="a STUN/TURN server (repeat), added to the server's own "
+                        "(docs/NETWORKS.md)")
     p.add_argument("--cluster", action="store_true",
                    help="this machine is one rank of a gloo cluster (MASTER_ADDR, MASTER_PORT, "
                    "WORLD_SIZE, RANK): rank 0 joins the room for all of them")

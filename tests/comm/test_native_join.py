@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
+import hmac
 import json
 import os
 import re
@@ -29,6 +31,7 @@ from pynode.comm.native_mesh import (
     Reassembler,
     fragment,
     fragment_count,
+    rtc_configuration,
 )
 from pynode.comm.signaling import SignalingClient, SignalingError, ws_url
 
@@ -130,12 +133,14 @@ def test_ws_url_of_a_server_address():
 class ServerProcess:
     """`python -m server` on loopback, restartable on the same port and data folder."""
 
-    def __init__(self, data_dir: Path, port: int = 0) -> None:
+    def __init__(self, data_dir: Path, port: int = 0, *flags: str,
+                 env: dict | None = None) -> None:
         self.data_dir = data_dir
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port),
-             "--data-dir", str(data_dir), "--log-level", "WARNING"],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             "--data-dir", str(data_dir), "--log-level", "WARNING", *flags],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, **(env or {})})
         line = self.proc.stdout.readline()
         found = re.search(r"http://[\d.]+:(\d+)/", line)
         assert found, f"the server did not start: {line}"
@@ -217,6 +222,57 @@ def test_a_declined_peer_learns_why_and_an_absent_server_is_a_named_error(server
         with pytest.raises(SignalingError):
             await nobody.start(timeout=3)
     asyncio.run(asyncio.wait_for(body(), 60))
+
+
+TURN = "turn:turn.example.net:3478?transport=udp"
+
+
+def test_the_native_peer_takes_the_servers_ice_servers_once_approved(tmp_path):
+    secret = base64.b64encode(os.urandom(18)).decode()
+    server = ServerProcess(tmp_path / "state", 0, "--ice-server", TURN, "--ice-relay-only",
+                           env={"DAISYCHAIN_TURN_SECRET": secret})
+
+    async def body():
+        host = SignalingClient(server.url, create=True)
+        await host.start()
+        member = SignalingClient(server.url, room=host.room)
+        await member.start()
+        assert member.rtc_config == {}, "nothing for a pending peer"
+        await eventually(lambda: any(p["id"] == member.peer_id for p in host.roster))
+        host.send("approve", peer=member.peer_id)
+        await eventually(lambda: member.rtc_config)
+        for peer in (host, member):
+            (turn,) = peer.rtc_config["iceServers"]
+            assert turn["username"].endswith(":" + peer.peer_id)
+            mac = hmac.new(secret.encode(), turn["username"].encode(), hashlib.sha1).digest()
+            assert turn["credential"] == base64.b64encode(mac).decode()
+            config = rtc_configuration(peer.rtc_config, ["stun:stun.example.net"])
+            assert config.iceTransportPolicy.value == "relay"
+            assert [(s.urls, s.username, s.credential) for s in config.iceServers] == [
+                ([TURN], turn["username"], turn["credential"]),
+                ("stun:stun.example.net", None, None)]
+        await member.close()
+        await host.close()
+    try:
+        asyncio.run(asyncio.wait_for(body(), 60))
+    finally:
+        server.stop()
+
+
+def test_relay_only_gathers_no_host_candidates():
+    from aiortc import RTCPeerConnection
+
+    async def candidates(policy: str) -> int:
+        pc = RTCPeerConnection(rtc_configuration({"iceTransportPolicy": policy}))
+        pc.createDataChannel("data", negotiated=True, id=0)
+        await pc.setLocalDescription(await pc.createOffer())
+        found = pc.localDescription.sdp.count("a=candidate:")
+        await pc.close()
+        return found
+
+    assert asyncio.run(candidates("relay")) == 0
+    if not asyncio.run(candidates("all")):
+        pytest.skip("no non-loopback interface: no host candidates to leave out")
 
 
 # ----------------------------------------------------------------------------- the command
