@@ -281,6 +281,22 @@ def _candidate(frame: dict[str, Any]) -> Any:
     return candidate
 
 
+class NoNetworkError(CommError):
+    """This machine has no interface WebRTC can use (only loopback)."""
+
+
+def require_network() -> None:
+    """NoNetworkError unless aioice would find a host address to gather candidates from:
+    WebRTC gathers none on loopback, so peers there would wait for each other forever."""
+    from aioice.ice import get_host_addresses
+
+    if not get_host_addresses(use_ipv4=True, use_ipv6=True):
+        raise NoNetworkError(
+            "WebRTC needs a network interface other than loopback (it gathers no loopback "
+            "candidates), and this machine has none up: connect it to a network "
+            "(docs/NETWORKS.md)")
+
+
 def rtc_configuration(server: dict[str, Any], own_urls: Sequence[str] = ()) -> Any:
     """aiortc's RTCConfiguration from the server's `rtcConfig` (its ICE servers, with TURN
     credentials, and the relay-only switch) plus this peer's own `--ice-server` URLs."""

@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -298,6 +299,50 @@ def test_join_refuses_bad_input_before_it_connects(tmp_path):
         done = join("--server", nowhere, *flags)
         assert done.returncode == 2, (flags, done.stderr)
         assert reason in done.stderr and "joined" not in done.stderr, (flags, done.stderr)
+
+
+def test_nobody_approving_ends_alike_for_an_unknown_code_and_an_undecided_room(server):
+    async def open_room() -> tuple[SignalingClient, str]:
+        host = SignalingClient(server[0].url, create=True)
+        await host.start()
+        return host, host.room
+
+    loop = asyncio.new_event_loop()
+    try:
+        host, real = loop.run_until_complete(open_room())
+        unknown = base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+        outcomes = []
+        for code in (unknown, real):
+            started = time.monotonic()
+            done = join("--server", server[0].url, "--room", code, "--approval-wait", "3")
+            outcomes.append((done.returncode, time.monotonic() - started, done.stderr))
+        loop.run_until_complete(host.close())
+    finally:
+        loop.close()
+    for code, took, stderr in outcomes:
+        assert code == 4, stderr
+        assert "nobody approved this peer within 3 s: check the room code" in stderr, stderr
+        assert took >= 3
+    hints = [re.sub(r"peer [\w-]+ ", "peer ID ", stderr[stderr.index("nobody"):])
+             for _, _, stderr in outcomes]
+    assert hints[0] == hints[1], "an unknown code reads as an undecided room"
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux)")
+def test_join_on_a_loopback_only_machine_says_so_at_once():
+    probe = subprocess.run(["unshare", "-rn", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("no user network namespaces here")
+    # A fresh network namespace: loopback only, as a machine off every network.
+    command = ["unshare", "-rn", "sh", "-c", 'ip link set lo up 2>/dev/null; exec "$@"', "sh",
+               sys.executable, "-m", "pynode", "join", "--server", "http://127.0.0.1:9"]
+    started = time.monotonic()
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "NoNetworkError: WebRTC needs a network interface other than loopback" in \
+        done.stderr, done.stderr
+    assert "verified" not in done.stderr + done.stdout, "before any work"
+    assert time.monotonic() - started < 60
 
 
 BLOCK_TORCH = """
