@@ -309,10 +309,10 @@ def rtc_configuration(server: dict[str, Any], own_urls: Sequence[str] = ()) -> A
     if server.get("iceTransportPolicy") != "relay":
         return RTCConfiguration(iceServers=servers)
     try:
-        from aiortc.rtcconfiguration import RTCIceTransportPolicy  # aiortc >= 1.10
+        from aiortc.rtcconfiguration import RTCIceTransportPolicy  # in aiortc 1.16
     except ImportError:
-        raise CommError("the server asks for relay-only ICE, which needs aiortc >= 1.10: "
-                         "pip install -U aiortc") from None
+        raise CommError("the server asks for relay-only ICE, which this aiortc cannot do "
+                        "(no RTCIceTransportPolicy): pip install -U aiortc") from None
     return RTCConfiguration(iceServers=servers, iceTransportPolicy=RTCIceTransportPolicy.RELAY)
 
 
