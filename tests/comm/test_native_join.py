@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -30,6 +31,7 @@ from pynode.comm.native_mesh import (
     HEADER,
     FragmentError,
     Reassembler,
+    _Link,
     fragment,
     fragment_count,
     rtc_configuration,
@@ -260,16 +262,22 @@ def test_the_native_peer_takes_the_servers_ice_servers_once_approved(tmp_path):
         server.stop()
 
 
-def test_relay_only_gathers_no_host_candidates():
-    from aiortc import RTCPeerConnection
+class OfferSignaling:  # what a link needs of signaling: the server's config, send
+    def __init__(self, rtc_config: dict) -> None:
+        self.rtc_config, self.sent = rtc_config, []
 
+    def send(self, kind: str, **fields) -> None:
+        self.sent.append(fields)
+
+
+def test_a_link_follows_the_servers_relay_only_switch():
     async def candidates(policy: str) -> int:
-        pc = RTCPeerConnection(rtc_configuration({"iceTransportPolicy": policy}))
-        pc.createDataChannel("data", negotiated=True, id=0)
-        await pc.setLocalDescription(await pc.createOffer())
-        found = pc.localDescription.sdp.count("a=candidate:")
-        await pc.close()
-        return found
+        sig = OfferSignaling({"iceServers": [], "iceTransportPolicy": policy})
+        link = _Link(SimpleNamespace(signaling=sig, ice_servers=(), links={}), "b")
+        await link.offer()
+        link.close()
+        await asyncio.sleep(0)
+        return sig.sent[0]["sdp"].count("a=candidate:")
 
     assert asyncio.run(candidates("relay")) == 0
     if not asyncio.run(candidates("all")):
