@@ -123,3 +123,34 @@ def test_cli_flags(monkeypatch):
     assert (cfg.turn_secret, cfg.turn_ttl_s, cfg.ice_relay_only) == ("s", 120, True)
     plain = ServerConfig.from_dict(config_from_args(parse_args([])))
     assert (plain.ice_servers, plain.turn_secret, plain.ice_relay_only) == ((), None, False)
+
+
+def test_the_served_processs_debug_log_holds_neither_secret_nor_credential(tmp_path, secret):
+    from attack_kit import ServerProcess
+    from server_testkit import Peer
+
+    server = ServerProcess(tmp_path, {"ice_servers": [STUN, *TURNS], "turn_secret": secret,
+                                      "turn_ttl_s": TTL_S}, extra_args=("--log-level", "DEBUG"))
+    opened: list[Peer] = []
+    try:
+        url = f"ws://127.0.0.1:{server.port}/ws"
+        host, guest = Peer(url), Peer(url)
+        opened += [host, guest]
+        host.send("create")
+        made = host.expect("joined")
+        credentials = [check_rtc_config(made["rtcConfig"], made["peer"], secret)]
+        guest.join(room=made["room"])
+        host.sync()
+        host.send("approve", peer=guest.id)
+        host.sync()
+        credentials.append(check_rtc_config(guest.sync()[0]["rtcConfig"], guest.id, secret))
+        host.close()
+        guest.close()
+    finally:
+        for peer in opened:
+            peer.close()
+        server.stop()
+    log = server.log()
+    assert "serving with gevent" in log, "the log is the served process's"
+    assert secret not in log
+    assert not [c for c in credentials if c in log]
