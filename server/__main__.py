@@ -37,6 +37,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="parquet shard URL or path (repeat; default FineWeb-Edu 10BT)")
     parser.add_argument("--data-dir", type=Path,
                         help="server state folder (signaling key, revocations)")
+    parser.add_argument("--ice-server", action="append", metavar="URL",
+                        help="a stun: or turn: URL handed to approved peers (repeat; "
+                             "docs/NETWORKS.md)")
+    parser.add_argument("--turn-secret", metavar="SECRET",
+                        help="coturn's static-auth-secret, for per-peer TURN credentials "
+                             "(or $DAISYCHAIN_TURN_SECRET, which stays out of `ps`)")
+    parser.add_argument("--turn-ttl", type=int, metavar="S",
+                        help="lifetime of a TURN credential in seconds (default 3600)")
+    parser.add_argument("--ice-relay-only", action="store_true", default=None,
+                        help="peers use TURN-relayed candidates only (for tests)")
     parser.add_argument("--dev-server", action="store_true",
                         help="Werkzeug's development server instead of gevent (no limits)")
     parser.add_argument("--log-level", default="INFO")
@@ -48,7 +58,9 @@ def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
     overrides = {
         "host": args.host, "port": args.port, "trust_proxy_header": args.trust_proxy_header,
         "proxy_hops": args.proxy_hops, "data_urls": args.data_url, "data_dir": args.data_dir,
-        "allowed_origins": args.allowed_origin,
+        "allowed_origins": args.allowed_origin, "ice_servers": args.ice_server,
+        "turn_secret": args.turn_secret, "turn_ttl_s": args.turn_ttl,
+        "ice_relay_only": args.ice_relay_only,
     }
     values.update({k: v for k, v in overrides.items() if v is not None})
     return values

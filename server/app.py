@@ -10,6 +10,7 @@ from werkzeug.serving import BaseWSGIServer, make_server
 
 from server import data, pages, runtime_routes, signaling
 from server.config import ServerConfig, as_config, default_data_dir
+from server.ice import IceIssuer
 from server.revocations import REVOKED_FILE, Revocations
 from server.rooms import RoomLimits, Rooms
 from server.tokens import TokenSigner, load_secret
@@ -34,6 +35,7 @@ def create_app(config: ServerConfig | dict[str, Any] | None = None) -> Flask:
         RoomLimits(cfg.max_rooms, cfg.max_room_peers, cfg.room_idle_s,
                    cfg.max_rooms_per_address, cfg.max_pending_per_address),
         revocations=Revocations(state_dir / REVOKED_FILE, cfg.token_ttl_s),
+        ice=IceIssuer(cfg.ice_servers, cfg.turn_secret, cfg.turn_ttl_s, cfg.ice_relay_only),
     )
     app.extensions[CONFIG_EXTENSION] = cfg
     app.extensions[signaling.EXTENSION] = signaling.SignalingState(

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pynode.core.errors import DaisyError
+from server.ice import ICE_SCHEMES, TURN_SCHEMES
 
 # FineWeb-Edu's sample-10BT: 14 parquet shards of ~2 GB (resolve URLs redirect to the HF CDN).
 FINEWEB_EDU_10BT = tuple(
@@ -88,6 +89,12 @@ class ServerConfig:
     max_rooms: int = 10000  # rooms held at once
     max_room_peers: int = 64  # connected peers per room, pending included
     room_idle_s: float = 120.0  # a room with nobody connected is forgotten after this
+    # --- ICE (docs/NETWORKS.md): handed to peers once approved, never to pending ones
+    ice_servers: tuple[str, ...] = ()  # stun:/stuns:/turn:/turns: URLs
+    # coturn's static-auth-secret; None: $DAISYCHAIN_TURN_SECRET. Needed for turn: URLs.
+    turn_secret: str | None = None
+    turn_ttl_s: int = 3600  # lifetime of a peer's TURN credential
+    ice_relay_only: bool = False  # peers use relayed (TURN) candidates only, for tests
     # --- /data
     data_urls: tuple[str, ...] = FINEWEB_EDU_10BT  # parquet shards: http(s) URLs or local paths
     data_timeout_s: float = 15.0  # per HTTP request to a shard
@@ -108,12 +115,18 @@ class ServerConfig:
         object.__setattr__(self, "allowed_origins",
                            (origins,) if isinstance(origins, str) else tuple(origins))
         object.__setattr__(self, "data_urls", (urls,) if isinstance(urls, str) else tuple(urls))
+        ice = self.ice_servers
+        object.__setattr__(self, "ice_servers", (ice,) if isinstance(ice, str) else tuple(ice))
+        if self.turn_secret is None and os.environ.get("DAISYCHAIN_TURN_SECRET"):
+            object.__setattr__(self, "turn_secret", os.environ["DAISYCHAIN_TURN_SECRET"])
+        self._check_ice()
         _check_positive(self, ("rate_per_s", "rate_burst", "bytes_per_s", "max_strikes",
                                "send_queue", "max_rooms", "max_room_peers", "token_ttl_s",
                                "data_timeout_s", "data_max_bytes", "proxy_hops", "ws_ping_s",
                                "data_retry_s", "max_conns_per_address", "header_timeout_s",
                                "send_queue_bytes", "max_ws_per_address",
-                               "max_rooms_per_address", "max_pending_per_address"))
+                               "max_rooms_per_address", "max_pending_per_address",
+                               "turn_ttl_s"))
         if self.max_connections < 0:
             raise ServerConfigError(f"max_connections must be >= 0, got {self.max_connections}")
         for origin in self.allowed_origins:
@@ -134,6 +147,18 @@ class ServerConfig:
         if self.trust_proxy_header is not None and not self.trust_proxy_header.strip():
             raise ServerConfigError("trust_proxy_header must be a header name or None")
 
+    def _check_ice(self) -> None:
+        for url in self.ice_servers:
+            if not isinstance(url, str) or not url.startswith(ICE_SCHEMES) or " " in url:
+                raise ServerConfigError(
+                    f"ice_servers entries are stun:, stuns:, turn: or turns: URLs, not {url!r}")
+        has_turn = any(u.startswith(TURN_SCHEMES) for u in self.ice_servers)
+        if has_turn and not self.turn_secret:
+            raise ServerConfigError("a turn: ICE server needs turn_secret (--turn-secret or "
+                                    "$DAISYCHAIN_TURN_SECRET): coturn's static-auth-secret")
+        if self.ice_relay_only and not has_turn:
+            raise ServerConfigError("ice_relay_only needs a turn: ICE server to relay through")
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ServerConfig:
         """Build from a mapping (JSON-style values: paths as str, lists for tuples)."""
@@ -147,6 +172,8 @@ class ServerConfig:
         """JSON-safe view, for logs and /healthz (the secret is never included)."""
         out = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
         out["secret"] = None if self.secret is None else "<set>"
+        out["turn_secret"] = None if self.turn_secret is None else "<set>"
+        out["ice_servers"] = list(self.ice_servers)
         out["data_urls"] = list(self.data_urls)
         out["allowed_origins"] = list(self.allowed_origins)
         return out

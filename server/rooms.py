@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from server.ice import IceIssuer
 from server.protocol import HOST_TYPES, RELAY_TYPES, ProtocolError, encode
 from server.revocations import Revocations
 from server.tokens import ResumeClaim, TokenSigner
@@ -88,8 +89,10 @@ class Rooms:
         limits: RoomLimits = RoomLimits(),
         clock: Callable[[], float] = time.monotonic,
         revocations: Revocations | None = None,
+        ice: IceIssuer | None = None,
     ) -> None:
         self._signer = signer
+        self._ice = ice if ice is not None and ice.configured else None
         self._limits = limits
         self._clock = clock
         self._revoked = revocations if revocations is not None else Revocations(None, 1e18)
@@ -170,6 +173,12 @@ class Rooms:
         self._admit(room, member)
         return peer_id
 
+    def _ice_fields(self, member: Member) -> dict[str, Any]:
+        """``rtcConfig`` (ICE servers, TURN credentials) for an approved member only."""
+        if self._ice is None or not member.approved:
+            return {}
+        return {"rtcConfig": self._ice.rtc_config(member.id)}
+
     def _check_capacity(self, room: Room, peer_id: str) -> None:
         if peer_id not in room.members and len(room.members) >= self._limits.max_room_peers:
             raise ProtocolError("room_full", "the room has no free place")
@@ -189,6 +198,7 @@ class Rooms:
             "joined", peer=member.id, room=room.code, private=room.private, role=role,
             state="approved" if member.approved else "pending",
             token=self._signer.issue(room.key, member.id, role == "host"),
+            **self._ice_fields(member),
         ))
         self._send_rosters(room)
 
@@ -240,7 +250,7 @@ class Rooms:
         if kind == "approve":
             target.approved = True
             self._remember_approval(room, target.id)
-            target.link.deliver(encode("approved", peer=target.id))
+            target.link.deliver(encode("approved", peer=target.id, **self._ice_fields(target)))
         elif kind == "deny":
             self._revoked.revoke(room.key, target.id)  # its token never brings it back
             target.link.deliver(encode("denied", reason="the host declined"))

@@ -62,7 +62,10 @@ def add_join_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="least seconds to wait for the other peers in a step (default 30)")
     add_arithmetic_flags(p)
     p.add_argument("--ice-server", action="append", default=[], metavar="URL",
-                   help="a STUN/TURN server (repeat); default: host candidates only")
+                   help="a STUN/TURN server (repeat), added to the server's own "
+                        "(docs/NETWORKS.md)")
+    p.add_argument("--approval-wait", type=float, default=300.0, metavar="S",
+                   help="give up if no host approved this peer after S seconds (default 300)")
     p.add_argument("--cluster", action="store_true",
                    help="this machine is one rank of a gloo cluster (MASTER_ADDR, MASTER_PORT, "
                    "WORLD_SIZE, RANK): rank 0 joins the room for all of them")
@@ -102,6 +105,10 @@ async def join_command(args: argparse.Namespace) -> int:
     check_output_flags(args)
     if args.timeout is not None and args.timeout <= 0:
         raise ConfigError("--timeout must be a positive number of seconds")
+    if args.approval_wait <= 0:
+        raise ConfigError("--approval-wait must be a positive number of seconds")
+    if not args.cluster:
+        require_network()
     if resume is not None:
         say(f"checkpoint {args.resume}: step {resume.step}, hash {resume.state_hash[:16]}, "
             "valid")
@@ -120,6 +127,13 @@ async def join_command(args: argparse.Namespace) -> int:
 def require_webrtc() -> None:
     """MissingExtraError naming the install command if aiortc or websockets is missing."""
     require("join", "aiortc", "websockets")
+
+
+def require_network() -> None:
+    """NoNetworkError at once on a machine with only loopback (pynode.comm.native_mesh)."""
+    from pynode.comm.native_mesh import require_network as check
+
+    check()
 
 
 async def join_as_cluster(args: argparse.Namespace, units: Any, gemm: Any,
@@ -151,6 +165,7 @@ async def join_as_cluster(args: argparse.Namespace, units: Any, gemm: Any,
                     reporter.close()
             say(f"cluster rank {inner.rank}: rank 0 left the room; this rank is done")
             return 0
+        require_network()
         say(f"cluster of {inner.world_size} ranks: this rank joins the room for all of them")
         bridge = ClusterBridge(inner)
         bridge.start()

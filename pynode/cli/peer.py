@@ -26,7 +26,7 @@ from pynode.run.trainer import StepResult, Trainer
 
 JOIN_WAIT_S = 10.0  # a resumed run waits this long for the ready peers to ask to join
 STATUS_EVERY_S = 0.25  # status frames to the server at most this often (it allows 50/s)
-EXIT_DONE, EXIT_FAILED, EXIT_REFUSED = 0, 3, 4
+EXIT_DONE, EXIT_FAILED, EXIT_REFUSED = 0, 3, 4  # refused: declined, removed, not approved
 
 
 class NativePeer:
@@ -55,8 +55,15 @@ class NativePeer:
     async def run(self, cfg: RunConfig | None, resume: Any) -> int:
         await self.connect()
         if not self.signaling.approved:
-            say(f"waiting for the host to approve this peer ({self.signaling.peer_id})")
-            if not await self.until(lambda: self.signaling.approved, None):
+            wait = self.args.approval_wait
+            say(f"waiting for the host to approve this peer ({self.signaling.peer_id}), "
+                f"at most {wait:g} s")
+            if not await self.until(lambda: self.signaling.approved, wait):
+                # An unknown code and an undecided room answer alike (docs/SERVER.md "Rooms"):
+                # the wait is the same for both, so it tells nothing about the code.
+                self.finish(EXIT_REFUSED, f"nobody approved this peer within {wait:g} s: "
+                            "check the room code, or ask the room's host to approve peer "
+                            f"{self.signaling.peer_id} (--approval-wait sets the wait)")
                 return await self.finished
             say("the host approved this peer")
         from pynode.run.protocol import RoomPeer

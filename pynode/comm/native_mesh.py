@@ -5,9 +5,10 @@ smaller id, with two pre-negotiated, ordered, reliable data channels, "data" (id
 Python peers' messages, cut into 48 KiB fragments with the 16-byte header of
 server/pyodide_app/fragments.js) and "ui" (id 1: small JSON the pages show). Sends queue per link
 and are fed to the channel while its bufferedAmount stays below HIGH_WATER, resuming on
-`bufferedamountlow`. ICE uses host candidates only (no STUN/TURN unless given). A browser
-names its host candidates `NAME.local`; aioice resolves them by multicast DNS
-(pynode/comm/mdns.py makes Chromium's answers readable to it).
+`bufferedamountlow`. ICE servers: the server's `rtcConfig` (sent once approved) plus
+`--ice-server`; without either, host candidates only (docs/NETWORKS.md). A browser names its
+host candidates `NAME.local`; aioice resolves them by multicast DNS (pynode/comm/mdns.py
+makes Chromium's answers readable to it).
 
 The WebRTC stack and the signaling client run on their own event loop in a daemon thread
 (`NetThread`), so ICE consent checks, SCTP acknowledgements and websocket pings go on while
@@ -128,12 +129,12 @@ class _Link:
     """One peer connection; lives on the network loop."""
 
     def __init__(self, mesh: NativeMesh, peer: str) -> None:
-        from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection
+        from aiortc import RTCPeerConnection
 
         read_chromium_answers()
         self.mesh, self.peer = mesh, peer
-        servers = [RTCIceServer(urls=u) for u in mesh.ice_servers]
-        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=servers))
+        self.pc = RTCPeerConnection(rtc_configuration(
+            getattr(mesh.signaling, "rtc_config", None) or {}, mesh.ice_servers))
         self.data = self.pc.createDataChannel("data", negotiated=True, id=0, ordered=True)
         self.ui = self.pc.createDataChannel("ui", negotiated=True, id=1, ordered=True)
         self.data.bufferedAmountLowThreshold = LOW_WATER
@@ -278,6 +279,41 @@ def _candidate(frame: dict[str, Any]) -> Any:
     candidate.sdpMid = frame.get("sdpMid")
     candidate.sdpMLineIndex = frame.get("sdpMLineIndex")
     return candidate
+
+
+class NoNetworkError(CommError):
+    """This machine has no interface WebRTC can use (only loopback)."""
+
+
+def require_network() -> None:
+    """NoNetworkError unless aioice would find a host address to gather candidates from:
+    WebRTC gathers none on loopback, so peers there would wait for each other forever."""
+    from aioice.ice import get_host_addresses
+
+    if not get_host_addresses(use_ipv4=True, use_ipv6=True):
+        raise NoNetworkError(
+            "WebRTC needs a network interface other than loopback (it gathers no loopback "
+            "candidates), and this machine has none up: connect it to a network "
+            "(docs/NETWORKS.md)")
+
+
+def rtc_configuration(server: dict[str, Any], own_urls: Sequence[str] = ()) -> Any:
+    """aiortc's RTCConfiguration from the server's `rtcConfig` (its ICE servers, with TURN
+    credentials, and the relay-only switch) plus this peer's own `--ice-server` URLs."""
+    from aiortc import RTCConfiguration, RTCIceServer
+
+    servers = [RTCIceServer(urls=s["urls"], username=s.get("username"),
+                            credential=s.get("credential"))
+               for s in server.get("iceServers") or () if isinstance(s, dict) and s.get("urls")]
+    servers += [RTCIceServer(urls=u) for u in own_urls]
+    if server.get("iceTransportPolicy") != "relay":
+        return RTCConfiguration(iceServers=servers)
+    try:
+        from aiortc.rtcconfiguration import RTCIceTransportPolicy  # in aiortc 1.16
+    except ImportError:
+        raise CommError("the server asks for relay-only ICE, which this aiortc cannot do "
+                        "(no RTCIceTransportPolicy): pip install -U aiortc") from None
+    return RTCConfiguration(iceServers=servers, iceTransportPolicy=RTCIceTransportPolicy.RELAY)
 
 
 # ------------------------------------------------------------------------- the mesh

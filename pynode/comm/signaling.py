@@ -50,7 +50,8 @@ class SignalingClient:
     """One peer's websocket to the server. `await start()` once, then `send` and listen.
 
     State kept from the frames, as the page keeps it: `peer_id`, `room` (code, None for an
-    automatic room), `role` ("host"/"member"), `approved`, `roster` (the last peer list).
+    automatic room), `role` ("host"/"member"), `approved`, `roster` (the last peer list),
+    `rtc_config` (the server's ICE servers, sent once approved).
     `closed_reason` is set once the server turned this peer away for good.
     """
 
@@ -62,6 +63,9 @@ class SignalingClient:
         self.role: str | None = None
         self.approved = False
         self.roster: list[dict[str, Any]] = []
+        # The server's ICE servers (TURN credentials included) once approved: the fields
+        # iceServers / iceTransportPolicy of an RTCConfiguration (docs/NETWORKS.md).
+        self.rtc_config: dict[str, Any] = {}
         self.closed_reason: str | None = None
         self.connected = False
         self._listeners: dict[str, list[Listener]] = {}
@@ -193,8 +197,12 @@ class SignalingClient:
             self.role, self.approved = frame.get("role"), frame.get("state") == "approved"
             if frame.get("room"):
                 self.room = frame["room"]
+            if isinstance(frame.get("rtcConfig"), dict):
+                self.rtc_config = frame["rtcConfig"]
         elif kind == "approved":
             self.approved = True
+            if isinstance(frame.get("rtcConfig"), dict):
+                self.rtc_config = frame["rtcConfig"]
         elif kind == "roster":
             self.roster = list(frame.get("peers") or [])
             me = next((p for p in self.roster if p.get("id") == self.peer_id), None)

@@ -11,9 +11,15 @@
 
 import { FragmentError, Reassembler, fragment, fragmentCount } from "./fragments.js";
 
-// Host candidates only: peers on one network reach each other without any third party.
-// A deployment across NATs adds its own STUN/TURN servers here.
-export const ICE_SERVERS = [];
+// Without a server's ICE servers, host candidates only: peers on one network reach each
+// other without any third party. Across NATs the server hands approved peers its STUN/TURN
+// servers (`python -m server --ice-server`, docs/NETWORKS.md) as signaling.rtcConfig.
+export function rtcConfiguration(signaling) {
+  const given = (signaling && signaling.rtcConfig) || {};
+  const config = { iceServers: Array.isArray(given.iceServers) ? given.iceServers : [] };
+  if (given.iceTransportPolicy === "relay") config.iceTransportPolicy = "relay";
+  return config;
+}
 const HIGH_WATER = 4 << 20;
 const LOW_WATER = 1 << 20;
 
@@ -21,7 +27,7 @@ class Link {
   constructor(mesh, peer) {
     this.mesh = mesh;
     this.peer = peer;
-    this.pc = new RTCPeerConnection({ iceServers: ICE_SERVERS });
+    this.pc = new RTCPeerConnection(rtcConfiguration(mesh.signaling));
     this.data = this.pc.createDataChannel("data", { negotiated: true, id: 0, ordered: true });
     this.ui = this.pc.createDataChannel("ui", { negotiated: true, id: 1, ordered: true });
     this.data.binaryType = "arraybuffer";

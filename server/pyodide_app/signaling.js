@@ -14,6 +14,9 @@ export class Signaling extends EventTarget {
     super();
     this.target = target;
     this.token = null;
+    // The server's ICE servers (TURN credentials included), sent once this page is approved:
+    // {iceServers, iceTransportPolicy}, spread into each RTCPeerConnection (mesh.js).
+    this.rtcConfig = {};
     this.ws = null;
     this.closed = false;
     this.attempt = 0;
@@ -56,6 +59,10 @@ export class Signaling extends EventTarget {
     if (msg.type === "joined") {
       this.token = msg.token;
       if (msg.room) this.target = { room: msg.room };
+    }
+    if ((msg.type === "joined" || msg.type === "approved") && msg.rtcConfig
+        && typeof msg.rtcConfig === "object") {
+      this.rtcConfig = msg.rtcConfig;
     }
     this.dispatch(msg.type, msg);
   }

@@ -108,3 +108,52 @@ def test_the_pages_mesh_follows_the_approved_roster_the_same_way():
     got = json.loads(done.stdout)
     assert got == {"inGrace": [], "afterGrace": ["1", "2"], "last": ["1", "2", "0"],
                    "left": []}
+
+
+ICE_CHECK = """
+const { Mesh } = await import(process.argv[1]);
+const { Signaling } = await import(process.argv[2]);
+const frames = JSON.parse(process.argv[3]);
+const made = [];
+globalThis.RTCPeerConnection = class {
+  constructor(config) { made.push(config); }
+  createDataChannel() { return {}; }
+  createOffer() { return new Promise(() => {}); }  // the offer never matters here
+};
+const signaling = new Signaling({ room: "r" });
+signaling.send = () => true;
+const mesh = new Mesh(signaling, "a");
+for (const frame of frames) {
+  signaling.onFrame(JSON.stringify(frame));
+  mesh.connect(["a", "b" + made.length]);  // a new link per frame: a < b offers
+}
+console.log(JSON.stringify(made));
+clearTimeout(mesh.pruneTimer);
+"""
+
+
+def test_the_pages_mesh_uses_the_servers_ice_servers_once_approved():
+    if shutil.which("node") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("node is not installed (CI=true: the JS checks must run)")
+        pytest.skip("node is not installed")
+    turn = {"urls": ["turn:t.example.net:3478"], "username": "1700000000:a",
+            "credential": "c2VjcmV0"}
+    given = {"iceServers": [{"urls": ["stun:s.example.net"]}, turn],
+             "iceTransportPolicy": "relay"}
+    frames = [
+        {"v": 1, "type": "joined", "peer": "a", "state": "pending", "token": "t"},
+        {"v": 1, "type": "approved", "peer": "a", "rtcConfig": given},
+        {"v": 1, "type": "joined", "peer": "a", "state": "approved", "token": "t",
+         "rtcConfig": {**given, "iceTransportPolicy": "all"}},
+    ]
+    app = REPO / "server" / "pyodide_app"
+    done = subprocess.run(["node", "--input-type=module", "-e", ICE_CHECK,
+                           (app / "mesh.js").as_uri(), (app / "signaling.js").as_uri(),
+                           json.dumps(frames)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [
+        {"iceServers": []},  # pending: host candidates only
+        given,  # approved: the server's servers and its relay-only switch
+        {"iceServers": given["iceServers"]},  # a token resume: a fresh config
+    ]

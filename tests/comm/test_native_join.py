@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
+import hmac
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -27,8 +31,10 @@ from pynode.comm.native_mesh import (
     HEADER,
     FragmentError,
     Reassembler,
+    _Link,
     fragment,
     fragment_count,
+    rtc_configuration,
 )
 from pynode.comm.signaling import SignalingClient, SignalingError, ws_url
 
@@ -130,12 +136,14 @@ def test_ws_url_of_a_server_address():
 class ServerProcess:
     """`python -m server` on loopback, restartable on the same port and data folder."""
 
-    def __init__(self, data_dir: Path, port: int = 0) -> None:
+    def __init__(self, data_dir: Path, port: int = 0, *flags: str,
+                 env: dict | None = None) -> None:
         self.data_dir = data_dir
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port),
-             "--data-dir", str(data_dir), "--log-level", "WARNING"],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             "--data-dir", str(data_dir), "--log-level", "WARNING", *flags],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, **(env or {})})
         line = self.proc.stdout.readline()
         found = re.search(r"http://[\d.]+:(\d+)/", line)
         assert found, f"the server did not start: {line}"
@@ -219,6 +227,63 @@ def test_a_declined_peer_learns_why_and_an_absent_server_is_a_named_error(server
     asyncio.run(asyncio.wait_for(body(), 60))
 
 
+TURN = "turn:turn.example.net:3478?transport=udp"
+
+
+def test_the_native_peer_takes_the_servers_ice_servers_once_approved(tmp_path):
+    secret = base64.b64encode(os.urandom(18)).decode()
+    server = ServerProcess(tmp_path / "state", 0, "--ice-server", TURN, "--ice-relay-only",
+                           env={"DAISYCHAIN_TURN_SECRET": secret})
+
+    async def body():
+        host = SignalingClient(server.url, create=True)
+        await host.start()
+        member = SignalingClient(server.url, room=host.room)
+        await member.start()
+        assert member.rtc_config == {}, "nothing for a pending peer"
+        await eventually(lambda: any(p["id"] == member.peer_id for p in host.roster))
+        host.send("approve", peer=member.peer_id)
+        await eventually(lambda: member.rtc_config)
+        for peer in (host, member):
+            (turn,) = peer.rtc_config["iceServers"]
+            assert turn["username"].endswith(":" + peer.peer_id)
+            mac = hmac.new(secret.encode(), turn["username"].encode(), hashlib.sha1).digest()
+            assert turn["credential"] == base64.b64encode(mac).decode()
+            config = rtc_configuration(peer.rtc_config, ["stun:stun.example.net"])
+            assert config.iceTransportPolicy.value == "relay"
+            assert [(s.urls, s.username, s.credential) for s in config.iceServers] == [
+                ([TURN], turn["username"], turn["credential"]),
+                ("stun:stun.example.net", None, None)]
+        await member.close()
+        await host.close()
+    try:
+        asyncio.run(asyncio.wait_for(body(), 60))
+    finally:
+        server.stop()
+
+
+class OfferSignaling:  # what a link needs of signaling: the server's config, send
+    def __init__(self, rtc_config: dict) -> None:
+        self.rtc_config, self.sent = rtc_config, []
+
+    def send(self, kind: str, **fields) -> None:
+        self.sent.append(fields)
+
+
+def test_a_link_follows_the_servers_relay_only_switch():
+    async def candidates(policy: str) -> int:
+        sig = OfferSignaling({"iceServers": [], "iceTransportPolicy": policy})
+        link = _Link(SimpleNamespace(signaling=sig, ice_servers=(), links={}), "b")
+        await link.offer()
+        link.close()
+        await asyncio.sleep(0)
+        return sig.sent[0]["sdp"].count("a=candidate:")
+
+    assert asyncio.run(candidates("relay")) == 0
+    if not asyncio.run(candidates("all")):
+        pytest.skip("no non-loopback interface: no host candidates to leave out")
+
+
 # ----------------------------------------------------------------------------- the command
 def join(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pynode", "join", *args], cwd=REPO,
@@ -242,6 +307,50 @@ def test_join_refuses_bad_input_before_it_connects(tmp_path):
         done = join("--server", nowhere, *flags)
         assert done.returncode == 2, (flags, done.stderr)
         assert reason in done.stderr and "joined" not in done.stderr, (flags, done.stderr)
+
+
+def test_nobody_approving_ends_alike_for_an_unknown_code_and_an_undecided_room(server):
+    async def open_room() -> tuple[SignalingClient, str]:
+        host = SignalingClient(server[0].url, create=True)
+        await host.start()
+        return host, host.room
+
+    loop = asyncio.new_event_loop()
+    try:
+        host, real = loop.run_until_complete(open_room())
+        unknown = base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+        outcomes = []
+        for code in (unknown, real):
+            started = time.monotonic()
+            done = join("--server", server[0].url, "--room", code, "--approval-wait", "3")
+            outcomes.append((done.returncode, time.monotonic() - started, done.stderr))
+        loop.run_until_complete(host.close())
+    finally:
+        loop.close()
+    for code, took, stderr in outcomes:
+        assert code == 4, stderr
+        assert "nobody approved this peer within 3 s: check the room code" in stderr, stderr
+        assert took >= 3
+    hints = [re.sub(r"peer [\w-]+ ", "peer ID ", stderr[stderr.index("nobody"):])
+             for _, _, stderr in outcomes]
+    assert hints[0] == hints[1], "an unknown code reads as an undecided room"
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux)")
+def test_join_on_a_loopback_only_machine_says_so_at_once():
+    probe = subprocess.run(["unshare", "-rn", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("no user network namespaces here")
+    # A fresh network namespace: loopback only, as a machine off every network.
+    command = ["unshare", "-rn", "sh", "-c", 'ip link set lo up 2>/dev/null; exec "$@"', "sh",
+               sys.executable, "-m", "pynode", "join", "--server", "http://127.0.0.1:9"]
+    started = time.monotonic()
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "NoNetworkError: WebRTC needs a network interface other than loopback" in \
+        done.stderr, done.stderr
+    assert "verified" not in done.stderr + done.stdout, "before any work"
+    assert time.monotonic() - started < 60
 
 
 BLOCK_TORCH = """
