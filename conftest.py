@@ -97,9 +97,16 @@ def item_tiers(item: pytest.Item, reader: TierReader) -> set[str]:
     return tiers
 
 
-# `full`-marked tests (a fresh clone's set-up, the server's attack suite: half a minute
-# each) run only in the full suite, so the quick tier stays under two minutes.
+# `full`-marked tests (a fresh clone's set-up, the server's attack suite, the group tests'
+# crash and death chains: half a minute each) run only in the full suite, so the quick tier
+# stays under two minutes.
 FULL_SUITE = os.environ.get("PYNODE_FULL_SUITE") == "1" or os.environ.get("CI") == "true"
+
+
+@pytest.fixture(scope="session")
+def full_suite() -> bool:
+    """Whether this is the full suite (a fixture that starts work for `full` tests asks)."""
+    return FULL_SUITE
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by these markers
