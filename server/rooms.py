@@ -134,7 +134,8 @@ class Rooms:
                 raise ProtocolError("too_many_rooms",
                                     "your address already holds its quota of rooms")
             code = secrets.token_urlsafe(16)
-            while code in self._rooms:
+            # never a leading "-": `join --room -abc` would read the code as a flag
+            while code in self._rooms or code.startswith("-"):
                 code = secrets.token_urlsafe(16)
             room = self._room(code, private=True, counted=True)
             room.creator = address_group

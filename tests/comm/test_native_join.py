@@ -321,7 +321,7 @@ def test_nobody_approving_ends_alike_for_an_unknown_code_and_an_undecided_room(s
         unknown = base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
         started = time.monotonic()
         both = [subprocess.Popen([sys.executable, "-m", "pynode", "join", "--server",
-                                  server[0].url, "--room", code, "--approval-wait", "1"],
+                                  server[0].url, f"--room={code}", "--approval-wait", "1"],
                                  cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True) for code in (unknown, real)]  # side by side
         outcomes = []

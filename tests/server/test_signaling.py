@@ -153,7 +153,18 @@ def test_create_codes_are_distinct_and_unguessable(server, peers) -> None:
         codes.add(host.create())
         host.close()
     assert len(codes) == 20
-    assert all(len(c) == 22 and c.isascii() for c in codes)
+    assert all(len(c) == 22 and c.isascii() and not c.startswith("-") for c in codes)
+
+
+def test_a_code_never_starts_with_a_dash(server, peers, monkeypatch) -> None:
+    """`join --room -abc` would read such a code as a flag: the server draws again."""
+    from server import rooms
+
+    drawn = iter(["-" + "a" * 21, "b" * 22])
+    monkeypatch.setattr(rooms.secrets, "token_urlsafe", lambda n: next(drawn, "c" * 12))
+    host = peers(server.ws_url, "10.0.4.99")
+    assert host.create() == "b" * 22
+    host.close()
 
 
 def test_reconnect_with_token_keeps_id_and_approval(server, peers) -> None:
