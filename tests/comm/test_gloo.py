@@ -45,6 +45,7 @@ def test_headroom_refused_on_every_rank_before_gloo_wraps(two_ranks: dict[int, d
         assert record["after"] == [0 + 1, 1 + 1]  # the group is still usable, and exact
 
 
+@pytest.mark.full  # waits out its timeouts: seconds the quick tier has not
 def test_rank_death_raises_peer_lost_in_bounded_time(tmp_path: Path, monkeypatch) -> None:
     timeout = 3.0  # the store calls share it: 2 s was seen to expire under load
     monkeypatch.setenv("PEER_TIMEOUT", str(timeout))

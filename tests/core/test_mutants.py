@@ -98,6 +98,7 @@ def test_checked_only_recomputes_a_wrong_product():
     assert np.array_equal(checked.matmul(a, b), exact(a, b)) and checked.check.failures == 1
 
 
+@pytest.mark.full  # 50 short training runs
 def test_training_with_any_mutant_ends_on_the_clean_hashes(units, clean, caplog):
     """Every mutant in front of numpy_int, gated and checked: the run's hashes are the clean
     run's. The same mutants forced in with neither gate nor check change them (those wrong
