@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from pynode.bench.browser import CHROMIUM_FLAGS as BENCH_FLAGS
 
@@ -115,3 +118,10 @@ def host_candidates(page: Any) -> list[str]:
         pc.close();
         return found;
     }""")
+
+
+def unavailable(reason: str) -> None:
+    """Skip for a missing browser part, or fail under CI=true, where the tier must run."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{reason} (CI=true: the browser tests must run)")
+    pytest.skip(reason)

@@ -12,7 +12,6 @@ reason, except under CI=true, where they fail.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -22,16 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_helpers import CHROMIUM_FLAGS, Tabs, missing_browser_parts
+from browser_helpers import CHROMIUM_FLAGS, Tabs, missing_browser_parts, unavailable
 from private_net import NetnsUnavailable, PrivateNet
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def unavailable(reason: str) -> None:
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{reason} (CI=true: the browser tests must run)")
-    pytest.skip(reason)
 
 
 @pytest.fixture(scope="session")
@@ -84,6 +77,16 @@ def tabs(browser: Any, server_url: str, request: pytest.FixtureRequest) -> Itera
     if failed is not None and failed.failed:
         print("\n".join(opened.console[-200:]))
     opened.close()
+
+
+@pytest.fixture
+def console(request: pytest.FixtureRequest) -> Iterator[list[str]]:
+    """Console lines a test collects from its pages; printed if the test failed."""
+    lines: list[str] = []
+    yield lines
+    failed = getattr(request.node, "rep_call", None)
+    if failed is not None and failed.failed:
+        print("\n".join(lines[-200:]))
 
 
 @pytest.hookimpl(hookwrapper=True)

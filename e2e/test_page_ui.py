@@ -9,7 +9,6 @@ private network's browser of conftest.py is a second one).
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ from browser_helpers import (
     CHROMIUM_FLAGS,
     missing_browser_parts,
     status,
+    unavailable,
     wait,
     wait_booted,
 )
@@ -29,12 +29,6 @@ pytestmark = [pytest.mark.slow]
 
 TINY = {"width": "32", "layers": "1", "heads": "2", "seq": "16", "microbatch_size": "2",
         "microbatches": "2", "steps": "2", "seed": "5"}
-
-
-def unavailable(reason: str) -> None:
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{reason} (CI=true: the browser tests must run)")
-    pytest.skip(reason)
 
 
 @pytest.fixture(scope="module")
@@ -49,15 +43,6 @@ def local_browser() -> Iterator[Any]:
                                      args=CHROMIUM_FLAGS)
         yield browser
         browser.close()
-
-
-@pytest.fixture
-def console(request: pytest.FixtureRequest) -> Iterator[list[str]]:
-    lines: list[str] = []
-    yield lines
-    failed = getattr(request.node, "rep_call", None)
-    if failed is not None and failed.failed:
-        print("\n".join(lines[-200:]))
 
 
 def local_server(tmp_path: Path, **env: str) -> LocalServer:

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 import shutil
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
-from browser_helpers import BOOT_TIMEOUT_MS, CHROMIUM_FLAGS, status, wait
+from browser_helpers import BOOT_TIMEOUT_MS, CHROMIUM_FLAGS, status, unavailable, wait
 from local_page import WEBGPU_FLAGS, LocalServer, open_page
 
 from pynode.browser import case_operands
@@ -29,12 +28,6 @@ pytestmark = [pytest.mark.slow]
 SMALL = {"task": "gpt", "width": 32, "layers": 1, "heads": 2, "seq": 16, "microbatch_size": 2,
          "microbatches": 4, "steps": 3, "lr": 0.003, "seed": 11}
 MAX_K = 131_071
-
-
-def unavailable(reason: str) -> None:
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{reason} (CI=true: the browser tests must run)")
-    pytest.skip(reason)
 
 
 @pytest.fixture(scope="module")
@@ -76,15 +69,6 @@ def plain_browser(playwright, server) -> Iterator[Any]:
                                          args=CHROMIUM_FLAGS)
     yield browser
     browser.close()
-
-
-@pytest.fixture
-def console(request: pytest.FixtureRequest) -> Iterator[list[str]]:
-    lines: list[str] = []
-    yield lines
-    failed = getattr(request.node, "rep_call", None)
-    if failed is not None and failed.failed:
-        print("\n".join(lines[-200:]))
 
 
 def booted(page: Any) -> dict:
