@@ -64,23 +64,6 @@ def reference_arithmetic():
     return load_units_and_gemm("numpy_int", "numpy")
 
 
-def uncached_bytes(model: GPT, params, prompt: bytes, sampling: Sampling) -> list[int]:
-    """The generation rule with no cache: the padded window through forward_logits each time."""
-    s, keep = model.cfg.seq, max(1, model.cfg.seq // 2)
-    history, start = list(prompt), max(0, len(prompt) - s)
-    out = []
-    for _ in range(sampling.tokens):
-        if len(history) - start > s:
-            start = len(history) - keep
-        window = history[start:]
-        padded = np.array([window + [0] * (s - len(window))])
-        logits = model.forward_logits(params, padded)[0, len(window) - 1]
-        token = sample_token(logits, sampling, len(history), model.ops)
-        history.append(token)
-        out.append(token)
-    return out
-
-
 def test_cached_logits_are_the_full_window_forward_bits(reference_arithmetic):
     _, gemm = reference_arithmetic
     model = GPT(gpt_config(SMALL), gemm)
@@ -101,12 +84,13 @@ def test_cached_logits_are_the_full_window_forward_bits(reference_arithmetic):
 
 @pytest.mark.slow
 def test_generation_equals_the_uncached_rule(checkpoint, reference_arithmetic):
+    from pynode.bench.generate import uncached_bytes  # the rule `bench generate` times
+
     generator = load_generator(checkpoint, arithmetic=reference_arithmetic)
-    model, params = generator.decoder.model, generator.decoder.params
     for prompt in PROMPTS:
         for sampling in SAMPLINGS:
-            got = list(generator.generate(prompt, sampling))
-            assert got == uncached_bytes(model, params, prompt, sampling), (prompt, sampling)
+            got = bytes(generator.generate(prompt, sampling))
+            assert got == uncached_bytes(generator, prompt, sampling), (prompt, sampling)
 
 
 def backends_here() -> list[str]:
