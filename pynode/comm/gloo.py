@@ -224,7 +224,13 @@ class GlooCollective(Collective):
 def roll_call(
     store: Any, prefix: str, rank: int, world_size: int, timeout: float
 ) -> tuple[int, ...]:
-    """Ranks r without key `prefix + r` in the store `timeout` s after this rank set its own."""
+    """Ranks r without key `prefix + r` in the store `timeout` s after this rank set its own.
+
+    The store lives in rank 0. If it goes away before rank 0 checked in, rank 0 is the one
+    lost; if rank 0 had checked in, it was alive and has left after its own roll call (a
+    survivor that checked in later waits longer), so the answer is who was still missing.
+    """
+    missing: tuple[int, ...] = (0,)
     try:
         store.set(f"{prefix}{rank}", b"1")
         deadline = time.monotonic() + timeout
@@ -234,7 +240,7 @@ def roll_call(
                 return missing
             time.sleep(_POLL_S)
     except RuntimeError:
-        return (0,)
+        return missing if 0 not in missing else (0,)
 
 
 async def connect(

@@ -139,3 +139,31 @@ def test_cluster_without_rank0_says_so_in_one_line(tmp_path: Path) -> None:
     assert done.stderr.startswith("error: PeerLost: rank 0 did not come: nothing answered at "
                                   "127.0.0.1:"), done.stderr
     assert "within 1 s" in done.stderr
+
+
+class StoreThatCloses:
+    """A store in which ranks 0 and 1 checked in; it goes away after `polls` checks (rank 0,
+    its host, done with its own roll call, exited)."""
+
+    def __init__(self, polls: int, present: set[str]) -> None:
+        self.polls, self.present = polls, present
+
+    def set(self, key: str, value: bytes) -> None:
+        self.present.add(key)
+
+    def check(self, keys: list[str]) -> bool:
+        if self.polls <= 0:
+            raise RuntimeError("Connection reset by peer")
+        self.polls -= 1
+        return all(k in self.present for k in keys)
+
+
+def test_roll_call_after_rank0_left_names_who_was_missing_not_rank0() -> None:
+    from pynode.comm.gloo import roll_call
+
+    seen_rank0 = StoreThatCloses(polls=3, present={"rc/0"})  # one full poll of 3 ranks
+    assert roll_call(seen_rank0, "rc/", 1, 3, timeout=5.0) == (2,)
+    never_seen = StoreThatCloses(polls=0, present={"rc/0"})  # gone before any poll
+    assert roll_call(never_seen, "rc/", 1, 3, timeout=5.0) == (0,)
+    rank0_absent = StoreThatCloses(polls=3, present=set())  # rank 0 never checked in
+    assert roll_call(rank0_absent, "rc/", 1, 3, timeout=5.0) == (0,)
