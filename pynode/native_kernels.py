@@ -295,50 +295,69 @@ if numba is not None:
     # Freivalds' identity in float64. Every partial sum is an integer below 2**53 (the
     # caller bounds them), so reassociating and fusing are exact: they only let the loops
     # vectorise. Each product runs along memory: row- or column-major operands alike.
-    @numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})
-    def _product_holds(a, b, out, r, a_rows, b_rows, bound):
-        bs, m, k = a.shape
-        n, v = b.shape[2], r.shape[0]
-        br = np.empty(k, np.float64)
-        lhs = np.empty(m, np.float64)
-        for t in range(bs):
-            for q in range(v):
-                if b_rows:
-                    for kk in range(k):
-                        s = 0.0
-                        for j in range(n):
-                            s += b[t, kk, j] * r[q, j]
-                        br[kk] = s
-                else:
-                    br[:] = 0.0
+    _FREIVALDS = dict(nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})
+
+    @numba.njit(inline="always", **_FREIVALDS)
+    def _holds_2d(a, b, out, r, br, lhs, bound):
+        m, k = a.shape
+        n = b.shape[1]
+        if b.shape[0] != k or out.shape[0] != m or out.shape[1] != n or r.shape[1] != n:
+            raise ValueError("product check: operand shapes do not match")
+        a_rows = abs(a.strides[1]) <= abs(a.strides[0])
+        b_rows = abs(b.strides[1]) <= abs(b.strides[0])
+        for q in range(r.shape[0]):
+            if b_rows:
+                for kk in range(k):
+                    s = 0.0
                     for j in range(n):
-                        rj = r[q, j]
-                        for kk in range(k):
-                            br[kk] += b[t, kk, j] * rj
-                if a_rows:
-                    for i in range(m):
-                        s = 0.0
-                        for kk in range(k):
-                            s += a[t, i, kk] * br[kk]
-                        lhs[i] = s
-                else:
-                    lhs[:] = 0.0
+                        s += b[kk, j] * r[q, j]
+                    br[kk] = s
+            else:
+                br[:] = 0.0
+                for j in range(n):
+                    rj = r[q, j]
                     for kk in range(k):
-                        bk = br[kk]
-                        for i in range(m):
-                            lhs[i] += a[t, i, kk] * bk
+                        br[kk] += b[kk, j] * rj
+            if a_rows:
                 for i in range(m):
                     s = 0.0
-                    top = 0
-                    for j in range(n):
-                        x = out[t, i, j]
-                        s += x * r[q, j]
-                        top = max(top, abs(np.int64(x)))  # in int64: |-2**31| fits
-                    if s != lhs[i] or top > bound:
-                        return False
+                    for kk in range(k):
+                        s += a[i, kk] * br[kk]
+                    lhs[i] = s
+            else:
+                lhs[:] = 0.0
+                for kk in range(k):
+                    bk = br[kk]
+                    for i in range(m):
+                        lhs[i] += a[i, kk] * bk
+            for i in range(m):
+                s = 0.0
+                top = 0
+                for j in range(n):
+                    x = out[i, j]
+                    s += x * r[q, j]
+                    top = max(top, abs(np.int64(x)))  # in int64: |-2**31| fits
+                if s != lhs[i] or top > bound:
+                    return False
+        return True
+
+    @numba.njit(cache=True, **_FREIVALDS)
+    def _product_holds_2d(a, b, out, r, bound):
+        br, lhs = np.empty(a.shape[1], np.float64), np.empty(a.shape[0], np.float64)
+        return _holds_2d(a, b, out, r, br, lhs, bound)
+
+    @numba.njit(cache=True, **_FREIVALDS)
+    def _product_holds_3d(a, b, out, r, bound):
+        br, lhs = np.empty(a.shape[2], np.float64), np.empty(a.shape[1], np.float64)
+        if b.shape[0] != a.shape[0] or out.shape[0] != a.shape[0]:
+            raise ValueError("product check: batch sizes do not match")
+        for t in range(a.shape[0]):
+            if not _holds_2d(a[t], b[t], out[t], r, br, lhs, bound):
+                return False
         return True
 
 
+_INT8, _INT32, _FLOAT64 = np.dtype(np.int8), np.dtype(np.int32), np.dtype(np.float64)
 _NO_LANES = np.zeros((1, 1, 1), np.uint16)  # what the kernels get when rounding to nearest
 
 
@@ -430,12 +449,17 @@ class NumbaKernels(Kernels):
         return out.reshape(x.shape), totals, tops
 
     def product_holds(self, a, b, out, r):
-        if not (a.ndim == b.ndim == out.ndim == 3 and a.dtype == b.dtype == np.int8
-                and out.dtype == np.int32 and r.dtype == np.float64 and r.ndim == 2):
+        # called for every GEMM product: identity tests of the dtypes, no more
+        if not (type(a) is type(b) is type(out) is type(r) is np.ndarray
+                and a.dtype is _INT8 and b.dtype is _INT8 and out.dtype is _INT32
+                and r.dtype is _FLOAT64 and r.ndim == 2 and a.ndim == b.ndim == out.ndim):
             return super().product_holds(a, b, out, r)
-        (sa, ta), (sb, tb) = a.strides[-2:], b.strides[-2:]
-        return _product_holds(a, b, out, r, abs(ta) <= abs(sa), abs(tb) <= abs(sb),
-                              (1 << 14) * a.shape[-1])
+        bound = (1 << 14) * a.shape[-1]
+        if a.ndim == 2:
+            return _product_holds_2d(a, b, out, r, bound)
+        if a.ndim == 3:
+            return _product_holds_3d(a, b, out, r, bound)
+        return super().product_holds(a, b, out, r)
 
     def psum_rows(self, x):
         if not (isinstance(x, np.ndarray) and x.dtype in (np.float32, np.float64)

@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import json
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -41,13 +42,14 @@ def measure(task: str, cfg: RunConfig, steps: int) -> dict:
 
     check = getattr(trainer.gemm, "check", None)
 
-    async def go() -> tuple[dict, dict, float]:
+    async def go() -> tuple[dict, dict, list, float]:
         """Steps and seconds with the per-call GEMM check off and on, in alternating blocks
-        so drift falls on both; and the loss after the last step."""
+        so drift falls on both; each block's seconds per step; the loss after the last step."""
         await trainer.step()  # warm-up: imports, first allocations, kernel variants
         if check is not None:
             check.seconds = 0.0
         done, timed = {True: 0, False: 0}, {True: 0.0, False: 0.0}
+        blocks: list[tuple[bool, float]] = []
         loss, on = 0.0, False
         while done[True] + done[False] < steps:
             block = min(BLOCK, steps - done[True] - done[False])
@@ -56,22 +58,30 @@ def measure(task: str, cfg: RunConfig, steps: int) -> dict:
             started = time.perf_counter()
             for _ in range(block):
                 loss = (await trainer.step()).loss
-            timed[on] += time.perf_counter() - started
+            took = time.perf_counter() - started
+            timed[on] += took
             done[on] += block
+            blocks.append((on, took / block))
             on = not on and check is not None
-        return done, timed, loss
+        if check is not None:
+            trainer.gemm.check = check
+        return done, timed, blocks, loss
 
-    done, timed, loss = asyncio.run(go())
+    done, timed, blocks, loss = asyncio.run(go())
     unchecked = timed[False] / done[False]
     per_step = cfg.microbatches * cfg.microbatch_size * cfg.seq
     seconds, checking, share = unchecked, None, None
     if done[True]:  # the int8 task: its default is checked
         seconds = timed[True] / done[True]
-        checking = seconds / unchecked - 1.0
+        # each checked block against the unchecked block before it: load that drifts
+        # during the run falls on both of a pair, and the median drops a disturbed pair
+        pairs = [on[1] / off[1] for off, on in zip(blocks[::2], blocks[1::2], strict=False)]
+        checking = statistics.median(pairs) - 1.0
         share = check.seconds / done[True] / unchecked  # the check's own clock
     return {
-        "check_overhead": checking,  # step time checked / unchecked - 1 (blocks; noisy)
+        "check_overhead": checking,  # step time checked / unchecked - 1 (median of block pairs)
         "check_share": share,  # seconds spent checking per step / an unchecked step
+        "check_behind": bool(getattr(trainer, "check_behind", False)),  # on its own thread
         "task": task,
         "backend": getattr(trainer.gemm, "backend_name", "torch-float"),
         "gemm": gemm,
@@ -123,8 +133,11 @@ def main(argv: list[str]) -> int:
     print(f"int8 GEMM: {rows['gpt']['gemm']}; kernels: {rows['gpt']['kernels']}")
     overhead, share = rows["gpt"]["check_overhead"], rows["gpt"]["check_share"]
     if overhead is not None:
-        print(f"product check (every GEMM product, on by default): {100 * share:.1f} % of an "
-              f"unchecked int8 step by its own clock; {100 * overhead:+.1f} % step time in "
-              "alternating blocks of the same run (noisier)")
+        where = ("on a thread of its own beside the model" if rows["gpt"]["check_behind"]
+                 else "in the model's path (one usable core, or PYNODE_CHECK_BEHIND=0)")
+        print(f"product check (every GEMM product, on by default; {where}): "
+              f"{100 * overhead:+.1f} % step time (median of checked / unchecked block pairs "
+              f"of {BLOCK} steps); the checks' own work: {100 * share:.1f} % of an unchecked "
+              "step")
     print(f"int8 / float tokens per second: {ratio:.3f}")
     return 0

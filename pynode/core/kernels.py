@@ -55,8 +55,8 @@ class Kernels:
     def product_holds(self, a: np.ndarray, b: np.ndarray, out: np.ndarray,
                       r: np.ndarray) -> bool:
         """Freivalds' identity for out == a @ b: every |out| <= 2**14 * K, and
-        a @ (b @ r) == out @ r, for a (B, M, K) and b (B, K, N) int8, out (B, M, N) int32
-        and r (V, N) float64 of integers below 2**bits. The caller
+        a @ (b @ r) == out @ r, for a (M, K) and b (K, N) int8 and out (M, N) int32, or
+        each with a leading batch axis B, and r (V, N) float64 of integers below 2**bits. The caller
         (pynode.core.gemm.check) picks bits so that every partial sum is an integer below
         2**53: both sides are exact whatever the order of summation."""
         bound = (1 << 14) * a.shape[-1]
@@ -125,6 +125,9 @@ def _cases(seed: int = 0x6A7E):
             wrong["huge"][0, 0, 0] = 2**31 - 1
             for what, out in wrong.items():
                 yield f"product_holds.{name}{how}.{what}", "product_holds", (av, bv, out, r)
+                if bs == 1:  # a plain matmul's 2-d operands
+                    yield (f"product_holds.{name}{how}.2d.{what}", "product_holds",
+                           (av[0], bv[0], out[0], r))
 
 
 def _same(a, b) -> bool:

@@ -116,6 +116,10 @@ class Trainer:
         # (step, its cross-check sample, its digest key once needed)
         self._sample: tuple[int, list[int], crosscheck.DigestKey | None] | None = None
         self.microbatch_seconds = 0.0
+        # Check each microbatch's GEMM products on a thread of their own while it computes
+        # (Gemm.defer_checks), settled before its contribution is used; build_trainer turns
+        # it on natively with two or more cores.
+        self.check_behind = False
         # Observers (fault injection in tests): before_compute(step about to run, own
         # microbatches) as the step starts computing; after_update(trainer) once applied.
         self.before_compute: list[Callable[[int, list[int]], None]] = []
@@ -154,7 +158,22 @@ class Trainer:
         fixed-point mean loss."""
         cfg, step = self.cfg, self.state.step
         batch = self.task.sample(cfg, step, index)
-        loss, grads = self.task.loss(self.model, self.state.params, batch, (cfg.seed, step, index))
+        key = (cfg.seed, step, index)
+        if not self.check_behind:
+            loss, grads = self.task.loss(self.model, self.state.params, batch, key)
+        else:  # a wrong product found behind drops its backend: compute again on the next
+            while True:
+                self.gemm.defer_checks()
+                try:
+                    loss, grads = self.task.loss(self.model, self.state.params, batch, key)
+                finally:
+                    settled = self.gemm.settle()
+                if settled:
+                    break
+            if not self.gemm.behind_pays():
+                self.check_behind = False
+                log.info("product check: back in the model's path; its thread waited for a "
+                         "core (other peers or programs use them)")
         fixed = fixedpoint.to_fixed(self.flatten(grads), cfg.frac_bits)
         return fixed, int(fixedpoint.to_fixed(np.asarray([loss], np.float32), LOSS_FRAC_BITS)[0])
 
@@ -391,7 +410,12 @@ class Trainer:
             speeds[rank] = float(peer_speed)
         if self.options.capacities is None:
             self.capacities = speeds
-        if any(v != mine for v in votes):
+        # the same decision on every peer (it hangs on `seen` and `distrusted` only): the
+        # trusted agree on (state, probe), and the distrusted, who compute nothing, on state
+        trusted = {e.partition(b"|")[0] for r, e in enumerate(seen)
+                   if e is not None and r not in self.distrusted}
+        states = {v.partition(b":")[0] for v in votes}
+        if len(trusted) > 1 or len(states) > 1:
             await self.resolve_fork(result, mine, seen)
 
     async def resolve_fork(self, result: StepResult, mine: bytes, seen: list) -> None:
@@ -399,7 +423,8 @@ class Trainer:
 
         Re-sync only when a strict majority agrees, the leader is in it, and the diverged
         peers' kernel probes are right (a wrong probe means broken arithmetic: that peer
-        leaves). Anything else stops every peer: nobody trains past a fork.
+        leaves). A distrusted peer's probe is not asked (its work is left out already).
+        Anything else stops every peer: nobody trains past a fork.
         """
         votes = {r: e.partition(b"|")[0] for r, e in enumerate(seen) if e is not None}
         ballot = list(votes.values())
@@ -407,7 +432,8 @@ class Trainer:
         want_hash, _, want_probe = majority.decode().partition(":")
         described = (f"step {result.step}: replicas disagree; {len(set(ballot))} distinct "
                      f"(state, probe) hashes among {len(ballot)} peers")
-        probes_ok = all(v.decode().partition(":")[2] == want_probe for v in ballot)
+        probes_ok = all(v.decode().partition(":")[2] == want_probe
+                        for r, v in votes.items() if r not in self.distrusted)
         if not (2 * ballot.count(majority) > len(ballot) and votes.get(0) == majority
                 and probes_ok):
             who = "this peer" if mine != majority else "another peer"
@@ -415,7 +441,7 @@ class Trainer:
         blob = await self.collective.broadcast_bytes(
             self.state_bytes() if self.rank() == 0 else None, timeout=self.deadline()
         )
-        if mine != majority:
+        if mine.partition(b":")[0] != want_hash.encode():
             self.load_state_bytes(blob, want_hash)
             log.warning("%s: this peer diverged and re-synced from the leader", described)
         else:

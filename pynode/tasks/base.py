@@ -23,6 +23,10 @@ class Task(Protocol):
     build_model(cfg, gemm) -> Model     the model; `gemm` is the gated int8 GEMM (None for float)
     sample(cfg, step, index) -> batch   microbatch `index` of `step`: same bits on every peer
     loss(model, params, batch, key)     -> (loss float32, grads {name: float32 array})
+
+    Optional: `products_stay = True` says the model never writes into a GEMM's operands
+    or result after the call (as pynode.core.layers), so the per-call product check may
+    run beside the model and be settled after the microbatch (Gemm.defer_checks).
     """
 
     name: str

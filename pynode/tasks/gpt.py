@@ -14,6 +14,7 @@ from pynode.datasource import microbatch_bytes
 
 class GPTTask:
     name = "gpt"
+    products_stay = True  # pynode.core.layers: every GEMM's operands and result are fresh
     vocab = 256  # byte-level; recorded in checkpoints and checked on load
 
     def build_model(self, cfg: RunConfig, gemm: Any) -> GPT:

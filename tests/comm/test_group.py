@@ -279,7 +279,7 @@ def test_a_peer_whose_kernel_is_wrong_at_one_shape_is_named_and_changes_no_hash(
     assert run.hashes == reference.hashes and run.final_hash == reference.final_hash
     peer = ok(runs[f"{name}-rank1"]) if name.startswith("gloo") else run  # loopback: one stderr
     assert "rank 1: WARNING:pynode.core.gemm.select:GEMM backend wrong_" in peer.err
-    assert "gave a wrong product" in peer.err and "recomputing it on another backend" in peer.err
+    assert "gave a wrong product" in peer.err and "on another backend" in peer.err
 
 
 @pytest.mark.parametrize("name", ["grad", pytest.param("gloo_grad", marks=pytest.mark.full)])

@@ -131,8 +131,27 @@ def test_the_benchmark_prints_every_share(capsys):
     spec = importlib.util.spec_from_file_location("mutation_score", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    assert bench.main(["--json"]) == 0
+    assert bench.main(["--json", "--no-cross-peer"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["name"] for r in rows[:-1]] == [cls.name for cls in classes()]
     assert rows[-1]["mutants"] == len(classes()) and rows[-1]["gate + per-call check"] == 1.0
     assert rows[-1]["gate"] == sum(r["gate"] for r in rows[:-1]) / len(classes())
+
+
+@pytest.mark.full  # 26 three-tab room runs, about a minute
+def test_the_cross_peer_check_alone_names_every_mutant_that_changes_a_room():
+    """Three tabs, one computing with the mutant and no gate, check or audit: every mutant
+    wrong at the room's shapes is named by the recomputed digests and
+    the others end on the clean hashes; one that is never wrong there moves no hash."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "mutation_score.py"
+    spec = importlib.util.spec_from_file_location("mutation_score", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    units = bench.load_default_units()
+    reference = bench.reference_hashes(units)
+    seen = {cls.name: bench.cross_peer(cls, units, reference) for cls in classes()}
+    assert "MISSED" not in seen.values(), seen
+    assert sum(v == "caught" for v in seen.values()) >= 10, seen

@@ -255,6 +255,59 @@ def test_a_tab_whose_gradients_are_wrong_is_outvoted_and_its_work_left_out(
     assert "re-planning lost microbatches" not in caplog.text  # every peer planned alike
 
 
+class LastCellOff:
+    """numpy_int with the last cell of every product one off: arithmetic broken everywhere."""
+
+    name = "last_cell_off"
+
+    def __init__(self) -> None:
+        from pynode.core.gemm.numpy_int import NumpyIntBackend
+
+        self.inner = NumpyIntBackend()
+
+    def matmul(self, a, b):
+        out = self.inner.matmul(a, b)
+        out[-1, -1] += 1
+        return out
+
+    def bmm(self, a, b):
+        out = self.inner.bmm(a, b)
+        out[-1, -1, -1] += 1
+        return out
+
+
+def test_a_tab_whose_gemm_is_wrong_everywhere_is_named_and_left_out(checks, caplog):
+    """One tab computes with a wrong GEMM and no per-call check (as an old page would): the
+    cross-peer check outvotes its microbatches and its GEMM probe differs, so it is left
+    out instead of stopping the room, and the others end on the clean hashes."""
+    from pynode.config import RunConfig
+    from pynode.core.gemm import select_gemm
+    from pynode.run.assemble import build_trainer
+
+    cfg = {**CONFIG, "steps": 3, "cross_check": 1, "microbatches": 6}
+    reference3 = run(steps_of(checks.make_trainer(RunConfig.from_dict(cfg), None, None), 3))
+
+    def wrong(config, coll, resume):
+        gemm = select_gemm(checks.units, order=["numpy_int"], check=False, audit_every=10**9)
+        gemm.backend = LastCellOff()
+        gemm.audit.calls = 1  # past the audit's first call, which would catch it at once
+        return build_trainer(config, coll, resume, arithmetic=(checks.units, gemm))
+
+    async def body():
+        net = MemoryNetwork()
+        pages = [Page(net, f"tab{i}", checks) for i in range(3)]
+        pages[2].peer.make_trainer = wrong
+        await asyncio.sleep(0.05)
+        await pages[0].peer.start(cfg)
+        await settle(pages)
+        for page in pages:
+            assert page.hashes() == {s + 1: h for s, h in enumerate(reference3)}
+
+    with caplog.at_level("WARNING", logger="pynode.run"):
+        run(body())
+    assert "ranks [2] computed it wrong" in caplog.text and "fork" not in caplog.text
+
+
 def test_allreduce_benchmark_over_the_room(checks):
     async def body():
         net = MemoryNetwork()

@@ -16,12 +16,19 @@ checked to lie within the exact product's bound 2**14 * K; `bits` is chosen per 
 that. Shapes too large for float64 fall back to wrapping uint64 arithmetic: mod 2**64 the
 same identity holds, and a wrong cell (|d| < 2**32) passes with probability <= 2**-32.
 
+`CheckThread` runs the same checks on a thread of its own while the model goes on (the
+numba kernels release the GIL); the caller settles them before it uses what the products
+made (pynode.run.trainer: after each microbatch) and recomputes if one was wrong.
+
 Legend: B batch, M rows, K reduction length, N columns, V random vectors.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
+from typing import Any
 
 import numpy as np
 
@@ -56,10 +63,12 @@ class ProductCheck:
         self.calls = 0
         self.failures = 0
         self.seconds = 0.0  # spent checking
-        self._bits: dict[tuple[int, int], int] = {}  # (K, N) -> entry_bits
-        self._block = -1  # which block of calls self._pool holds
+        self._block = -1  # which block of calls the views below serve
         self._pool = np.empty((0, DRAW_LANES), np.uint32)
         self._scaled: dict[int, np.ndarray] = {}  # bits -> the block's lanes, float64
+        # (K, N) -> the block's R for every call, (DRAW_BLOCK, V, N) views of self._scaled;
+        # False: that shape draws its own (too wide) or is checked mod 2**64 (too large)
+        self._views: dict[tuple[int, int], np.ndarray | bool] = {}
 
     def vectors(self, call: int, n: int, bits: int) -> np.ndarray:
         """R (V, N) float64 for this call: V vectors of `bits`-bit random integers, 32-bit
@@ -73,28 +82,51 @@ class ProductCheck:
             lanes = words.astype("<u8", copy=False).view("<u4")[:size]
             return (lanes >> np.uint32(MAX_BITS - bits)).reshape(count, n).astype(np.float64)
         if self._block != block:
-            words = rng.raw64((CHECK_PURPOSE, self.seed, 0, block), DRAW_BLOCK * DRAW_LANES // 2)
-            self._pool = words.astype("<u8", copy=False).view("<u4").reshape(DRAW_BLOCK, -1)
-            self._block, self._scaled = block, {}
+            self._draw(block)
+        return self._lanes(bits)[i, :size].reshape(count, n)
+
+    def _draw(self, block: int) -> None:
+        words = rng.raw64((CHECK_PURPOSE, self.seed, 0, block), DRAW_BLOCK * DRAW_LANES // 2)
+        self._pool = words.astype("<u8", copy=False).view("<u4").reshape(DRAW_BLOCK, -1)
+        self._block, self._scaled, self._views = block, {}, {}
+
+    def _lanes(self, bits: int) -> np.ndarray:
         scaled = self._scaled.get(bits)
         if scaled is None:  # each width of entries once a block, not once a call
             scaled = (self._pool >> np.uint32(MAX_BITS - bits)).astype(np.float64)
             self._scaled[bits] = scaled
-        return scaled[i, :size].reshape(count, n)
+        return scaled
 
-    def holds(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
-        """Whether out == a @ b (int8 operands, 2-d or 3-d batched; out int32)."""
+    def _view(self, k: int, n: int) -> np.ndarray | bool:
+        """(DRAW_BLOCK, V, N): row i is vectors(call, n, bits) for call i of this block."""
+        bits = entry_bits(k, n)
+        count = -(-SECURITY_BITS // bits) if bits else 0
+        if not bits or n * count > DRAW_LANES:
+            view: np.ndarray | bool = False
+        else:
+            view = self._lanes(bits)[:, :n * count].reshape(DRAW_BLOCK, count, n)
+        self._views[k, n] = view
+        return view
+
+    def draw(self, a: np.ndarray, b: np.ndarray) -> tuple[int, np.ndarray | None]:
+        """The next call's number and its R (V, N); None: `run` takes the edge path."""
         call = self.calls
         self.calls = call + 1
-        started = time.perf_counter()
+        block, i = divmod(call, DRAW_BLOCK)
+        if block != self._block:
+            self._draw(block)
         k, n = a.shape[-1], b.shape[-1]
-        bits = self._bits.get((k, n))
-        if bits is None:
-            bits = self._bits[k, n] = entry_bits(k, n)
-        if bits and out.size:
-            if a.ndim == 2:
-                a, b, out = a[None], b[None], out[None]
-            ok = self.kernels.product_holds(a, b, out, self.vectors(call, n, bits))
+        view = self._views.get((k, n))
+        if view is None:
+            view = self._view(k, n)
+        return call, (None if view is False else view[i])  # type: ignore[index]
+
+    def run(self, call: int, a: np.ndarray, b: np.ndarray, out: np.ndarray,
+            r: np.ndarray | None) -> bool:
+        """Whether out == a @ b, with what `draw` gave for this call."""
+        started = time.perf_counter()
+        if r is not None and out.size:
+            ok = self.kernels.product_holds(a, b, out, r)
         else:
             ok = self._holds_edge(call, a, b, out)
         self.seconds += time.perf_counter() - started
@@ -102,12 +134,22 @@ class ProductCheck:
             self.failures += 1
         return ok
 
+    def holds(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
+        """Whether out == a @ b (int8 operands, 2-d or 3-d batched; out int32). Called for
+        every GEMM product, so the common path is a few dictionary lookups and one kernel."""
+        call, r = self.draw(a, b)
+        return self.run(call, a, b, out, r)
+
     def _holds_edge(self, call: int, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
+        """Empty products, and shapes the block's draw does not serve."""
         if out.size == 0:
             return True
         if a.shape[-1] == 0:
             return not np.any(out)
-        return self._holds_mod64(call, a, b, out)
+        bits = entry_bits(a.shape[-1], b.shape[-1])
+        if not bits:
+            return self._holds_mod64(call, a, b, out)
+        return self.kernels.product_holds(a, b, out, self.vectors(call, b.shape[-1], bits))
 
     def _holds_mod64(self, call: int, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
         count = -(-SECURITY_BITS // 32)
@@ -118,3 +160,62 @@ class ProductCheck:
         lhs = np.matmul(a.astype(np.int64).view(wrap), br)
         rhs = np.matmul(out.astype(np.int64).view(wrap), r)
         return bool(np.array_equal(lhs, rhs))
+
+
+class CheckThread:
+    """Checks products on a thread of its own, in order, while the caller goes on.
+
+    `submit` never blocks the caller for a check; `settle` waits for every submitted one and
+    returns the `tag` of each that failed (the GEMM wrapper tags with the backend). The
+    operands must stay as they are until settled: the model's products are fresh arrays
+    nobody writes again (pynode.core.layers)."""
+
+    def __init__(self, check: ProductCheck) -> None:
+        self.check = check
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()  # C-implemented: a cheap put
+        self._failed: list[tuple[Any, int, tuple[int, ...]]] = []  # (tag, call, shape)
+        self._error: BaseException | None = None
+        self.settles = 0
+        self.worked = 0.0  # seconds this thread spent checking
+        self.waited = 0.0  # seconds the caller spent in settle, waiting for it
+        self._thread = threading.Thread(target=self._work, name="product-check", daemon=True)
+        self._thread.start()
+
+    def submit(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, tag: Any) -> None:
+        self._jobs.put((*self.check.draw(a, b), a, b, out, tag))
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if isinstance(job, threading.Event):  # settle's marker: every earlier job is done
+                job.set()
+                continue
+            call, r, a, b, out, tag = job
+            started = time.perf_counter()
+            try:
+                if self._error is None and not self.check.run(call, a, b, out, r):
+                    self._failed.append((tag, call, (*a.shape, b.shape[-1])))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller by settle
+                self._error = exc
+            self.worked += time.perf_counter() - started
+
+    def settle(self) -> list[tuple[Any, int, tuple[int, ...]]]:
+        """Wait for every submitted check; (tag, call, shape) of each that failed. A check
+        that raised raises here, in the caller's thread."""
+        started = time.perf_counter()
+        done = threading.Event()
+        self._jobs.put(done)
+        done.wait()
+        self.waited += time.perf_counter() - started
+        self.settles += 1
+        failed, self._failed = self._failed, []
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+        return failed
+
+    def pays(self, after: int = 8) -> bool:
+        """False once, after `after` settles, the caller has waited for this thread more than
+        half as long as it worked: no core is free for it (other peers or programs took
+        it), and checking in the caller's path would cost less than waiting."""
+        return self.settles < after or self.waited <= 0.5 * self.worked
