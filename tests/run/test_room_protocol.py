@@ -255,33 +255,18 @@ def test_a_tab_whose_gradients_are_wrong_is_outvoted_and_its_work_left_out(
     assert "re-planning lost microbatches" not in caplog.text  # every peer planned alike
 
 
-class LastCellOff:
-    """numpy_int with the last cell of every product one off: arithmetic broken everywhere."""
-
-    name = "last_cell_off"
-
-    def __init__(self) -> None:
-        from pynode.core.gemm.numpy_int import NumpyIntBackend
-
-        self.inner = NumpyIntBackend()
-
-    def matmul(self, a, b):
-        out = self.inner.matmul(a, b)
-        out[-1, -1] += 1
-        return out
-
-    def bmm(self, a, b):
-        out = self.inner.bmm(a, b)
-        out[-1, -1, -1] += 1
-        return out
-
-
-def test_a_tab_whose_gemm_is_wrong_everywhere_is_named_and_left_out(checks, caplog):
-    """One tab computes with a wrong GEMM and no per-call check (as an old page would): the
-    cross-peer check outvotes its microbatches and its GEMM probe differs, so it is left
-    out instead of stopping the room, and the others end on the clean hashes."""
+def test_a_tab_whose_gemm_is_wrong_is_named_and_left_out_without_stopping_the_room(
+    checks, caplog
+):
+    """One tab computes with a GEMM wrong at every product of inner size = width (and at the
+    probe's) and no per-call check: the cross-peer check outvotes its microbatches and
+    leaves its work out. Its GEMM probe differs from the others' at every step; a
+    distrusted peer's probe is not asked (only its state), so the room goes on and every
+    tab ends on the clean hashes."""
+    from pynode.cli.faults import WrongAtWidth
     from pynode.config import RunConfig
     from pynode.core.gemm import select_gemm
+    from pynode.core.probe import PROBE_SHAPE
     from pynode.run.assemble import build_trainer
 
     cfg = {**CONFIG, "steps": 3, "cross_check": 1, "microbatches": 6}
@@ -289,7 +274,8 @@ def test_a_tab_whose_gemm_is_wrong_everywhere_is_named_and_left_out(checks, capl
 
     def wrong(config, coll, resume):
         gemm = select_gemm(checks.units, order=["numpy_int"], check=False, audit_every=10**9)
-        gemm.backend = LastCellOff()
+        probe_k = PROBE_SHAPE[1]  # and at the GEMM probe's inner size: its probe differs
+        gemm.backend = WrongAtWidth(WrongAtWidth(gemm.backend, cfg["width"]), probe_k)
         gemm.audit.calls = 1  # past the audit's first call, which would catch it at once
         return build_trainer(config, coll, resume, arithmetic=(checks.units, gemm))
 
