@@ -3,7 +3,8 @@
 Each configuration runs `python -m pynode train --peers N` with every peer pinned to its
 own core (PYNODE_PIN_CORES=1); step times come from the run's own --log (the first step,
 which pays for start-up, is left out). Traffic is what each peer's transport sent per
-step, against the ring all-reduce optimum 2(N-1)/N x gradient bytes.
+step, packed by the int64 codec (pynode.comm.wire), and what it would have sent as raw
+int64 (before the codec), against the ring all-reduce optimum 2(N-1)/N x gradient bytes.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def main(argv: list[str]) -> int:
         one, two = run_peers(1, cfg, Path(tmp)), run_peers(2, cfg, Path(tmp))
     traffic = two["traffic"]
     worst = max(traffic["per_rank_bytes_per_step"].values())
+    raw = max(traffic["per_rank_unpacked_bytes_per_step"].values())
     result = {
         "config": json.loads(cfg.to_json()),
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
@@ -64,6 +66,8 @@ def main(argv: list[str]) -> int:
         "scaling_2_over_1": two["tokens_per_s"] / one["tokens_per_s"],
         "same_final_hash": one["final_hash"] == two["final_hash"],
         "bytes_per_peer_per_step": traffic["per_rank_bytes_per_step"],
+        "unpacked_bytes_per_peer_per_step": traffic["per_rank_unpacked_bytes_per_step"],
+        "packing_ratio": raw / worst,
         "ring_optimum_bytes_per_step": traffic["ring_optimum_bytes_per_step"],
         "traffic_over_optimum": worst / traffic["ring_optimum_bytes_per_step"],
         "machine": machine_info(),
@@ -77,7 +81,8 @@ def main(argv: list[str]) -> int:
     print(f"2 peers: {two['tokens_per_s']:9.0f} tokens/s   "
           f"scaling x{result['scaling_2_over_1']:.2f}")
     print(f"same final hash: {result['same_final_hash']}")
-    print(f"bytes per peer per step: {worst / 1e6:.3f} MB, ring optimum "
-          f"{traffic['ring_optimum_bytes_per_step'] / 1e6:.3f} MB "
-          f"(x{result['traffic_over_optimum']:.2f})")
+    print(f"bytes per peer per step: {raw / 1e6:.3f} MB as raw int64 (before), "
+          f"{worst / 1e6:.3f} MB packed (after): {result['packing_ratio']:.2f}x fewer")
+    print(f"ring optimum of raw int64 {traffic['ring_optimum_bytes_per_step'] / 1e6:.3f} MB "
+          f"(sent x{result['traffic_over_optimum']:.2f})")
     return 0

@@ -150,6 +150,9 @@ class Collective(ABC):
     world_size: int
     name: str
     bytes_sent: int  # bytes this peer handed to the wire (frames and metadata included)
+    # bytes the int64 codec (wire.pack_int64) kept off the wire: raw int64 would have been
+    # bytes_sent + bytes_saved
+    bytes_saved: int = 0
 
     @property
     @abstractmethod

@@ -87,15 +87,16 @@ class BridgeCollective(Collective):
         return tuple(self.outer.members if self.outer is not None else self.view["members"])
 
     # ----------------------------------------------------------------- the inner channel
-    async def share(self, head: dict[str, Any], blob: bytes, timeout: float) -> None:
+    async def share(self, head: dict[str, Any], blob: Any, timeout: float) -> None:
         """Bridge: send `head` (with the room's view) and `blob` to the other cluster ranks."""
         assert self.outer is not None and self.link is not None
         head["view"] = {"rank": self.rank, "world": self.world_size,
                         "members": list(self.members)}
         await self.link.broadcast(pack_message(head, blob), timeout)
 
-    async def receive(self, timeout: float) -> tuple[dict[str, Any], bytes]:
-        """Follower: the bridge's next word; RunEnded if it says the run is over."""
+    async def receive(self, timeout: float) -> tuple[dict[str, Any], Any]:
+        """Follower: the bridge's next word (its blob bytes, or an int64 array as
+        pack_message carried it); RunEnded if it says the run is over."""
         head, blob = unpack_message(await self.inner.broadcast_bytes(
             None, root=0, timeout=RESULT_WAIT * timeout))
         if head.get("t") == "end":
@@ -121,13 +122,13 @@ class BridgeCollective(Collective):
     async def allreduce_int64(self, x: np.ndarray, *, timeout: float) -> ReduceResult:
         cluster = await self.inner.allreduce_int64(x, timeout=timeout)
         if self.outer is None:
-            head, blob = await self.receive(timeout)
-            total = np.frombuffer(blob, "<i8").astype(np.int64)  # (n,) int64
+            head, total = await self.receive(timeout)  # (n,) int64, packed on the way
+            if not isinstance(total, np.ndarray):
+                raise CommError("the bridge's all-reduce result carries no int64 vector")
             return ReduceResult(total, tuple(head["contributors"]))
         return await self.outer_call(
             lambda: self.outer.allreduce_int64(cluster.total, timeout=timeout),
-            lambda r: ({"contributors": list(r.contributors)}, r.total.astype("<i8").tobytes()),
-            timeout)
+            lambda r: ({"contributors": list(r.contributors)}, r.total), timeout)
 
     async def broadcast_bytes(self, data: bytes | None, *, root: int = 0, timeout: float) -> bytes:
         if self.outer is None:

@@ -35,6 +35,7 @@ from pynode.comm.base import (
     refusal_code,
     refusal_error,
 )
+from pynode.comm.wire import MessageError, int64_saving, pack_message, unpack_message
 from pynode.core.errors import DaisyError, ShapeError
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ class GlooCollective(Collective):
         self.rank = rank
         self.world_size = world_size
         self.bytes_sent = 0
+        self.bytes_saved = 0
         self._pg = pg
         self._store = store
         self._keys = keys  # store key prefix of this group
@@ -73,7 +75,8 @@ class GlooCollective(Collective):
             arr: np.ndarray | DaisyError = check_contribution(x, self.world_size)
         except DaisyError as exc:
             arr = exc
-        total = await self._run(self._allreduce, arr, timeout=timeout, ops=2)
+        # the agreement, then two exchanges of sizes and chunks each
+        total = await self._run(self._allreduce, arr, timeout=timeout, ops=5)
         return ReduceResult(total, self._members)
 
     async def broadcast_bytes(self, data: bytes | None, *, root: int = 0, timeout: float) -> bytes:
@@ -118,18 +121,62 @@ class GlooCollective(Collective):
     # The methods below run in a worker thread; they block inside gloo.
 
     def _allreduce(self, arr: np.ndarray | DaisyError, timeout: timedelta) -> np.ndarray:
-        import torch
-
         local = arr if isinstance(arr, DaisyError) else None
         n = 0 if local is not None else len(arr)
         lengths = self._agree(_ALLREDUCE, 0, n, timeout, local)
         if len(set(lengths.tolist())) > 1:
             counts = dict(enumerate(lengths.tolist()))
             raise ShapeError(f"allreduce_int64 lengths differ between ranks: {counts}")
-        total = torch.from_numpy(arr.copy())  # (n,) int64; gloo reduces in place
-        if n:
-            self._reduce(total, timeout)
-        return total.numpy()
+        if n == 0:
+            return np.zeros(0, np.int64)
+        if self.world_size == 1:
+            return arr.copy()
+        # Reduce-scatter + all-gather of packed chunks (wire.pack_int64): gloo's own
+        # all-reduce would carry 8 bytes per value, the packed chunks ~2.3x fewer.
+        ws, me = self.world_size, self.rank
+        bounds = [j * n // ws for j in range(ws + 1)]
+        slices = [arr[bounds[j] : bounds[j + 1]] for j in range(ws)]
+        parts = [self._pack(slices[j]) if j != me else b"" for j in range(ws)]
+        got = self._swap(parts, timeout)
+        mine = slices[me].copy()  # (n / ws,) int64: this rank's chunk of the sum
+        for rank, data in enumerate(got):
+            if rank != me:
+                mine += _unpack(data, rank, mine.shape[0])  # every rank passed check_headroom
+        packed = self._pack(mine)
+        sums = self._swap([packed if j != me else b"" for j in range(ws)], timeout)
+        total = np.empty(n, np.int64)  # (n,) int64
+        for rank, data in enumerate(sums):
+            size = bounds[rank + 1] - bounds[rank]
+            total[bounds[rank] : bounds[rank + 1]] = (
+                mine if rank == me else _unpack(data, rank, size))
+        return total
+
+    def _pack(self, vector: np.ndarray) -> bytes:
+        packed = pack_message({}, vector)
+        self.bytes_saved += int64_saving(packed, {}, vector)
+        return packed
+
+    def _swap(self, outgoing: list[bytes], timeout: timedelta) -> list[bytes]:
+        """Send outgoing[r] to every other rank r and receive theirs: entry r of the result
+        is what rank r sent this one (b"" for this rank itself)."""
+        import torch
+
+        ws, me = self.world_size, self.rank
+        sizes = torch.zeros(ws * ws, dtype=torch.int64)  # (ws*ws,) int64: [sender, receiver]
+        sizes[me * ws : (me + 1) * ws] = torch.tensor([len(b) for b in outgoing])
+        self._reduce(sizes, timeout)
+        incoming = sizes.numpy().reshape(ws, ws)[:, me].tolist()
+        bufs = [torch.empty(int(incoming[r]), dtype=torch.uint8) for r in range(ws)]
+        work = []
+        for r in range(ws):
+            if r != me:
+                out = torch.from_numpy(np.frombuffer(outgoing[r], np.uint8).copy())
+                work.append(self._pg.send([out], r, 0))
+                work.append(self._pg.recv([bufs[r]], r, 0))
+                self.bytes_sent += len(outgoing[r])
+        for item in work:
+            self._wait(item, timeout)
+        return [bufs[r].numpy().tobytes() if r != me else b"" for r in range(ws)]
 
     def _broadcast(self, payload: bytes | DaisyError, root: int, timeout: timedelta) -> bytes:
         import torch
@@ -206,9 +253,9 @@ class GlooCollective(Collective):
         self.bytes_sent += 2 * (self.world_size - 1) * nbytes // self.world_size  # ring
 
     @staticmethod
-    def _wait(work: Any) -> None:
+    def _wait(work: Any, timeout: timedelta | None = None) -> None:
         try:
-            work.wait()
+            work.wait() if timeout is None else work.wait(timeout)
         except RuntimeError as exc:  # torch's DistError family derives from RuntimeError
             raise _GlooFailed(str(exc).splitlines()[0]) from None
 
@@ -219,6 +266,17 @@ class GlooCollective(Collective):
         collectives still meet. If the store is gone, so is its host, rank 0.
         """
         return roll_call(self._store, self._keys + "rollcall/", self.rank, self.world_size, timeout)
+
+
+def _unpack(data: bytes, rank: int, size: int) -> np.ndarray:
+    """The (size,) int64 vector rank `rank` packed into `data`, or CommError."""
+    try:
+        _, vector = unpack_message(data)
+    except MessageError as exc:
+        raise CommError(f"rank {rank} sent an unreadable int64 chunk: {exc}") from None
+    if not isinstance(vector, np.ndarray) or vector.shape != (size,):
+        raise CommError(f"rank {rank} sent a chunk that is not {size} int64 values")
+    return vector
 
 
 def roll_call(

@@ -41,7 +41,15 @@ from pynode.comm.streams import (
     read_frame,
     start_server,
 )
-from pynode.comm.wire import VERSION, Frame, Kind, encode_header, pack_message, unpack_message
+from pynode.comm.wire import (
+    VERSION,
+    Frame,
+    Kind,
+    encode_header,
+    int64_saving,
+    pack_message,
+    unpack_message,
+)
 from pynode.core.errors import DaisyError
 
 log = logging.getLogger(__name__)
@@ -63,6 +71,7 @@ class LoopbackCollective(Collective):
         self.rank = rank
         self.world_size = world_size
         self.bytes_sent = 0
+        self.bytes_saved = 0
         self._links = links  # hub: every other member's link; member: {0: hub}
         self._members = tuple(range(world_size))
         self._seq = 0
@@ -75,11 +84,17 @@ class LoopbackCollective(Collective):
 
     async def allreduce_int64(self, x: np.ndarray, *, timeout: float) -> ReduceResult:
         try:
-            wire = check_contribution(x, self.world_size).astype("<i8", copy=False)  # (n,)
-            payload: bytes | DaisyError = wire.tobytes()
+            vec = check_contribution(x, self.world_size)  # (n,) int64
+            # The hub's own vector never travels: it stays an array (star.combine).
+            payload: Any = vec if self.rank == 0 else self._pack(vec)
         except DaisyError as exc:
             payload = exc
         return await self._collective(Kind.ALLREDUCE, 0, payload, timeout)
+
+    def _pack(self, vec: np.ndarray) -> bytes:
+        packed = pack_message({}, vec)
+        self.bytes_saved += int64_saving(packed, {}, vec)
+        return packed
 
     async def broadcast_bytes(self, data: bytes | None, *, root: int = 0, timeout: float) -> bytes:
         root = check_rank(root, self.world_size, "root")
@@ -141,6 +156,8 @@ class LoopbackCollective(Collective):
         members = tuple(r for r in self._members if r in frames)
         status, meta, blob = star.combine(own, frames, members, self.world_size)
         result = pack_message(meta, blob)
+        if isinstance(blob, np.ndarray):
+            self.bytes_saved += int64_saving(result, meta, blob) * (len(frames) - 1)
         # Echo each member's own kind and seq, so a member that called the wrong collective
         # reads the usage error instead of a protocol violation.
         sent = await asyncio.gather(

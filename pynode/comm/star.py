@@ -13,15 +13,14 @@ import numpy as np
 
 from pynode.comm.base import (
     CollectiveUsageError,
+    CommError,
     PeerLost,
     ReduceResult,
     refusal_code,
     refusal_error,
 )
-from pynode.comm.wire import Frame, Kind
+from pynode.comm.wire import Frame, Kind, MessageError, unpack_message
 from pynode.core.errors import DaisyError, ShapeError
-
-_WIRE_INT64 = np.dtype("<i8")
 
 
 def refusal_frame(kind: Kind, seq: int, rank: int, exc: DaisyError, arg: int = 0) -> Frame:
@@ -36,8 +35,9 @@ def error_result(exc: DaisyError, members: tuple[int, ...]) -> tuple[int, dict[s
 
 def combine(
     own: Frame, frames: dict[int, Frame], members: tuple[int, ...], world_size: int
-) -> tuple[int, dict[str, Any], bytes]:
-    """Result of one collective from the frames of the members that took part.
+) -> tuple[int, dict[str, Any], Any]:
+    """Result of one collective from the frames of the members that took part: (status,
+    meta, blob), blob the (n,) int64 sum of an all-reduce (pack_message packs it).
 
     `own` is the hub's frame (also in `frames`); `members` are the live ranks afterwards.
     A refusal or mismatch becomes an error result that every member raises.
@@ -78,27 +78,39 @@ def _check_same_call(own: Frame, frames: dict[int, Frame]) -> None:
             )
 
 
-def _sum_int64(frames: dict[int, Frame]) -> bytes:
-    lengths = {rank: len(frame.payload) for rank, frame in frames.items()}
-    if any(n % 8 for n in lengths.values()):
-        raise ShapeError(f"allreduce_int64 payload is not whole int64 values: {lengths}")
+def _sum_int64(frames: dict[int, Frame]) -> np.ndarray:
+    parts = {rank: _vector(rank, frame.payload) for rank, frame in sorted(frames.items())}
+    lengths = {rank: part.shape[0] for rank, part in parts.items()}
     if len(set(lengths.values())) > 1:
-        counts = {rank: n // 8 for rank, n in sorted(lengths.items())}
-        raise ShapeError(f"allreduce_int64 lengths differ between ranks: {counts}")
-    parts = [np.frombuffer(frames[r].payload, dtype=_WIRE_INT64) for r in sorted(frames)]
-    total = np.zeros(parts[0].shape, dtype=_WIRE_INT64)  # (n,) int64
-    for part in parts:
+        raise ShapeError(f"allreduce_int64 lengths differ between ranks: {lengths}")
+    total = np.zeros(next(iter(lengths.values())), dtype=np.int64)  # (n,) int64
+    for part in parts.values():
         total += part  # every member passed check_headroom, so no partial sum wraps
-    return total.tobytes()
+    return total
 
 
-def decode(kind: Kind, status: int, meta: dict[str, Any], blob: bytes) -> Any:
-    """Value a member returns for a result, or raise the group's error."""
+def _vector(rank: int, payload: Any) -> np.ndarray:
+    """A member's contribution: the hub's own (n,) int64 array, or a packed one's."""
+    if isinstance(payload, np.ndarray):
+        return payload
+    try:
+        _, vector = unpack_message(payload)
+    except MessageError as exc:
+        raise ShapeError(f"rank {rank} sent no readable int64 vector: {exc}") from None
+    if not isinstance(vector, np.ndarray):
+        raise ShapeError(f"rank {rank} sent bytes, not an int64 vector")
+    return vector
+
+
+def decode(kind: Kind, status: int, meta: dict[str, Any], blob: Any) -> Any:
+    """Value a member returns for a result (blob as unpack_message gives it), or raise the
+    group's error."""
     if status:
         raise refusal_error(status, str(meta.get("error", "")), meta.get("ranks", ()))
     if kind == Kind.ALLREDUCE:
-        total = np.frombuffer(blob, dtype=_WIRE_INT64).astype(np.int64)  # (n,) int64
-        return ReduceResult(total, tuple(meta["contributors"]))
+        if not isinstance(blob, np.ndarray):
+            raise CommError("an all-reduce result without its int64 vector")
+        return ReduceResult(blob, tuple(meta["contributors"]))  # (n,) int64
     if kind == Kind.BROADCAST:
         return bytes(blob)
     if kind == Kind.ALLGATHER:

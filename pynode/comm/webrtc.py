@@ -51,7 +51,14 @@ from pynode.comm.base import (
     refusal_error,
 )
 from pynode.comm.mesh import Mesh
-from pynode.comm.wire import Frame, Kind, pack_message, unpack_message
+from pynode.comm.wire import (
+    Frame,
+    Kind,
+    MessageError,
+    int64_saving,
+    pack_message,
+    unpack_message,
+)
 from pynode.core.errors import DaisyError, ShapeError
 
 log = logging.getLogger(__name__)
@@ -81,7 +88,7 @@ _KEPT = 4  # ended all-gathers whose chunks a member keeps for others' FETCHes
 class _Msg:
     __slots__ = ("status", "arg", "payload", "chunk")
 
-    def __init__(self, status: int, arg: int, payload: memoryview, chunk: int = 0) -> None:
+    def __init__(self, status: int, arg: int, payload: Any, chunk: int = 0) -> None:
         self.status, self.arg, self.payload, self.chunk = status, arg, payload, chunk
 
 
@@ -111,6 +118,7 @@ class MeshCollective(Collective):
         self._held: dict[tuple[int, int], dict[int, memoryview]] = {}  # ended all-gathers
         self._asked: dict[tuple[int, int], list[tuple[str, list[int]]]] = {}  # FETCHes due
         self.bytes_sent = 0
+        self.bytes_saved = 0
         self._pump = asyncio.ensure_future(self._read())
 
     # ----------------------------------------------------------------- membership
@@ -229,14 +237,20 @@ class MeshCollective(Collective):
         self.mesh.send(peer, data)
 
     def _post_local(self, key: tuple[int, int, int, int], status: int, arg: int,
-                    payload: bytes) -> None:
-        self._inbox.setdefault(key, {})[self.mesh.self_id] = _Msg(status, arg, memoryview(payload))
+                    payload: Any) -> None:
+        self._inbox.setdefault(key, {})[self.mesh.self_id] = _Msg(status, arg, payload)
+
+    def _pack(self, vector: np.ndarray) -> bytes:
+        """`vector` (int64) as the message that carries it (wire.pack_message)."""
+        packed = pack_message({}, vector)
+        self.bytes_saved += int64_saving(packed, {}, vector)
+        return packed
 
     # ----------------------------------------------------------------- collectives
     async def allreduce_int64(self, x: np.ndarray, *, timeout: float) -> ReduceResult:
         timeout = check_timeout(timeout)
         try:
-            vec: np.ndarray | DaisyError = check_contribution(x, self.world_size).astype(_INT64)
+            vec: np.ndarray | DaisyError = check_contribution(x, self.world_size)
         except DaisyError as exc:
             vec = exc
         async with self._lock:
@@ -346,14 +360,20 @@ class MeshCollective(Collective):
         for j, owner in enumerate(ids):
             if isinstance(vec, DaisyError):
                 status, payload = refusal_code(vec), str(vec).encode()
+            elif owner == self.mesh.self_id:
+                status, payload = 0, vec[bounds[j] : bounds[j + 1]]  # stays an array
             else:
-                status, payload = 0, vec[bounds[j] : bounds[j + 1]].tobytes()
+                status, payload = 0, self._pack(vec[bounds[j] : bounds[j + 1]])
             if owner == self.mesh.self_id:
                 self._post_local((seq, attempt, Op.PART, j), status, length, payload)
             else:
                 self._send(owner, Op.PART, seq, payload, status=status, attempt=attempt,
                            chunk=j, arg=length)
         parts = await self._collect((seq, attempt, Op.PART, me), ids, self._deadline(timeout, 1))
+        for msg in parts.values():
+            if not msg.status:  # unreadable slices are refused by every member alike
+                theirs = chunk_bounds(msg.arg, len(members))
+                msg.status, msg.payload = _read_part(msg, theirs[me + 1] - theirs[me])
         have = {
             "got": sorted(self._ranks.index(p) for p in parts),
             "refused": [[self._ranks.index(p), m.status, bytes(m.payload).decode(errors="replace")]
@@ -421,11 +441,12 @@ class MeshCollective(Collective):
         mine = total[bounds[me] : bounds[me + 1]]
         mine[:] = 0
         for msg in parts.values():
-            mine += np.frombuffer(msg.payload, _INT64)  # every member passed check_headroom
-        payload = mine.tobytes()
+            mine += msg.payload  # every member passed check_headroom
+        payload = pack_message({}, mine)
         for peer in ids:
             if peer != self.mesh.self_id:
                 self._send(peer, Op.SUM, seq, payload, attempt=attempt, chunk=me)
+                self.bytes_saved += int64_saving(payload, {}, mine)
         others = [p for p in ids if p != self.mesh.self_id]
         sums = await self._collect_sums(seq, attempt, ids, others, timeout)
         held = {j: sums[p] for j, p in enumerate(ids) if p in sums}
@@ -436,8 +457,12 @@ class MeshCollective(Collective):
             return None
         for j, chunk in held.items():
             if j != me:
-                total[bounds[j] : bounds[j + 1]] = np.frombuffer(chunk, _INT64)
-        return total.astype(np.int64, copy=False)
+                status, summed = _read_part(_Msg(0, 0, chunk), bounds[j + 1] - bounds[j])
+                if status:
+                    raise self._break(CommError(f"all-reduce #{seq}: the sum of chunk {j} "
+                                                f"is unreadable: {summed}"))
+                total[bounds[j] : bounds[j + 1]] = summed
+        return total
 
     def _end_gather(self, seq: int, attempt: int, held: dict[int, memoryview]) -> None:
         """From now on answer FETCHes of this all-gather from `held` (as it is now)."""
@@ -570,6 +595,21 @@ class MeshCollective(Collective):
         for peer in ids:
             self._send(peer, Op.RESULT, own.seq, result, status=status, chunk=own.kind)
         return status, meta, blob
+
+
+def _read_part(msg: _Msg, size: int) -> tuple[int, Any]:
+    """(0, the (size,) int64 vector) of a packed slice or sum, or (ShapeError's refusal
+    code, why) when it is not one."""
+    if isinstance(msg.payload, np.ndarray):
+        return 0, msg.payload
+    try:
+        _, vector = unpack_message(msg.payload)
+    except MessageError as exc:
+        vector = exc
+    if not isinstance(vector, np.ndarray) or vector.shape != (size,):
+        what = vector if isinstance(vector, MessageError) else f"not {size} int64 values"
+        return refusal_code(ShapeError("")), f"unreadable slice: {what}".encode()
+    return 0, vector
 
 
 def chunk_bounds(length: int, parts: int) -> list[int]:

@@ -5,23 +5,36 @@ seq u32, rank i32, arg i64, length u64. `status` is 0 or a refusal code of base.
 `arg` is the broadcast root where one is needed.
 
 `pack_message` / `unpack_message` is the one codec of structured messages: a u32 length, a
-JSON object, then a binary blob. Star results, the run protocol (pynode.run.protocol) and
-the cluster bridge all use it.
+JSON object, then a binary blob. Star results, the run protocol (pynode.run.protocol), the
+cluster bridge and every transport's int64 reductions use it.
+
+An int64 vector as the blob travels losslessly compressed, since reductions are most of the
+traffic: zigzag (small magnitudes of either sign become small unsigned words), the eight
+byte planes one after another (a fixed-point gradient of ~26 significant bits leaves the
+upper planes zero), then raw deflate with run-length matching (zlib's Z_RLE, level 1;
+Pyodide has zlib too). About 2.3x fewer bytes for a per-step gradient; the decoded vector
+is the same bits, so sums are unchanged. The head names its element count under
+INT64_KEY, which unpack_message removes again.
 """
 
 from __future__ import annotations
 
 import json
 import struct
+import zlib
 from enum import IntEnum
 from typing import Any, NamedTuple
 
-from pynode.comm.base import CommError
+import numpy as np
+
+from pynode.comm.base import CollectiveUsageError, CommError
 
 MAGIC = b"DCHN"
 VERSION = 1
 HEADER = struct.Struct("<4sBBBxIiqQ")
 _META_LEN = struct.Struct("<I")
+INT64_KEY = "int64"  # head key of a message whose blob is a packed int64 vector: its length
+_DEFLATE_RAW = -15  # zlib wbits: a raw deflate stream, no zlib header or checksum
 
 
 class MessageError(CommError):
@@ -78,14 +91,21 @@ def decode_header(raw: bytes, max_payload: int) -> tuple[Kind, int, int, int, in
     return kind, status, seq, rank, arg, length
 
 
-def pack_message(head: dict[str, Any], blob: bytes = b"") -> bytes:
-    """u32 length, the JSON object `head`, then `blob`."""
+def pack_message(head: dict[str, Any], blob: bytes | np.ndarray = b"") -> bytes:
+    """u32 length, the JSON object `head`, then `blob`; a (n,) int64 `blob` is packed
+    (pack_int64) and `unpack_message` gives it back as the same array."""
+    if isinstance(blob, np.ndarray):
+        if INT64_KEY in head:
+            raise CollectiveUsageError(f"the head key {INT64_KEY!r} is the codec's own")
+        head = {**head, INT64_KEY: int(blob.shape[0]) if blob.ndim == 1 else -1}
+        blob = pack_int64(blob)
     text = json.dumps(head, separators=(",", ":")).encode()
     return _META_LEN.pack(len(text)) + text + blob
 
 
-def unpack_message(data: bytes | memoryview) -> tuple[dict[str, Any], bytes]:
-    """(head, blob) of a `pack_message`; MessageError for anything malformed."""
+def unpack_message(data: bytes | memoryview) -> tuple[dict[str, Any], Any]:
+    """(head, blob) of a `pack_message`: blob is bytes, or the (n,) int64 array that was
+    packed; MessageError for anything malformed."""
     try:
         (n,) = _META_LEN.unpack_from(data)
         if _META_LEN.size + n > len(data):
@@ -95,4 +115,43 @@ def unpack_message(data: bytes | memoryview) -> tuple[dict[str, Any], bytes]:
         raise MessageError(f"malformed message: {exc}") from None
     if not isinstance(head, dict):
         raise MessageError("malformed message: its head is not a JSON object")
-    return head, bytes(data[_META_LEN.size + n :])
+    blob = bytes(data[_META_LEN.size + n :])
+    if INT64_KEY not in head:
+        return head, blob
+    return head, unpack_int64(blob, head.pop(INT64_KEY))
+
+
+def int64_saving(message: bytes, head: dict[str, Any], vector: np.ndarray) -> int:
+    """Bytes the codec kept off the wire in `message` == pack_message(head, vector): what
+    the message with `vector` as raw int64 bytes would have taken, less its length."""
+    return len(pack_message(head)) + vector.nbytes - len(message)
+
+
+def pack_int64(x: np.ndarray) -> bytes:
+    """The deflated byte planes of zigzag(x), x (n,) int64; see the module's docstring."""
+    if x.dtype != np.int64 or x.ndim != 1:
+        raise CollectiveUsageError(f"pack_int64 takes a 1-D int64 array, got {x.dtype} "
+                                   f"of shape {x.shape}")
+    x = np.ascontiguousarray(x)
+    zigzag = (x << 1) ^ (x >> 63)  # (n,) int64; a bijection of 64-bit words
+    planes = zigzag.astype("<i8", copy=False).view(np.uint8).reshape(-1, 8).T  # (8, n) u8
+    packer = zlib.compressobj(1, zlib.DEFLATED, _DEFLATE_RAW, 9, zlib.Z_RLE)
+    return packer.compress(np.ascontiguousarray(planes)) + packer.flush()
+
+
+def unpack_int64(data: bytes, length: Any) -> np.ndarray:
+    """The (length,) int64 vector `pack_int64` packed into `data`; MessageError unless
+    `data` inflates to exactly that many values."""
+    if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+        raise MessageError(f"malformed message: int64 length {length!r}")
+    inflater = zlib.decompressobj(_DEFLATE_RAW)
+    try:
+        raw = inflater.decompress(data, 8 * length + 1)  # never inflates past one extra byte
+    except zlib.error as exc:
+        raise MessageError(f"malformed int64 vector: {exc}") from None
+    if len(raw) != 8 * length or not inflater.eof or inflater.unused_data:
+        raise MessageError(f"malformed int64 vector: {len(raw)} bytes for {length} values, "
+                           f"complete: {inflater.eof and not inflater.unused_data}")
+    planes = np.frombuffer(raw, np.uint8).reshape(8, length)  # (8, n) u8
+    zigzag = np.ascontiguousarray(planes.T).view("<u8").reshape(-1).astype(np.uint64)  # (n,)
+    return ((zigzag >> np.uint64(1)) ^ (np.uint64(0) - (zigzag & np.uint64(1)))).view(np.int64)

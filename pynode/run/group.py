@@ -132,18 +132,23 @@ async def report_unit_counts(collective, trainer: Trainer, report: Callable[[str
 
 
 async def report_traffic(collective, trainer: Trainer, report, steps: int) -> dict:
-    """Bytes each member sent per step, next to the ring all-reduce optimum 2(N-1)/N x G."""
+    """Bytes each member sent per step, as packed by the int64 codec and as they would be
+    raw (pynode.comm.wire), next to the ring all-reduce optimum 2(N-1)/N x G of raw int64."""
     sent = await collective.allgather_bytes(
-        str(collective.bytes_sent).encode(), timeout=SETUP_TIMEOUT
+        f"{collective.bytes_sent} {collective.bytes_saved}".encode(), timeout=SETUP_TIMEOUT
     )
-    per_rank = {r: int(b) for r, b in enumerate(sent) if b is not None}
-    n = len(per_rank)
+    counts = {r: [int(v) for v in b.split()] for r, b in enumerate(sent) if b is not None}
+    n, per = len(counts), max(steps, 1)
     grad_bytes = 8 * sum(p.size for p in trainer.state.params.values())
     optimum = 2 * (n - 1) / n * grad_bytes if n > 1 else 0.0
-    traffic = {"per_rank_bytes_per_step": {r: b / max(steps, 1) for r, b in per_rank.items()},
+    traffic = {"per_rank_bytes_per_step": {r: c[0] / per for r, c in counts.items()},
+               "per_rank_unpacked_bytes_per_step": {r: (c[0] + c[1]) / per
+                                                    for r, c in counts.items()},
                "ring_optimum_bytes_per_step": optimum, "gradient_bytes": grad_bytes}
     if collective.rank == 0 and n > 1:
-        worst = max(per_rank.values()) / max(steps, 1)
-        report(f"traffic: up to {worst / 1e6:.2f} MB sent per peer per step "
-               f"(ring all-reduce optimum {optimum / 1e6:.2f} MB, ratio {worst / optimum:.2f})")
+        worst = max(c[0] for c in counts.values()) / per
+        raw = max(c[0] + c[1] for c in counts.values()) / per
+        report(f"traffic: up to {worst / 1e6:.2f} MB sent per peer per step, {raw / 1e6:.2f} MB "
+               f"as raw int64 (ring all-reduce optimum {optimum / 1e6:.2f} MB, ratio "
+               f"{worst / optimum:.2f})")
     return traffic

@@ -19,6 +19,7 @@ PYODIDE_MODULES = [
     "tests/core/test_detmath.py",
     "tests/core/test_rng.py",
     "tests/core/test_properties.py",
+    "tests/comm/test_wire_codec.py",
 ]
 PYODIDE_DATA = ["tests/golden/golden_v2.npz"]
 
