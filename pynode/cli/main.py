@@ -66,8 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="check units, LUTs and GEMM backends; exit 1 on failure")
     verify.add_argument("--json", action="store_true", help="print rows as JSON lines")
 
-    bench = sub.add_parser("bench", help="benchmarks: gemm, train, scaling, browser, generate")
-    bench.add_argument("name", choices=["gemm", "train", "scaling", "browser", "generate"])
+    bench = sub.add_parser("bench", help="benchmarks: gemm, train, scaling, mesh-sim, browser, "
+                                         "generate")
+    bench.add_argument("name", choices=["gemm", "train", "scaling", "mesh-sim", "browser",
+                                        "generate"])
     bench.add_argument("args", nargs=argparse.REMAINDER, metavar="...",
                        help="the benchmark's own flags (python -m pynode bench NAME --help)")
     return parser
@@ -114,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench":
             import importlib
 
-            module = importlib.import_module(f"pynode.bench.{args.name}")
+            module = importlib.import_module(f"pynode.bench.{args.name.replace('-', '_')}")
             return module.main(args.args)
     except (DaisyError, ConfigError, FileNotFoundError, IsADirectoryError) as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)

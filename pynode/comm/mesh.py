@@ -68,6 +68,7 @@ class MemoryMesh(Mesh):
         self.network = network
         self.inbox: asyncio.Queue[tuple[str, bytes | None]] = asyncio.Queue()
         self.sent_bytes = 0
+        self.sent_messages = 0
 
     @property
     def peers(self) -> frozenset[str]:
@@ -79,6 +80,7 @@ class MemoryMesh(Mesh):
         target = self.network.ends.get(peer)
         if target is not None and self.self_id in self.network.ends:
             self.sent_bytes += len(data)
+            self.sent_messages += 1
             target.inbox.put_nowait((self.self_id, bytes(data)))
 
     async def recv(self) -> tuple[str, bytes | None]:
