@@ -10,6 +10,7 @@ Legend: P = number of parameters (flattened in the model's declared order), n = 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -19,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from pynode import platform
 from pynode.config import RunConfig
 from pynode.core import checkpoint, fixedpoint, optim
 from pynode.core.errors import DaisyError, NonFiniteError
@@ -120,6 +122,8 @@ class Trainer:
         # (Gemm.defer_checks), settled before its contribution is used; build_trainer turns
         # it on natively with two or more cores.
         self.check_behind = False
+        # this peer's cross-check recomputations of the step under way (start_rechecks)
+        self._rechecks: asyncio.Future | None = None
         # Observers (fault injection in tests): before_compute(step about to run, own
         # microbatches) as the step starts computing; after_update(trainer) once applied.
         self.before_compute: list[Callable[[int, list[int]], None]] = []
@@ -262,6 +266,7 @@ class Trainer:
             if not missing:
                 return total, partial, owners
             log.warning("step %d: re-planning lost microbatches %s", self.state.step + 1, missing)
+            await self.settle_rechecks()  # the model computes one thing at a time
             caps = {r: self.capacities.get(r, 1.0) for r in self.workers()}
             repair = microbatch_plan(len(missing), caps)
             owners.update({missing[i]: r for r, picks in repair.items() for i in picks})
@@ -271,8 +276,30 @@ class Trainer:
             total = total + same_length(reduced.total, partial)
         raise ContributionError("could not complete the step's microbatches")
 
+    def start_rechecks(self, plan: dict[int, list[int]]) -> None:
+        """Start this peer's share of the step's cross-check: the sample and who recomputes
+        what follow from the plan, so natively a worker thread recomputes while the reduce
+        waits for the others. The model computes nothing else meanwhile (a re-plan settles
+        first). The page has no threads: there `verify` recomputes after the reduce."""
+        cfg, step, me = self.cfg, self.state.step + 1, self.rank()
+        owners = {i: r for r, indices in plan.items() for i in indices}
+        picks = [i for i in crosscheck.sampled(cfg, step) if i in owners
+                 and crosscheck.checker_of(cfg, step, i, owners[i], self.workers()) == me]
+        self._rechecks = None
+        if self.collective is None or len(self.members()) < 2 or not picks:
+            return
+        if not platform.IN_PYODIDE:
+            self._rechecks = asyncio.ensure_future(asyncio.to_thread(
+                lambda: {(i, owners[i]): self.recheck(i) for i in picks}))
+
+    async def settle_rechecks(self) -> dict[tuple[int, int], int]:
+        """The digests start_rechecks computed, as {(microbatch, its owner): digest}."""
+        future, self._rechecks = self._rechecks, None
+        return {} if future is None else await future
+
     async def verify(
-        self, total: np.ndarray, mine: np.ndarray, owners: dict[int, int]
+        self, total: np.ndarray, mine: np.ndarray, owners: dict[int, int],
+        early: dict[tuple[int, int], int] | None = None,
     ) -> np.ndarray:
         """Have this step's sampled microbatches recomputed by other peers (crosscheck.py).
 
@@ -286,7 +313,9 @@ class Trainer:
         if self.collective is None or len(members) < 2 or not sample:
             return total
         committed = self.committed(total)
-        checks = {i: self.recheck(i) for i in sample
+        early = early or {}
+        checks = {i: early[i, owners[i]] if (i, owners[i]) in early else self.recheck(i)
+                  for i in sample
                   if crosscheck.checker_of(cfg, step, i, owners[i], self.workers()) == me}
         disputed = sorted({i for _, found in await self.gather_digests(checks)
                            for i, d in found.items() if d != committed[i]})
@@ -369,8 +398,13 @@ class Trainer:
         cfg = self.cfg
         plan = self.plan()
         partial = self.microbatch_partial(plan.get(self.rank(), []))
-        total, mine, owners = await self.reduce(partial, plan)
-        total = await self.verify(total, mine, owners)
+        self.start_rechecks(plan)
+        try:
+            total, mine, owners = await self.reduce(partial, plan)
+        except BaseException:  # the worker thread ends before anything else computes
+            await asyncio.gather(self.settle_rechecks(), return_exceptions=True)
+            raise
+        total = await self.verify(total, mine, owners, await self.settle_rechecks())
         size = self.size
         grads = self.unflatten(fixedpoint.from_fixed(total[:size], cfg.frac_bits, cfg.microbatches))
         loss_sum = total[size : size + 1]
