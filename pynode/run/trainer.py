@@ -147,14 +147,15 @@ class Trainer:
             hook(self.state.step + 1, indices)
         size, n = self.size, self.cfg.microbatches
         partial = np.zeros(size + 1 + 2 * n, dtype=np.int64)
+        started = time.perf_counter()
         for index in indices:
-            started = time.perf_counter()
             fixed, loss = self.contribution(index)
             partial[:size] += fixed
             partial[size] += loss
             partial[size + 1 + index] += 1
             partial[size + 1 + n + index] = self.digest(index, fixed, loss)
-            self.microbatch_seconds = time.perf_counter() - started
+        if indices:  # the mean: one slow microbatch (a busy core) must not re-plan the group
+            self.microbatch_seconds = (time.perf_counter() - started) / len(indices)
         return partial
 
     def contribution(self, index: int) -> tuple[np.ndarray, int]:

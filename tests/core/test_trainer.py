@@ -352,3 +352,20 @@ def test_int8_gpt_learns_as_well_as_float(one_torch_thread):
         means[task] = sum(r.loss for r in results[-10:]) / 10
     assert means["gpt"] < 4.0, f"the int8 GPT did not learn: {means}"
     assert abs(means["gpt"] / means["float"] - 1) <= 0.02, means
+
+
+def test_the_planning_speed_is_the_mean_of_the_steps_microbatches(gemm):
+    """One slow microbatch (a core busy for a moment) must not move the group's plan."""
+    import time
+
+    trainer = Trainer(TINY, GPTTask(), gemm)
+    fixed = np.zeros(trainer.size, np.int64)
+
+    def contribution(index: int) -> tuple[np.ndarray, int]:
+        time.sleep(0.08 if index == 3 else 0.0)
+        return fixed, 0
+
+    trainer.contribution = contribution
+    trainer.microbatch_partial([0, 1, 2, 3])
+    # the mean (0.08 / 4 and three quick ones), not the last one alone (0.08 or more)
+    assert 0.02 <= trainer.microbatch_seconds < 0.07
