@@ -3,6 +3,8 @@
 Every collective first all-reduces a small int64 "agreement" vector, (3, world) int64:
 each rank writes its length, refusal code and call tag in its own column, so every rank
 learns the same lengths and refusals and can refuse together before the real exchange.
+An all-reduce then reduce-scatters and all-gathers packed chunks (pynode.comm.wire) over
+point-to-point sends, each exchange after a small all-reduce of the chunks' byte sizes.
 gloo cannot drop a member in place: any failure breaks the group and every later call
 raises the same PeerLost; the caller re-forms a group from the survivors.
 
