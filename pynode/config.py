@@ -34,6 +34,8 @@ class RunConfig:
     # What a /data server may send when it cannot read its shards: "none" (the run stops,
     # its text never silently changes) or "builtin" (the built-in corpus, said in a warning)
     data_fallback: str = "none"
+    eval_every: int = 0          # held-out loss every N steps and at the last; 0: never. On,
+    #                              the last 1/32 of a builtin or file text is held out of training
     cross_check: int = 32        # each microbatch recomputed by another peer with chance 1/N
     #                              (pynode/run/crosscheck.py, docs/VERIFICATION.md); 0: never
 
@@ -62,6 +64,9 @@ class RunConfig:
         if not isinstance(self.cross_check, int) or self.cross_check < 0:
             raise ConfigError(f"cross_check must be an integer >= 0 (0: off), got "
                               f"{self.cross_check!r}")
+        if not isinstance(self.eval_every, int) or self.eval_every < 0:
+            raise ConfigError(f"eval_every must be an integer >= 0 (0: never), got "
+                              f"{self.eval_every!r}")
         if not 16 <= self.frac_bits <= 40:
             raise ConfigError(f"frac_bits must be in 16..40, got {self.frac_bits}")
 

@@ -21,6 +21,13 @@ from pynode.datafile import DataFileError, file_text, is_file_spec, split_spec
 from pynode.platform import http_get_text
 
 PAD_BYTE = 0x20  # /data may answer up to 3 bytes short (whole UTF-8 characters)
+# Held-out loss on (RunConfig.eval_every): the last 1/HELDOUT_SHARE of a built-in or file
+# text is held out; training windows come from the rest, held-out windows from it.
+HELDOUT_SHARE = 32
+# The step held-out windows are keyed by: no run reaches it, so a /data server's held-out
+# slices are drawn apart from every training step's (its shards are not split).
+HELDOUT_STEP = 2**62
+PARTS = ("all", "train", "heldout")
 
 log = logging.getLogger(__name__)
 _warned: set[str] = set()  # servers whose built-in fallback this process has warned of
@@ -32,18 +39,23 @@ class DataSourceError(DaisyError):
 
 def microbatch_bytes(
     data: str, seed: int, step: int, index: int, rows: int, length: int,
-    fallback: str = "none",
+    fallback: str = "none", part: str = "all",
 ) -> np.ndarray:
     """(rows, length) int32 bytes of microbatch `index` of `step`. `fallback` (RunConfig's
     data_fallback): "builtin" lets a /data server that cannot read its shards answer with
-    the built-in corpus (warned once per server); "none" stops the run instead."""
+    the built-in corpus (warned once per server); "none" stops the run instead. `part`:
+    the whole text ("all"), or the training or held-out part of a built-in or file text
+    ("train", "heldout"; a server's text is one part)."""
+    if part not in PARTS:
+        raise ValueError(f"part must be one of {PARTS}, got {part!r}")
     if data == "builtin":
-        return byte_windows(builtin_corpus(), seed, step, index, rows, length)
+        return byte_windows(text_part(builtin_corpus(), part), seed, step, index, rows, length)
     if is_file_spec(data):
-        text = file_text(data)
+        text = text_part(file_text(data), part)
         if text.shape[0] <= length:
+            what = "bytes of text" if part == "all" else f"bytes in its {part} part"
             raise DataFileError(f"the data file {split_spec(data)[0]} holds {text.shape[0]} "
-                                f"bytes of text, not more than one sequence ({length})")
+                                f"{what}, not more than one sequence ({length})")
         return byte_windows(text, seed, step, index, rows, length)
     want = rows * length
     raw = server_text(data, {"seed": seed, "step": step, "index": index, "bytes": want},
@@ -53,6 +65,15 @@ def microbatch_bytes(
     padded = np.full(want, PAD_BYTE, dtype=np.uint8)
     padded[: len(raw)] = np.frombuffer(raw, dtype=np.uint8)
     return padded.reshape(rows, length).astype(np.int32)
+
+
+def text_part(text: np.ndarray, part: str) -> np.ndarray:
+    """The `part` of a (N,) uint8 text: all of it, all but its last 1/HELDOUT_SHARE
+    ("train"), or that last share ("heldout")."""
+    if part == "all":
+        return text
+    cut = text.shape[0] - text.shape[0] // HELDOUT_SHARE
+    return text[:cut] if part == "train" else text[cut:]
 
 
 def server_text(data: str, query: dict, fallback: str) -> bytes:

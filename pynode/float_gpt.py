@@ -89,6 +89,15 @@ class FloatGPT:
         """As GPT.loss_and_grads; `key` is accepted for the same call shape and unused."""
         return float_loss_and_grads(params, tokens, self.cfg)
 
+    def loss(self, params: dict[str, np.ndarray], tokens: np.ndarray) -> np.float32:
+        """Mean next-byte cross-entropy of tokens (B, T+1), forward only (held-out loss)."""
+        tokens = check_tokens(tokens, self.cfg, extra=1)
+        logits = self.forward_logits(params, tokens[:, :-1])  # (B, T, V) f32
+        with torch.no_grad():
+            loss = F.cross_entropy(torch.from_numpy(logits).reshape(-1, self.cfg.vocab),
+                                   torch.from_numpy(tokens[:, 1:]).reshape(-1).long())
+        return np.float32(loss.item())
+
     def forward_logits(self, params: dict[str, np.ndarray], tokens: np.ndarray) -> np.ndarray:
         check_params(params, gpt_param_shapes(self.cfg))
         tokens = torch.from_numpy(check_tokens(tokens, self.cfg, extra=0))

@@ -75,11 +75,15 @@ class StepReporter:
         if self.log_file is not None:
             row = {"step": result.step, "loss": result.loss, "hash": result.hash,
                    "probe": result.probe, "seconds": round(result.seconds, 4)}
+            if result.heldout is not None:
+                row["heldout"] = result.heldout
             self.log_file.write(json.dumps(row) + "\n")
             self.log_file.flush()
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(loss=f"{result.loss:.4f}", hash=result.hash[:12])
+        if result.heldout is not None:
+            echo(f"step {result.step}  held-out loss {result.heldout:.4f}")
 
     def close(self) -> None:
         if self.log_file is not None:

@@ -121,6 +121,13 @@ class GPT:
         logits, _ = self._forward(params, tokens)  # (M, V) f32
         return logits.reshape(*tokens.shape, self.cfg.vocab)
 
+    def loss(self, params: dict[str, np.ndarray], tokens: np.ndarray) -> np.float32:
+        """Mean next-byte cross-entropy of tokens (B, T+1), forward only (held-out loss)."""
+        nn.check_params(params, self._shapes)
+        tokens = check_tokens(tokens, self.cfg, extra=1)
+        logits, _ = self._forward(params, tokens[:, :-1])  # (M, V) f32
+        return nn.cross_entropy_forward(logits, tokens[:, 1:].reshape(-1), self.ops)[0]
+
     def loss_and_grads(
         self, params: dict[str, np.ndarray], tokens: np.ndarray, key: tuple[int, ...]
     ) -> tuple[np.float32, dict[str, np.ndarray]]:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from pynode import platform
-from pynode.config import RunConfig
+from pynode.config import ConfigError, RunConfig
 from pynode.core import checkpoint, fixedpoint, optim
 from pynode.core.errors import DaisyError, NonFiniteError
 from pynode.core.plan import microbatch_plan
@@ -80,6 +80,7 @@ class StepResult:
     probe: str                         # kernel-probe hash of this peer's live backend
     plan: dict[int, list[int]] = field(default_factory=dict)  # rank -> microbatch indices
     seconds: float = 0.0               # wall time of the step on this peer
+    heldout: float | None = None       # held-out loss after the update (cfg.eval_every), or None
 
 
 class Trainer:
@@ -107,6 +108,9 @@ class Trainer:
         self.units = units
         self.collective = collective
         self.options = options
+        if cfg.eval_every and not all(hasattr(task, m) for m in ("heldout", "eval_loss")):
+            raise ConfigError(f"task {cfg.task} has no held-out data (heldout, eval_loss): "
+                              "train it with eval_every 0")
         self.model = task.build_model(cfg, gemm)
         self.shapes = self.model.param_shapes()
         self.state = state if state is not None else self.initial_state()
@@ -423,9 +427,28 @@ class Trainer:
         result = StepResult(
             step=self.state.step, loss=loss, hash=self.state.hash(),
             probe=probe_hash(self.gemm), plan=plan, seconds=time.perf_counter() - started,
+            heldout=self.heldout_loss() if self.evaluates(self.state.step) else None,
         )
         await self.check_agreement(result)
         return result
+
+    def evaluates(self, step: int) -> bool:
+        """Whether the held-out loss is measured after `step` (every eval_every, the last)."""
+        every = self.cfg.eval_every
+        return every > 0 and (step % every == 0 or step == self.cfg.steps)
+
+    def heldout_loss(self) -> float:
+        """Mean loss of the cfg.microbatches held-out microbatches under the current weights.
+
+        Every peer computes all of them (forward only) and sums in fixed point, as the
+        training loss: the same bits on every runtime, whatever the group's shape."""
+        cfg = self.cfg
+        total = np.zeros(1, dtype=np.int64)
+        for index in range(cfg.microbatches):
+            batch = self.task.heldout(cfg, index)
+            loss = self.task.eval_loss(self.model, self.state.params, batch)
+            total += fixedpoint.to_fixed(np.asarray([loss], np.float32), LOSS_FRAC_BITS)
+        return float(fixedpoint.from_fixed(total, LOSS_FRAC_BITS, cfg.microbatches)[0])
 
     async def check_agreement(self, result: StepResult) -> None:
         """Every member publishes (state hash, probe); any disagreement stops this peer."""

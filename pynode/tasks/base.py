@@ -27,6 +27,10 @@ class Task(Protocol):
     Optional: `products_stay = True` says the model never writes into a GEMM's operands
     or result after the call (as pynode.core.layers), so the per-call product check may
     run beside the model and be settled after the microbatch (Gemm.defer_checks).
+
+    Optional, for held-out loss (RunConfig.eval_every; pynode.run.trainer.heldout_loss):
+    heldout(cfg, index) -> batch        held-out microbatch `index`, the same at every step
+    eval_loss(model, params, batch)     -> loss float32, forward only
     """
 
     name: str

@@ -9,7 +9,7 @@ import numpy as np
 from pynode.config import RunConfig
 from pynode.core.gpt import GPT, GPTConfig
 from pynode.datafile import file_text, is_file_spec
-from pynode.datasource import microbatch_bytes
+from pynode.datasource import HELDOUT_STEP, microbatch_bytes
 
 
 class GPTTask:
@@ -25,10 +25,19 @@ class GPTTask:
     def sample(self, cfg: RunConfig, step: int, index: int) -> np.ndarray:
         # (B, T+1) int32: inputs are [:, :-1], targets [:, 1:]
         return microbatch_bytes(cfg.data, cfg.seed, step, index, cfg.microbatch_size,
-                                cfg.seq + 1, cfg.data_fallback)
+                                cfg.seq + 1, cfg.data_fallback,
+                                part="train" if cfg.eval_every else "all")
 
     def loss(self, model: GPT, params, batch, key):
         return model.loss_and_grads(params, batch, key)
+
+    def heldout(self, cfg: RunConfig, index: int) -> np.ndarray:
+        """Held-out microbatch `index`: the same text at every evaluation. (B, T+1) int32."""
+        return microbatch_bytes(cfg.data, cfg.seed, HELDOUT_STEP, index, cfg.microbatch_size,
+                                cfg.seq + 1, cfg.data_fallback, part="heldout")
+
+    def eval_loss(self, model: GPT, params, batch) -> np.float32:
+        return model.loss(params, batch)
 
 
 def gpt_config(cfg: RunConfig) -> GPTConfig:

@@ -39,25 +39,28 @@ GENERATE_CHECKPOINT = "artifacts/pyodide_generate.pt"
 
 
 def native_trainer_hashes() -> None:
-    """The per-step hashes of a 3-step run natively (numba kernels where installed), for
-    trainer_cases.py to compare with wasm, where the wasm SIMD GEMM and kernels compute
-    (what the page selects)."""
+    """The per-step hashes and held-out losses of a 3-step run natively (numba kernels where
+    installed), for trainer_cases.py to compare with wasm, where the wasm SIMD GEMM and
+    kernels compute (what the page selects)."""
     import asyncio
 
     from pynode.config import RunConfig
     from pynode.run.assemble import build_trainer
 
     cfg = RunConfig(steps=3, seed=1, width=32, layers=1, heads=2, seq=16, microbatch_size=2,
-                    microbatches=3)
+                    microbatches=3, eval_every=2)
     trainer = build_trainer(cfg)
 
-    async def three() -> list[str]:
-        return [(await trainer.step()).hash for _ in range(3)]
+    async def three() -> list:
+        return [await trainer.step() for _ in range(3)]
 
-    hashes = asyncio.run(three())
+    results = asyncio.run(three())
+    hashes = [r.hash for r in results]
+    heldout = [r.heldout for r in results]  # None, step 2's, step 3's (the last)
     expected = REPO / TRAINER_EXPECTED
     expected.parent.mkdir(exist_ok=True)
     expected.write_text(json.dumps({"config": json.loads(cfg.to_json()), "hashes": hashes,
+                                    "heldout": heldout,
                                     "wasm_backend": "wasm_simd", "wasm_kernels": "wasm"}))
 
 

@@ -1,5 +1,6 @@
 """Runs inside Pyodide (see test_under_pyodide.py): a short training run must give, step by
-step, the state hashes that the native run of the same config wrote to the expectation file.
+step, the state hashes (and held-out losses) that the native run of the same config wrote
+to the expectation file.
 """
 
 import json
@@ -23,7 +24,10 @@ def run_to_completion(coroutine):
 def test_three_steps_match_native_hashes():
     expected = json.loads(EXPECTED.read_text())
     trainer = build_trainer(RunConfig.from_dict(expected["config"]))
-    got = [run_to_completion(trainer.step()).hash for _ in expected["hashes"]]
+    results = [run_to_completion(trainer.step()) for _ in expected["hashes"]]
+    got = [r.hash for r in results]
     assert got == expected["hashes"], f"wasm hashes {got} != native {expected['hashes']}"
+    heldout = [r.heldout for r in results]  # floats from JSON: exact for float32 values
+    assert heldout == expected["heldout"], f"wasm held-out {heldout} != {expected['heldout']}"
     assert trainer.gemm.backend_name == expected["wasm_backend"]
     assert trainer.gemm.kernels.name == expected["wasm_kernels"]
