@@ -8,11 +8,12 @@ from typing import Any
 from flask import Flask, Response
 from werkzeug.serving import BaseWSGIServer, make_server
 
-from server import data, pages, runtime_routes, signaling
+from server import dashboard, data, pages, runtime_routes, signaling
 from server.config import ServerConfig, as_config, default_data_dir
 from server.ice import IceIssuer
 from server.revocations import REVOKED_FILE, Revocations
 from server.rooms import RoomLimits, Rooms
+from server.runs import RunBoard
 from server.tokens import TokenSigner, load_secret
 
 log = logging.getLogger(__name__)
@@ -20,7 +21,7 @@ CONFIG_EXTENSION = "daisychain.config"
 
 
 def create_app(config: ServerConfig | dict[str, Any] | None = None) -> Flask:
-    """A DaisyChain server app: pages, runtime, signaling (/ws) and /data."""
+    """A DaisyChain server app: pages, runtime, signaling (/ws), /data and /dashboard."""
     cfg = as_config(config)
     app = Flask(__name__, static_folder=None)
     app.config.update(
@@ -41,7 +42,8 @@ def create_app(config: ServerConfig | dict[str, Any] | None = None) -> Flask:
     app.extensions[signaling.EXTENSION] = signaling.SignalingState(
         cfg, rooms, signaling.AddressCounter(cfg.max_ws_per_address))
     app.extensions[data.EXTENSION] = data.DataService(cfg)
-    for blueprint in (pages.bp, runtime_routes.bp, signaling.bp, data.bp):
+    app.extensions[dashboard.EXTENSION] = RunBoard(cfg.max_runs, cfg.run_idle_s)
+    for blueprint in (pages.bp, runtime_routes.bp, signaling.bp, data.bp, dashboard.bp):
         app.register_blueprint(blueprint)
     signaling.sock.init_app(app)
 

@@ -89,6 +89,9 @@ class ServerConfig:
     max_rooms: int = 10000  # rooms held at once
     max_room_peers: int = 64  # connected peers per room, pending included
     room_idle_s: float = 120.0  # a room with nobody connected is forgotten after this
+    # --- /dashboard: native runs that report their status (--dashboard URL)
+    max_runs: int = 64  # runs held at once; the one reported least recently goes first
+    run_idle_s: float = 3600.0  # a run that has not reported for this long is forgotten
     # --- ICE (docs/NETWORKS.md): handed to peers once approved, never to pending ones
     ice_servers: tuple[str, ...] = ()  # stun:/stuns:/turn:/turns: URLs
     # coturn's static-auth-secret; None: $DAISYCHAIN_TURN_SECRET. Needed for turn: URLs.
@@ -126,7 +129,7 @@ class ServerConfig:
                                "data_retry_s", "max_conns_per_address", "header_timeout_s",
                                "send_queue_bytes", "max_ws_per_address",
                                "max_rooms_per_address", "max_pending_per_address",
-                               "turn_ttl_s"))
+                               "turn_ttl_s", "max_runs", "run_idle_s"))
         if self.max_connections < 0:
             raise ServerConfigError(f"max_connections must be >= 0, got {self.max_connections}")
         for origin in self.allowed_origins:

@@ -44,6 +44,13 @@ def add_output_flags(parser: argparse.ArgumentParser, who: str = "") -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def add_dashboard_flag(parser: argparse.ArgumentParser, who: str = "") -> None:
+    """--dashboard URL: report each rank's status to a DaisyChain server (pynode.cli.dashboard)."""
+    parser.add_argument("--dashboard", metavar="URL",
+                        help=f"{who}report status (step, loss, speed, resources; never weights "
+                        "or gradients) to this DaisyChain server's /dashboard")
+
+
 def add_arithmetic_flags(parser: argparse.ArgumentParser) -> None:
     """--backend, --kernels, --check-products: what a user may force about the arithmetic
     (each choice is still checked exactly before it is used)."""

@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from pynode import platform
+from pynode.cli.dashboard import DashboardRun, StatusReporter, register, share_run
 from pynode.cli.faults import install_fault
 from pynode.cli.flags import (
     capacity_note,
@@ -30,6 +31,7 @@ from pynode.cli.report import (
     Saver,
     StepReporter,
     echo,
+    final_status,
     name_rank_in_logs,
     print_summary,
     run_header,
@@ -46,11 +48,15 @@ from pynode.run.trainer import ForkError, StepResult, Trainer, VerificationError
 from pynode.tasks import load_task
 
 
-async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities) -> int:
-    """Rank 0's side: everything the user sees."""
+async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities,
+               dashboard: DashboardRun | None = None) -> int:
+    """Rank 0's side: everything the user sees. `dashboard`: the run registered for
+    --dashboard, shared with every rank here."""
     pin_to_core(0)
     if collective.world_size > 1:
         name_rank_in_logs(0)
+    await share_run(collective, dashboard)
+    status = StatusReporter(dashboard, 0, collective) if dashboard else None
     resume = None
     if args.resume:
         given = explicit_config(args)  # --data FILE: its sha256, computed once
@@ -72,6 +78,9 @@ async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities)
         print(run_header(trainer), file=sys.stderr)
         reporter = StepReporter(trainer, trainer.cfg.steps, args.log, not args.no_progress)
         hooks.extend([reporter, saver.hook(trainer), last.append])
+        if status is not None:
+            status.attach(trainer)
+            hooks.append(status)
 
     options = train_options(args, capacities=capacities)
     try:
@@ -87,11 +96,18 @@ async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities)
         saved = saver.last_agreed()
         if saved:
             print(saved, file=sys.stderr)
-        print(f"error: the group stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
+        reason = f"{type(exc).__name__}: {exc}"
+        end_status(status, 0, reporter and reporter.trainer, "stopped", reason, collective)
+        print(f"error: the group stopped: {reason}", file=sys.stderr)
         return 3
+    except BaseException as exc:
+        end_status(status, 0, reporter and reporter.trainer, "stopped",
+                   f"{type(exc).__name__}: {exc}", collective, quiet=True)
+        raise
     finally:
         if reporter is not None:
             reporter.close()
+    end_status(status, 0, trainer, "finished", "", collective)
     saver.final(trainer)
     if args.summary:
         write_summary(args.summary, trainer, collective.world_size, traffic)
@@ -119,25 +135,53 @@ async def follow(collective, args: argparse.Namespace, capacities) -> int:
     options = train_options(args, capacities=capacities)
     if announce:
         say(f"rank {rank} of {collective.world_size}: in the group, following rank 0's run")
+    dashboard = await share_run(collective, None)
+    status = StatusReporter(dashboard, rank, collective) if dashboard else None
+    built: list[Trainer] = []
+
+    def prepare(trainer: Trainer) -> None:
+        install_fault(trainer, rank)
+        built.append(trainer)
+        if status is not None:
+            status.attach(trainer)
+
     try:
         trainer, _ = await run_member(collective, None, backend=args.backend,
                                       kernels=args.kernels, options=options,
                                       check_products=args.check_products,
-                                      report=lambda line: None,
-                                      prepare=lambda trainer: install_fault(trainer, rank))
+                                      report=lambda line: None, prepare=prepare,
+                                      on_step=(status,) if status is not None else ())
     except DaisyError as exc:
-        print(f"rank {rank}: stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
+        end_status(status, rank, built[-1] if built else None, "stopped",
+                   f"{type(exc).__name__}: {exc}", collective)
         return 3
+    except BaseException as exc:
+        end_status(status, rank, built[-1] if built else None, "stopped",
+                   f"{type(exc).__name__}: {exc}", collective, quiet=True)
+        raise
+    end_status(status, rank, trainer, "finished", "", collective)
     if announce:
         say(f"rank {rank}: finished: step {trainer.state.step}, state hash "
             f"{trainer.state.hash()} (every step agreed with the group)")
     return 0
 
 
+def end_status(status: StatusReporter | None, rank: int, trainer: Trainer | None, state: str,
+               reason: str, collective, quiet: bool = False) -> None:
+    """The rank's last dashboard report and its one-line status on stderr (`quiet`: the
+    report only, an exception is on its way to say the rest)."""
+    if status is not None:
+        status.finish(state, reason)
+    if not quiet:
+        print(final_status(rank, trainer, state, reason, collective), file=sys.stderr)
+
+
 async def train_local_peers(args, cfg: RunConfig, capacities) -> int:
     """Rank 0 in this process, ranks 1..N-1 as child processes over a Unix socket."""
     if args.peers < 1:
         raise ConfigError(f"--peers must be >= 1, got {args.peers}")
+    dashboard = register(args.dashboard, f"train --peers {args.peers}", args.peers) \
+        if args.dashboard else None
     with tempfile.TemporaryDirectory(prefix="pynode-") as tmp:
         address = str(Path(tmp) / "hub.sock")
         children = [spawn_peer(rank, args.peers, address, args) for rank in range(1, args.peers)]
@@ -146,7 +190,7 @@ async def train_local_peers(args, cfg: RunConfig, capacities) -> int:
                 "loopback", rank=0, world_size=args.peers, address=address, timeout=60.0
             )
             try:
-                return await lead(args, cfg, collective, capacities)
+                return await lead(args, cfg, collective, capacities, dashboard)
             finally:
                 await collective.close()
         finally:
@@ -197,11 +241,14 @@ async def cluster_command(args, cfg: RunConfig) -> int:
     require("cluster (the gloo transport)", "torch")
     check_output_flags(args)
     load_task(cfg.task)  # a task's own extras (a resumed checkpoint's task: by its reading)
+    dashboard = None
+    if args.dashboard and os.environ.get("RANK") == "0":  # refused before the group forms
+        dashboard = register(args.dashboard, "cluster", int(os.environ.get("WORLD_SIZE", "1")))
     collective = await make_collective("gloo", timeout=args.timeout)
     capacities = parse_capacity(args.capacity, collective.world_size)
     try:
         if collective.rank == 0:
-            return await lead(args, cfg, collective, capacities)
+            return await lead(args, cfg, collective, capacities, dashboard)
         return await follow(collective, args, capacities)
     finally:
         await asyncio.shield(collective.close())

@@ -18,10 +18,12 @@ import argparse
 import asyncio
 from typing import Any
 
+from pynode.cli.dashboard import StatusReporter, register
 from pynode.cli.faults import install_fault
 from pynode.cli.flags import (
     add_arithmetic_flags,
     add_config_flags,
+    add_dashboard_flag,
     add_output_flags,
     check_output_flags,
     config_from_args,
@@ -58,6 +60,7 @@ def add_join_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--resume", help="--start: continue from this .pt checkpoint; it is "
                    "validated here and sent to every peer that joins the run")
     add_output_flags(p)
+    add_dashboard_flag(p)
     p.add_argument("--timeout", type=float, metavar="S",
                    help="least seconds to wait for the other peers in a step (default 30)")
     add_arithmetic_flags(p)
@@ -112,12 +115,13 @@ async def join_command(args: argparse.Namespace) -> int:
     if resume is not None:
         say(f"checkpoint {args.resume}: step {resume.step}, hash {resume.state_hash[:16]}, "
             "valid")
+    dashboard = register(args.dashboard, "join", 1) if args.dashboard else None
     units, gemm = await asyncio.to_thread(load_units_and_gemm, args.backend, args.kernels,
                                           args.check_products)
     say(f"verified: unit networks exact over their domains, GEMM backend {gemm.backend_name}")
     if args.cluster:
-        return await join_as_cluster(args, units, gemm, cfg, resume)
-    peer = NativePeer(args, units, gemm)
+        return await join_as_cluster(args, units, gemm, cfg, resume, dashboard)
+    peer = NativePeer(args, units, gemm, status=StatusReporter(dashboard, 0) if dashboard else None)
     try:
         return await peer.run(cfg, resume)
     finally:
@@ -137,8 +141,9 @@ def require_network() -> None:
 
 
 async def join_as_cluster(args: argparse.Namespace, units: Any, gemm: Any,
-                          cfg: RunConfig | None, resume: Any) -> int:
-    """--cluster: rank 0 is the room peer (the bridge); the other ranks follow it."""
+                          cfg: RunConfig | None, resume: Any, dashboard: Any = None) -> int:
+    """--cluster: rank 0 is the room peer (the bridge); the other ranks follow it. Rank 0
+    reports to --dashboard for the cluster."""
     from pynode.comm import make_collective
     from pynode.run.cluster import ClusterBridge, follow_bridge
 
@@ -169,7 +174,8 @@ async def join_as_cluster(args: argparse.Namespace, units: Any, gemm: Any,
         say(f"cluster of {inner.world_size} ranks: this rank joins the room for all of them")
         bridge = ClusterBridge(inner)
         bridge.start()
-        peer = NativePeer(args, units, gemm, bridge)
+        status = StatusReporter(dashboard, 0) if dashboard and inner.rank == 0 else None
+        peer = NativePeer(args, units, gemm, bridge, status=status)
         try:
             return await peer.run(cfg, resume)
         finally:

@@ -11,6 +11,7 @@ import sys
 from pynode.cli.flags import (
     add_arithmetic_flags,
     add_config_flags,
+    add_dashboard_flag,
     add_output_flags,
     config_from_args,
 )
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--peers", type=int, default=1, help="local peer processes (loopback)")
     train.add_argument("--capacity", help="relative speeds of the local peers, e.g. 1,2,5")
     train.add_argument("--summary", help="write a JSON summary (final hash, traffic) here")
+    add_dashboard_flag(train)
     add_train_sample_flags(train)
 
     cluster = sub.add_parser(
@@ -51,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="seconds a rank waits for the others before giving up "
                          "(default 60)")
     cluster.add_argument("--summary", help="(rank 0) write a JSON summary here")
+    add_dashboard_flag(cluster, who="(rank 0; the other ranks learn it from rank 0) ")
 
     peer = sub.add_parser("_peer")  # internal: a loopback follower spawned by train --peers
     peer.add_argument("--rank", type=int, required=True)

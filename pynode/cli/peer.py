@@ -17,7 +17,7 @@ from typing import Any
 
 from pynode.cli.faults import install_fault
 from pynode.cli.flags import train_options
-from pynode.cli.report import Saver, StepReporter, say
+from pynode.cli.report import Saver, StepReporter, final_status, say
 from pynode.config import RunConfig
 from pynode.core import checkpoint
 from pynode.run.assemble import build_trainer
@@ -33,8 +33,9 @@ class NativePeer:
     """One native peer's life in a room, from joining to the end of its run."""
 
     def __init__(self, args: argparse.Namespace, units: Any, gemm: Any,
-                 bridge: Any = None) -> None:
+                 bridge: Any = None, status: Any = None) -> None:
         self.args, self.units, self.gemm, self.bridge = args, units, gemm, bridge
+        self.status = status  # a --dashboard StatusReporter, or None
         self.net: Any = None
         self.signaling: Any = None
         self.mesh: Any = None
@@ -223,12 +224,17 @@ class NativePeer:
         if self.reporter is None and self.trainer is not None:
             self.reporter = StepReporter(self.trainer, cfg["steps"], self.args.log,
                                          progress=not self.args.no_progress)
+        if self.status is not None and self.trainer is not None:
+            self.status.attach(self.trainer)
 
     def on_step(self, fields: dict[str, Any]) -> None:
         result = StepResult(step=fields["step"], loss=fields["loss"], hash=fields["hash"],
-                            probe=fields["probe"], seconds=fields["seconds"])
+                            probe=fields["probe"], seconds=fields["seconds"],
+                            plan=fields.get("plan", {}), heldout=fields.get("heldout"))
         if self.reporter is not None:
             self.reporter(result)
+        if self.status is not None:
+            self.status(result)
         self.shown.update(step=result.step, loss=result.loss, hash=result.hash,
                           probe=result.probe)
         if self.save_step is not None:
@@ -243,6 +249,11 @@ class NativePeer:
     def on_end(self, kind: str, fields: dict[str, Any]) -> None:
         if self.bridge is not None:
             asyncio.ensure_future(self.bridge.end_run())
+        state = "stopped" if kind == "failed" else "finished"
+        if self.status is not None:
+            self.status.finish(state, fields.get("error", ""))
+        say(final_status(0, self.trainer, state, fields.get("error", ""),
+                         getattr(self.trainer, "collective", None)).replace("rank 0: ", "", 1))
         if kind == "failed":
             self.shown.update(state="failed", error=fields["error"])
             self.save(final=False)

@@ -138,6 +138,19 @@ def print_summary(trainer: Trainer, last: StepResult | None, elapsed: float,
         print(f"unit invocations: {pretty}", file=sys.stderr)
 
 
+def final_status(rank: int, trainer: Trainer | None, state: str, reason: str = "",
+                 collective: Any = None) -> str:
+    """The one line every rank prints at the end: how its run ended, where, and its part."""
+    head = f"rank {rank}: {state}" + (f": {reason}" if reason else "")
+    if trainer is None:
+        return head + " (before the first step)"
+    part = (f"step {trainer.state.step}/{trainer.cfg.steps}, state hash "
+            f"{trainer.state.hash()[:16]}, microbatch {1000 * trainer.microbatch_seconds:.0f} ms")
+    if collective is not None:
+        part += f", sent {collective.bytes_sent / 1e6:.2f} MB"
+    return f"{head} ({part})"
+
+
 def write_summary(path: str, trainer: Trainer, peers: int, traffic: dict | None) -> None:
     summary = {"hash": trainer.state.hash(), "step": trainer.state.step, "peers": peers,
                "traffic": traffic}

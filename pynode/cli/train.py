@@ -6,10 +6,18 @@ import argparse
 import sys
 import time
 
+from pynode.cli.dashboard import StatusReporter, register
 from pynode.cli.faults import install_fault
 from pynode.cli.flags import check_output_flags, explicit_config, parse_capacity, resume_notes
 from pynode.cli.generate import check_train_sample_flags, print_train_sample
-from pynode.cli.report import Saver, StepReporter, print_summary, run_header, write_summary
+from pynode.cli.report import (
+    Saver,
+    StepReporter,
+    final_status,
+    print_summary,
+    run_header,
+    write_summary,
+)
 from pynode.config import ConfigError, RunConfig
 from pynode.core.errors import DaisyError
 from pynode.run.assemble import build_trainer, load_resume
@@ -34,23 +42,35 @@ async def train_command(args: argparse.Namespace, cfg: RunConfig) -> int:
         cfg, resume = load_resume(args.resume, given)
         for note in resume_notes(resume.config, resume.step, given):
             print(note, file=sys.stderr)
+    dashboard = register(args.dashboard, "train", 1) if args.dashboard else None
     trainer = build_trainer(cfg, resume=resume, backend=args.backend,
                             kernels=args.kernels, check_products=args.check_products)
     install_fault(trainer)
     print(run_header(trainer), file=sys.stderr)
     reporter = StepReporter(trainer, cfg.steps, args.log, progress=not args.no_progress)
     saver = Saver(args.save, args.save_every)
+    hooks = [reporter, saver.hook(trainer)]
+    status = StatusReporter(dashboard, 0) if dashboard else None
+    if status is not None:
+        status.attach(trainer)
+        hooks.append(status)
     started = time.perf_counter()
     try:
-        last = await train(trainer, on_step=(reporter, saver.hook(trainer)))
-    except DaisyError:  # refused mid-run (bad data, a non-finite step): keep what was agreed
-        reporter.close()
-        saved = saver.last_agreed()
-        if saved:
-            print(saved, file=sys.stderr)
+        last = await train(trainer, on_step=hooks)
+    except BaseException as exc:  # refused mid-run (bad data, a non-finite step): keep
+        reporter.close()          # what was agreed
+        if status is not None:
+            status.finish("stopped", f"{type(exc).__name__}: {exc}")
+        if isinstance(exc, DaisyError):
+            saved = saver.last_agreed()
+            if saved:
+                print(saved, file=sys.stderr)
         raise
     finally:
         reporter.close()
+    if status is not None:
+        status.finish("finished")
+    print(final_status(0, trainer, "finished"), file=sys.stderr)
     elapsed = time.perf_counter() - started
     saver.final(trainer)
     if args.summary:

@@ -448,7 +448,8 @@ class RoomPeer:
                                   f"{result.step}; its microbatches were re-planned"})
         self.report("step", {"step": result.step, "loss": result.loss, "hash": result.hash,
                              "probe": result.probe, "members": sorted(now),
-                             "seconds": result.seconds})
+                             "seconds": result.seconds, "heldout": result.heldout,
+                             "plan": result.plan})
         return now
 
 

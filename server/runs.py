@@ -1,0 +1,191 @@
+"""Native runs that report their status to this server (`--dashboard URL`): the logic, no I/O.
+
+A run registers once and gets an id and a token (a secret only its ranks know); each rank
+then reports a small status record: step, loss, speed, resources, traffic. Never weights or
+gradients: a report is a flat record of named scalars (RANK_FIELDS), checked field by field,
+and anything else is refused by name. The board keeps the loss curve of each run (rank 0's
+points) and forgets the runs nobody has reported for a while, the oldest first when full.
+"""
+
+from __future__ import annotations
+
+import hmac
+import math
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pynode.core.errors import DaisyError
+
+# What a rank may report: name -> the types its value may have. None is allowed for all.
+NUMBER = (int, float)
+RANK_FIELDS: dict[str, tuple[type, ...]] = {
+    "state": (str,),               # training | finished | stopped
+    "reason": (str,),              # why it stopped (an error line), or ""
+    "step": (int,), "steps": (int,),
+    "loss": NUMBER, "heldout": NUMBER,
+    "hash": (str,),                # state hash prefix after `step`
+    "runtime": (str,),             # native | browser
+    "device": (str,), "backend": (str,),
+    "cores": (int,), "ram": (int,),  # usable cores, available bytes
+    "microbatch_seconds": NUMBER,  # measured time of one microbatch
+    "share": NUMBER,               # this rank's fraction of the step's microbatches
+    "tokens_per_s": NUMBER,
+    "bytes_sent": (int,), "bytes_received": (int,),
+}
+RUN_FIELDS: dict[str, tuple[type, ...]] = {"name": (str,), "command": (str,), "world": (int,)}
+STATES = ("training", "finished", "stopped")
+MAX_TEXT = 200            # characters of any string field
+MAX_POINTS = 4096         # loss points kept per run (every other one dropped when full)
+MAX_POINTS_PER_REPORT = 512
+MAX_RANKS = 1024
+
+
+class RunReportError(DaisyError, ValueError):
+    """A status report or registration the board refuses (named field, reason)."""
+
+
+class UnknownRunError(DaisyError, LookupError):
+    """No run with this id (never registered, or forgotten), or not this token."""
+
+
+@dataclass
+class Run:
+    run_id: str
+    token: str
+    name: str
+    command: str
+    world: int
+    created: float
+    updated: float
+    ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
+    points: list[tuple[int, float, float | None]] = field(default_factory=list)  # (step, loss,
+    #                                                            held-out or None), rank 0's
+
+    def view(self, now: float) -> dict[str, Any]:
+        """What /api/runs shows: everything but the token."""
+        return {"run": self.run_id, "name": self.name, "command": self.command,
+                "world": self.world, "age_s": round(now - self.created, 1),
+                "idle_s": round(now - self.updated, 1),
+                "ranks": [{"rank": r, **status} for r, status in sorted(self.ranks.items())],
+                "points": [list(p) for p in self.points]}
+
+
+def check_value(name: str, value: Any, kinds: tuple[type, ...]) -> Any:
+    """`value` if it fits field `name`; RunReportError naming the field otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise RunReportError(f"field {name!r} must be {' or '.join(k.__name__ for k in kinds)}, "
+                             f"got {type(value).__name__}")
+    if isinstance(value, str) and len(value) > MAX_TEXT:
+        raise RunReportError(f"field {name!r} is longer than {MAX_TEXT} characters")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise RunReportError(f"field {name!r} must be finite, got {value}")
+    if isinstance(value, int) and value < 0:
+        raise RunReportError(f"field {name!r} must be >= 0, got {value}")
+    return value
+
+
+def check_fields(record: Any, allowed: dict[str, tuple[type, ...]]) -> dict[str, Any]:
+    if not isinstance(record, dict):
+        raise RunReportError("a report is a JSON object")
+    unknown = sorted(set(record) - set(allowed))
+    if unknown:
+        raise RunReportError(f"unknown fields: {', '.join(map(str, unknown))} (a report holds "
+                             "status only: " + ", ".join(allowed) + ")")
+    return {k: check_value(k, v, allowed[k]) for k, v in record.items()}
+
+
+def check_points(points: Any) -> list[tuple[int, float, float | None]]:
+    """[[step, loss, held-out or null], ...] of a report."""
+    if not isinstance(points, list) or len(points) > MAX_POINTS_PER_REPORT:
+        raise RunReportError(f"points must be a list of at most {MAX_POINTS_PER_REPORT} "
+                             "[step, loss, heldout] entries")
+    out = []
+    for point in points:
+        if not isinstance(point, list) or len(point) != 3:
+            raise RunReportError("each point is [step, loss, heldout or null]")
+        step = check_value("step", point[0], (int,))
+        loss = check_value("loss", point[1], NUMBER)
+        if step is None or loss is None:
+            raise RunReportError("a point needs a step and a loss")
+        out.append((step, float(loss), None if point[2] is None
+                    else float(check_value("heldout", point[2], NUMBER))))
+    return out
+
+
+class RunBoard:
+    """The runs this server knows (thread-safe)."""
+
+    def __init__(self, max_runs: int, idle_s: float,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.max_runs, self.idle_s, self.clock = max_runs, idle_s, clock
+        self._runs: dict[str, Run] = {}
+        self._lock = threading.Lock()
+
+    def register(self, record: Any) -> tuple[str, str]:
+        """A new run of `record` ({name, command, world}); returns (run id, token)."""
+        info = check_fields(record, RUN_FIELDS)
+        world = 1 if info.get("world") is None else info["world"]
+        if not 1 <= world <= MAX_RANKS:
+            raise RunReportError(f"field 'world' must be in 1..{MAX_RANKS}, got {world}")
+        now = self.clock()
+        run = Run(run_id=secrets.token_hex(8), token=secrets.token_urlsafe(24),
+                  name=info.get("name") or "", command=info.get("command") or "",
+                  world=world, created=now, updated=now)
+        with self._lock:
+            self._forget_idle(now)
+            if len(self._runs) >= self.max_runs:
+                oldest = min(self._runs.values(), key=lambda r: r.updated)
+                del self._runs[oldest.run_id]
+            self._runs[run.run_id] = run
+        return run.run_id, run.token
+
+    def report(self, run_id: str, token: str, record: Any) -> None:
+        """Rank `record["rank"]`'s status (and, from rank 0, its new loss points)."""
+        if not isinstance(record, dict):
+            raise RunReportError("a report is a JSON object")
+        record = dict(record)
+        rank = check_value("rank", record.pop("rank", None), (int,))
+        points = check_points(record.pop("points", []))
+        status = check_fields(record, RANK_FIELDS)
+        if status.get("state") not in (None, *STATES):
+            raise RunReportError(f"field 'state' must be one of {', '.join(STATES)}")
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is None or not hmac.compare_digest(run.token, token):
+                raise UnknownRunError(f"no run {run_id!r} with this token on this server")
+            if rank is None or rank >= run.world:
+                raise RunReportError(f"field 'rank' must be in 0..{run.world - 1}, got {rank}")
+            run.updated = self.clock()
+            run.ranks.setdefault(rank, {}).update(status)
+            run.ranks[rank]["seen_s"] = run.updated
+            if rank == 0:
+                self._add_points(run, points)
+
+    @staticmethod
+    def _add_points(run: Run, points: list[tuple[int, float, float | None]]) -> None:
+        last = run.points[-1][0] if run.points else -1
+        run.points.extend(p for p in points if p[0] > last)
+        if len(run.points) > MAX_POINTS:  # thin the past, keep the newest point
+            run.points = run.points[:-1:2] + run.points[-1:]
+
+    def views(self) -> list[dict[str, Any]]:
+        """Every run, newest first, as /api/runs shows them."""
+        now = self.clock()
+        with self._lock:
+            self._forget_idle(now)
+            runs = sorted(self._runs.values(), key=lambda r: r.created, reverse=True)
+            views = [r.view(now) for r in runs]
+        for view in views:
+            for rank in view["ranks"]:
+                rank["seen_s"] = round(now - rank["seen_s"], 1)
+        return views
+
+    def _forget_idle(self, now: float) -> None:
+        for run_id in [k for k, r in self._runs.items() if now - r.updated > self.idle_s]:
+            del self._runs[run_id]

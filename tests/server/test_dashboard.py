@@ -1,0 +1,190 @@
+"""/dashboard and /api/runs: what a run may report (status, never weights), who may report
+it (the token the server issued), what anyone sees, and a real `cluster` run reporting to a
+real server over HTTP while it trains."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from server.runs import MAX_POINTS, RunBoard, RunReportError, UnknownRunError
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))
+from pynode_runs import Launched  # noqa: E402
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# ------------------------------------------------------------------ the board, no I/O
+def test_a_registered_run_shows_its_ranks_and_loss_points_but_never_its_token():
+    board = RunBoard(max_runs=4, idle_s=60)
+    run, token = board.register({"name": "n", "command": "cluster", "world": 2})
+    board.report(run, token, {"rank": 1, "state": "training", "step": 3, "loss": 2.5,
+                              "cores": 4, "runtime": "native"})
+    board.report(run, token, {"rank": 0, "step": 3, "loss": 2.5,
+                              "points": [[1, 3.0, None], [2, 2.75, 2.9], [3, 2.5, None]]})
+    board.report(run, token, {"rank": 0, "step": 3, "points": [[3, 2.5, None]]})  # resent
+    (view,) = board.views()
+    assert view["run"] == run and view["world"] == 2
+    assert [r["rank"] for r in view["ranks"]] == [0, 1]
+    assert view["ranks"][1]["cores"] == 4 and view["ranks"][1]["state"] == "training"
+    assert view["points"] == [[1, 3.0, None], [2, 2.75, 2.9], [3, 2.5, None]]
+    assert token not in json.dumps(board.views())
+
+
+@pytest.mark.parametrize("record, match", [
+    ({"rank": 0, "weights": [0.1, 0.2]}, "unknown fields: weights"),
+    ({"rank": 0, "gradients": "AAAA"}, "unknown fields: gradients"),
+    ({"rank": 0, "loss": "2.5"}, "'loss' must be int or float"),
+    ({"rank": 0, "loss": float("nan")}, "'loss' must be finite"),
+    ({"rank": 0, "hash": "x" * 500}, "'hash' is longer than"),
+    ({"rank": 0, "state": "exploded"}, "'state' must be one of"),
+    ({"rank": 2}, "'rank' must be in 0..1"),
+    ({"step": 1}, "'rank' must be in 0..1"),
+    ({"rank": 0, "points": [[1, 2.0]]}, "each point is"),
+    ({"rank": 0, "points": [[1, 2.0, None]] * 513}, "at most 512"),
+    ([1, 2], "a report is a JSON object"),
+])
+def test_anything_but_status_is_refused_by_name_and_changes_nothing(record, match):
+    board = RunBoard(max_runs=4, idle_s=60)
+    run, token = board.register({"world": 2})
+    before = board.views()
+    with pytest.raises(RunReportError, match=match):
+        board.report(run, token, record)
+    assert board.views() == before
+
+
+def test_another_token_or_run_is_unknown():
+    board = RunBoard(max_runs=4, idle_s=60)
+    run, token = board.register({"world": 1})
+    other, other_token = board.register({"world": 1})
+    with pytest.raises(UnknownRunError):
+        board.report(run, other_token, {"rank": 0, "step": 1})
+    with pytest.raises(UnknownRunError):
+        board.report("feedbeef", token, {"rank": 0, "step": 1})
+    assert all(view["ranks"] == [] for view in board.views())
+
+
+def test_idle_runs_are_forgotten_and_a_full_board_drops_the_stalest():
+    clock = Clock()
+    board = RunBoard(max_runs=2, idle_s=60, clock=clock)
+    a, a_token = board.register({"world": 1})
+    clock.now += 10
+    b, _ = board.register({"world": 1})
+    clock.now += 10
+    board.report(a, a_token, {"rank": 0, "step": 1})  # a is fresher than b now
+    c, _ = board.register({"world": 1})
+    assert {v["run"] for v in board.views()} == {a, c}
+    clock.now += 61
+    assert board.views() == []
+
+
+def test_a_long_curve_is_thinned_and_keeps_its_newest_point():
+    board = RunBoard(max_runs=1, idle_s=60)
+    run, token = board.register({"world": 1})
+    for start in range(1, MAX_POINTS + 600, 500):
+        board.report(run, token, {"rank": 0, "points": [[s, 1.0 / s, None] for s in
+                                                        range(start, start + 500)]})
+    points = board.views()[0]["points"]
+    assert len(points) <= MAX_POINTS and points[-1][0] == start + 499
+    assert [p[0] for p in points] == sorted({p[0] for p in points})
+
+
+# ------------------------------------------------------------------ HTTP
+def test_the_routes_issue_tokens_check_them_and_serve_the_page(make_config):
+    from server import create_app
+
+    client = create_app(make_config(static_dir=None)).test_client()
+    issued = client.post("/api/runs", json={"command": "train", "world": 1})
+    assert issued.status_code == 201
+    run, token = issued.json["run"], issued.json["token"]
+    url = f"/api/runs/{run}/status"
+    assert client.post(url, json={"rank": 0}).status_code == 401
+    assert client.post(url, json={"rank": 0}, headers={"Authorization": "Bearer x"}
+                       ).json["error"] == "unknown_run"
+    bad = client.post(url, json={"rank": 0, "params": [1]},
+                      headers={"Authorization": f"Bearer {token}"})
+    assert bad.status_code == 400 and "unknown fields: params" in bad.json["message"]
+    assert client.post(url, json={"rank": 0, "step": 1, "loss": 5.5},
+                       headers={"Authorization": f"Bearer {token}"}).status_code == 204
+    listed = client.get("/api/runs")
+    assert listed.headers["Cache-Control"] == "no-store"
+    assert listed.json["runs"][0]["ranks"][0]["loss"] == 5.5
+    assert token not in listed.get_data(as_text=True)
+    page = client.get("/dashboard")
+    assert page.status_code == 200 and b"/static/dashboard.js" in page.data
+    assert client.get("/static/dashboard.js").status_code == 200
+    assert client.post("/api/runs", json={"world": 0}).status_code == 400
+
+
+# ------------------------------------------------------------------ a real run
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_a_cluster_run_appears_on_the_dashboard_with_its_ranks_and_live_loss(
+        live, make_config, tmp_path):
+    """Two gloo ranks with --dashboard on rank 0: while they train, /api/runs shows both
+    ranks and a growing loss curve; at the end both finished, and the curve is the loss of
+    every step exactly as rank 0's --log wrote it. Every rank prints its one status line."""
+    server = live(make_config(static_dir=None))
+    # 40 steps: a few seconds, so that the once-a-second reports land mid-run
+    config = ["--steps", "40", "--width", "32", "--layers", "1", "--heads", "2", "--seq",
+              "16", "--microbatch-size", "2", "--microbatches", "4", "--no-progress",
+              "--kernels", "numpy", "--eval-every", "20"]
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
+    ranks = [Launched(tmp_path, "rank0", ["cluster", *config, "--dashboard", server.url],
+                      {**env, "RANK": "0"}),
+             Launched(tmp_path, "rank1", ["cluster", *config], {**env, "RANK": "1"})]
+    live_views = []
+    deadline = time.monotonic() + 240
+    while any(r.proc.poll() is None for r in ranks) and time.monotonic() < deadline:
+        with urllib.request.urlopen(f"{server.url}/api/runs", timeout=5) as reply:
+            runs = json.loads(reply.read())["runs"]
+        if runs and len(runs[0]["ranks"]) == 2 and runs[0]["points"] and all(
+                r.get("state") == "training" for r in runs[0]["ranks"]):
+            live_views.append(runs[0])
+        time.sleep(0.1)
+    done = [r.wait() for r in ranks]
+    assert [d.rc for d in done] == [0, 0], done[0].err[-2000:] + done[1].err[-2000:]
+    assert live_views, "no view showed both ranks training with a loss"
+    assert 0 < live_views[0]["points"][-1][0] < 40  # seen mid-run: the loss is live
+    (final,) = json.loads(urllib.request.urlopen(f"{server.url}/api/runs").read())["runs"]
+    assert final["command"] == "cluster" and final["world"] == 2
+    assert [(r["rank"], r["state"], r["step"], r["runtime"]) for r in final["ranks"]] == \
+        [(0, "finished", 40, "native"), (1, "finished", 40, "native")]
+    for rank in final["ranks"]:
+        assert rank["cores"] >= 1 and rank["bytes_sent"] > 0 and 0 < rank["share"] <= 1
+        assert rank["hash"] == done[0].final_hash[:16]
+    log = done[0].log
+    assert final["points"] == [[row["step"], row["loss"], row.get("heldout")] for row in log]
+    assert [p[2] is not None for p in final["points"]] == [s in (20, 40) for s in range(1, 41)]
+    for rank, d in enumerate(done):
+        (line,) = [ln for ln in d.err.splitlines() if ln.startswith(f"rank {rank}: finished (")]
+        assert f"step 40/40, state hash {done[0].final_hash[:16]}" in line
+
+
+def test_a_dashboard_that_is_not_a_server_is_refused_before_training(tmp_path):
+    run = Launched(tmp_path, "bad", ["train", "--steps", "1", "--width", "8", "--layers", "1",
+                                     "--heads", "1", "--seq", "8", "--dashboard",
+                                     f"http://127.0.0.1:{free_port()}"], {})
+    done = run.wait()
+    assert done.rc == 2 and "DashboardError" in done.err and "no DaisyChain server" in done.err
+    assert not os.path.exists(tmp_path / "bad.jsonl") or done.log == []
