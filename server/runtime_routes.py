@@ -1,4 +1,5 @@
-"""/runtime/ (the fetched Pyodide runtime, ``indexURL`` of loadPyodide) and /bundle/ (pynode).
+"""/runtime/ (the fetched Pyodide runtime, ``indexURL`` of loadPyodide), /vendor/uplot/ (the
+page's chart library, fetched with it) and /bundle/ (pynode).
 
 The runtime folder comes from ``server.runtime.runtime_dir()`` (or the config); when it
 has not been fetched every runtime URL answers 503 with the one command that fixes it.
@@ -72,6 +73,21 @@ def runtime_index() -> ResponseReturnValue:
     response = jsonify(ok=True, files=files)
     response.headers["Cache-Control"] = "no-store"
     return response
+
+
+@bp.get("/vendor/uplot/<name>")
+def uplot_file(name: str) -> ResponseReturnValue:
+    """uPlot (server/chartlib.py), fetched at set-up with the runtime; 503 until then."""
+    from server.chartlib import UPLOT_FILES, check_uplot, uplot_path
+
+    folder = uplot_path()
+    try:
+        check_uplot(folder)
+    except DaisyError as exc:
+        return _missing(str(exc))
+    if name not in UPLOT_FILES:
+        return jsonify(error="not_found", message=f"no {name} in uPlot"), 404
+    return send_file_from(folder, name, f"public, max-age={_config().runtime_max_age}")
 
 
 def _bundle_bytes(cfg: ServerConfig) -> bytes:

@@ -132,6 +132,12 @@ class StatusReporter:
                 self.points.append([result.step, update["loss"], finite(result.heldout)])
             self.wake.notify()
 
+    def traffic(self, sent: int, received: int | None) -> None:
+        """Bytes this peer sent and received so far (a room peer's mesh counts them)."""
+        with self.wake:
+            self.status.update(bytes_sent=int(sent),
+                               bytes_received=None if received is None else int(received))
+
     def finish(self, state: str, reason: str = "") -> None:
         """The last report (finished or stopped, and why), sent before this returns."""
         with self.wake:

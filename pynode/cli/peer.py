@@ -29,6 +29,20 @@ STATUS_EVERY_S = 0.25  # status frames to the server at most this often (it allo
 EXIT_DONE, EXIT_FAILED, EXIT_REFUSED = 0, 3, 4  # refused: declined, removed, not approved
 
 
+# What a step report says of this peer's part (pynode.run.protocol.RoomPeer.report_step).
+PART_FIELDS = ("microbatch_seconds", "share", "tokens_per_s")
+
+
+def resources(gemm: Any) -> dict[str, Any]:
+    """What the pages' dashboards show of this machine, as a tab tells its own."""
+    from pynode import platform
+
+    return {"runtime": "native", "gemm": getattr(gemm, "backend_name", None),
+            "kernels": getattr(getattr(gemm, "kernels", None), "name", None),
+            "cores": platform.cpu_count(), "ram": platform.memory_bytes(),
+            "device": platform.device_name()}
+
+
 class NativePeer:
     """One native peer's life in a room, from joining to the end of its run."""
 
@@ -46,7 +60,8 @@ class NativePeer:
         self.saver = Saver(args.save, args.save_every)
         self.save_step: Any = None  # the saver's hook for the current trainer
         self.shown: dict[str, Any] = {"state": "ready", "step": 0, "loss": None, "hash": None,
-                                      "probe": None, "leader": None, "run": None, "error": None}
+                                      "probe": None, "leader": None, "run": None, "error": None,
+                                      **resources(gemm)}
         self.last_status = 0.0
         self.approving: set[str] = set()  # pending peers this host approved (network loop)
         self.main = asyncio.get_running_loop()
@@ -236,7 +251,13 @@ class NativePeer:
         if self.status is not None:
             self.status(result)
         self.shown.update(step=result.step, loss=result.loss, hash=result.hash,
-                          probe=result.probe)
+                          probe=result.probe, heldout=fields.get("heldout"),
+                          **{k: fields.get(k) for k in PART_FIELDS})
+        if self.mesh is not None:
+            self.shown.update(bytes_sent=self.mesh.sent_bytes,
+                              bytes_received=self.mesh.received_bytes)
+            if self.status is not None:
+                self.status.traffic(self.mesh.sent_bytes, self.mesh.received_bytes)
         if self.save_step is not None:
             self.save_step(result)
         now = time.monotonic()

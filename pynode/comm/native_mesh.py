@@ -331,6 +331,7 @@ class NativeMesh(Mesh):
         self.links: dict[str, _Link] = {}  # network loop only
         self.ui: dict[str, dict[str, Any]] = {}
         self.sent_bytes = 0
+        self.received_bytes = 0  # whole messages from the data channels (network loop adds)
         self._shown = ""  # the last `show`, as JSON
         self._open: frozenset[str] = frozenset()
         self._joined_at = float("-inf")  # network loop time of the last `joined`
@@ -470,6 +471,7 @@ class NativeMesh(Mesh):
 
     def _message(self, peer: str, data: bytes) -> None:
         if data:  # an empty message would read as "reachable"; the page drops them too
+            self.received_bytes += len(data)
             self._main.call_soon_threadsafe(self._events.put_nowait, (peer, data))
 
     def _gone(self, peer: str) -> None:

@@ -446,10 +446,18 @@ class RoomPeer:
         for peer in sorted(before - now):
             self.report("event", {"level": "warn", "text": f"lost peer {peer} at step "
                                   f"{result.step}; its microbatches were re-planned"})
+        trainer, cfg = run.trainer, run.cfg
+        mine = len(result.plan.get(trainer.rank(), [])) // trainer.options.share[1]
         self.report("step", {"step": result.step, "loss": result.loss, "hash": result.hash,
                              "probe": result.probe, "members": sorted(now),
                              "seconds": result.seconds, "heldout": result.heldout,
-                             "plan": result.plan})
+                             "plan": result.plan,
+                             # this peer's part of the step, for the dashboards
+                             "microbatch_seconds": trainer.microbatch_seconds,
+                             "share": mine / cfg.microbatches,
+                             "tokens_per_s": mine * cfg.microbatch_size * cfg.seq
+                             / max(result.seconds, 1e-9),
+                             "bytes_sent": run.coll.bytes_sent})
         return now
 
 

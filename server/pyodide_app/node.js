@@ -22,6 +22,13 @@ export class PageNode extends EventTarget {
       run: null, steps: null, config: null, members: [], error: null, checks: [], history: [], messages: [],
       uiLatencyMs: [], bench: null, verified: false, backend: null, gemm: null, kernels: null,
       webgpu: null,
+      // What the dashboards show of this peer (a native peer tells the same: pynode/cli/peer.py)
+      runtime: "browser", cores: navigator.hardwareConcurrency || null,
+      // the device's memory where the browser tells it (secure pages), else the JS heap limit
+      ram: navigator.deviceMemory ? navigator.deviceMemory * 2 ** 30
+        : (performance.memory?.jsHeapSizeLimit ?? null),
+      heldout: null,
+      microbatch_seconds: null, share: null, tokens_per_s: null, bytes_sent: 0, bytes_received: 0,
     };
     this.roster = new Map(); // id -> {id, role, approved, status}
     this.info = new Map(); // id -> what that page told us on the ui channel
@@ -129,6 +136,7 @@ export class PageNode extends EventTarget {
       this.changed();
     });
     this.mesh.addEventListener("message", (e) => {
+      this.state.bytes_received += e.detail.data.byteLength;
       this.worker.postMessage({ type: "message", peer: e.detail.peer, data: e.detail.data },
         [e.detail.data]);
     });
@@ -144,7 +152,7 @@ export class PageNode extends EventTarget {
     const s = this.state;
     if (this.mesh) {
       this.mesh.sendUi({ state: s.state, step: s.step, loss: s.loss, hash: s.hash, probe: s.probe,
-        leader: s.leader, run: s.run, error: s.error }, peer);
+        leader: s.leader, run: s.run, error: s.error, ...this.resources() }, peer);
     }
     const now = performance.now();
     if (s.approved && s.hash && now - this.lastStatusSent > STATUS_EVERY_MS) {
@@ -154,10 +162,19 @@ export class PageNode extends EventTarget {
     }
   }
 
+  // This peer's resources and part of the last step, as the dashboards show them.
+  resources() {
+    const s = this.state;
+    return { runtime: s.runtime, gemm: s.gemm, kernels: s.kernels, cores: s.cores, ram: s.ram,
+      heldout: s.heldout, microbatch_seconds: s.microbatch_seconds, share: s.share,
+      tokens_per_s: s.tokens_per_s, bytes_sent: s.bytes_sent, bytes_received: s.bytes_received };
+  }
+
   // ------------------------------------------------------------------ worker
   onWorker(msg) {
     const s = this.state;
     if (msg.type === "send") {
+      s.bytes_sent += msg.data.byteLength;
       if (this.mesh) this.mesh.send(msg.peer, msg.data);
     } else if (msg.type === "state") {
       if (msg.state === "failed") this.fail(`could not start Python: ${msg.error}`);
@@ -190,13 +207,16 @@ export class PageNode extends EventTarget {
     const s = this.state;
     if (kind === "run") {
       Object.assign(s, { state: "training", run: f.run, leader: f.leader, steps: f.config.steps,
-        config: f.config, error: null });
+        config: f.config, error: null, heldout: null });
       this.say("info", f.joined_at === null ? `training started by ${f.leader}`
         : `joined the run of ${f.leader} at step ${f.joined_at}; state verified by hash`);
     } else if (kind === "step") {
       Object.assign(s, { step: f.step, loss: f.loss, hash: f.hash, probe: f.probe,
-        members: f.members });
-      s.history.push({ step: f.step, loss: f.loss, hash: f.hash, seconds: f.seconds });
+        members: f.members, microbatch_seconds: f.microbatch_seconds, share: f.share,
+        tokens_per_s: f.tokens_per_s });
+      if (f.heldout !== null) s.heldout = f.heldout;
+      s.history.push({ step: f.step, loss: f.loss, hash: f.hash, seconds: f.seconds,
+        heldout: f.heldout });
     } else if (kind === "done") {
       s.state = "done";
       this.say("info", `run finished at step ${f.step}, hash ${f.hash.slice(0, 16)}`);
@@ -294,6 +314,11 @@ export class PageNode extends EventTarget {
         step: info.step ?? fromServer.step ?? 0,
         loss: info.loss ?? fromServer.loss ?? null, hash: info.hash ?? fromServer.hash ?? null,
         probe: info.probe ?? fromServer.probe ?? null, error: info.error || null,
+        runtime: info.runtime ?? null, gemm: info.gemm ?? null, kernels: info.kernels ?? null,
+        cores: info.cores ?? null, ram: info.ram ?? null, heldout: info.heldout ?? null,
+        microbatch_seconds: info.microbatch_seconds ?? null, share: info.share ?? null,
+        tokens_per_s: info.tokens_per_s ?? null, bytes_sent: info.bytes_sent ?? null,
+        bytes_received: info.bytes_received ?? null,
       };
     });
     return JSON.parse(JSON.stringify({ ...s, peers }));

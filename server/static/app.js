@@ -119,6 +119,17 @@ function renderForm(s) {
   $("download").disabled = !s.run;
 }
 
+const fmtBytes = (n) => (n == null ? "–" : n >= 2 ** 30 ? `${(n / 2 ** 30).toFixed(1)} GiB`
+  : `${(n / 2 ** 20).toFixed(1)} MiB`);
+const fmtMB = (n) => (n == null ? "–" : `${(n / 1e6).toFixed(2)} MB`);
+const fmtMs = (sec) => (sec == null ? "–" : `${(sec * 1000).toFixed(0)} ms`);
+const fmtShare = (x) => (x == null ? "–" : `${(100 * x).toFixed(0)} %`);
+const fmtRate = (x) => (x == null ? "–" : x.toFixed(0));
+const sum = (rows, key) => {
+  const known = rows.map((p) => p[key]).filter((v) => v != null);
+  return known.length ? known.reduce((a, b) => a + b, 0) : null;
+};
+
 function renderPeers(s) {
   const host = s.role === "host";
   $("peers").tBodies[0].innerHTML = s.peers.map((p) => {
@@ -126,11 +137,60 @@ function renderPeers(s) {
       ? `pending <button data-approve="${escape(p.id)}">Approve</button> <button data-deny="${escape(p.id)}">Refuse</button>`
       : "pending";
     const forked = p.hash && s.hash && p.step === s.step && p.hash !== s.hash ? " forked" : "";
-    return `<tr class="${p.self ? "self" : ""}${forked}"><td>${escape(p.id)}${p.self ? " (you)" : ""}</td>
+    const gemm = p.gemm ? `${p.gemm}${p.kernels ? ` / ${p.kernels}` : ""}` : "–";
+    return `<tr class="${p.self ? "self" : ""}${forked}" data-peer="${escape(p.id)}"><td>${escape(p.id)}${p.self ? " (you)" : ""}</td>
       <td>${escape(p.role)}${p.id === s.leader ? ", leader" : ""}</td><td>${approval}</td>
-      <td>${escape(p.state || (p.connected ? "" : "not connected"))}</td><td>${p.step}</td>
+      <td>${escape(p.state || (p.connected ? "" : "not connected"))}</td>
+      <td class="runtime">${escape(p.runtime || "–")}</td><td>${escape(gemm)}</td>
+      <td class="cores">${p.cores ?? "–"}</td><td class="ram">${fmtBytes(p.ram)}</td>
+      <td class="microbatch">${fmtMs(p.microbatch_seconds)}</td><td class="share">${fmtShare(p.share)}</td>
+      <td class="tokens">${fmtRate(p.tokens_per_s)}</td><td>${fmtMB(p.bytes_sent)}</td>
+      <td>${fmtMB(p.bytes_received)}</td><td>${p.step}</td>
       <td>${fmtLoss(p.loss)}</td><td>${short(p.hash)}</td><td>${short(p.probe)}</td></tr>`;
   }).join("");
+  // The pool: what the approved, connected peers bring together.
+  const pool = s.peers.filter((p) => p.approved && p.connected);
+  $("pooled").innerHTML = `<td>pooled: ${pool.length} peer(s)</td><td></td><td></td><td></td>
+    <td>${pool.filter((p) => p.runtime === "native").length} native, ${pool.filter((p) => p.runtime === "browser").length} browser</td>
+    <td></td><td>${sum(pool, "cores") ?? "–"}</td><td>${fmtBytes(sum(pool, "ram"))}</td><td></td>
+    <td>${fmtShare(sum(pool, "share"))}</td><td>${fmtRate(sum(pool, "tokens_per_s"))}</td>
+    <td>${fmtMB(sum(pool, "bytes_sent"))}</td><td>${fmtMB(sum(pool, "bytes_received"))}</td>
+    <td></td><td></td><td></td><td></td>`;
+}
+
+// The link matrix: one row per pair of peers, from `s.links` when the page measures them
+// ({a, b, state, rtt_ms, candidate, mbps}); until then the panel says what it will show.
+function renderLinks(s) {
+  const links = s.links || [];
+  $("links").hidden = !links.length;
+  $("links").tBodies[0].innerHTML = links.map((l) => `<tr><td>${escape(l.a)} – ${escape(l.b)}</td>
+    <td>${escape(l.state)}</td><td>${l.rtt_ms == null ? "–" : `${l.rtt_ms.toFixed(1)} ms`}</td>
+    <td>${escape(l.candidate || "–")}</td><td>${l.mbps == null ? "–" : `${l.mbps.toFixed(1)} MB/s`}</td></tr>`).join("");
+}
+
+// One line at the top: can this page train, what it waits for, or why it stopped.
+function renderReadiness(s) {
+  const ready = s.peers.filter((p) => p.approved && (p.self ? s.state === "ready" : p.trainable));
+  let text, kind;
+  if (s.state === "failed") {
+    [text, kind] = [`Stopped: ${s.error}`, "stopped"];
+  } else if (s.state === "training") {
+    [text, kind] = [`Training: step ${s.step} of ${s.steps} with ${s.members.length} peer(s).`, "training"];
+  } else if (s.state === "done") {
+    [text, kind] = [`Finished: step ${s.step}, state hash ${(s.hash || "").slice(0, 16)}.`, "ready"];
+  } else if (!s.verified) {
+    [text, kind] = ["Checking this tab's arithmetic…", "waiting"];
+  } else if (!s.approved) {
+    [text, kind] = ["Checks passed; waiting for the host of this room to approve this page.", "waiting"];
+  } else {
+    const others = s.peers.length - 1;
+    text = `Checks passed; ${ready.length} peer(s) ready to train` +
+      (others ? "" : ": waiting for other peers (or start a run alone below).") +
+      (ready.length < s.peers.length && others ? `, waiting for ${s.peers.length - ready.length} more.` : ".");
+    kind = "ready";
+  }
+  $("readiness").textContent = text;
+  $("readiness").className = `banner ${kind}`;
 }
 
 function renderProgress(s) {
@@ -146,22 +206,45 @@ function renderProgress(s) {
   $("start").disabled = !s.verified || !s.approved || s.state === "training";
 }
 
+// The loss chart (uPlot, fetched at set-up and served by this server): the training loss of
+// every step and the held-out loss where measured; axes, hover values, a log scale.
+let chart = null;
+let chartLog = false;
+let chartSize = -1;
+
+function chartData(history) {
+  return [history.map((h) => h.step), history.map((h) => (Number.isFinite(h.loss) ? h.loss : null)),
+    history.map((h) => (Number.isFinite(h.heldout) ? h.heldout : null))];
+}
+
 function drawLoss(history) {
-  const canvas = $("loss-chart");
-  const ctx = canvas.getContext("2d");
-  ctx.clearRect(0, 0, canvas.width, canvas.height);
-  const losses = history.map((h) => h.loss).filter(Number.isFinite);
-  if (losses.length < 2) return;
-  const lo = Math.min(...losses);
-  const span = Math.max(...losses) - lo || 1;
-  ctx.beginPath();
-  losses.forEach((loss, i) => {
-    const x = (i / (losses.length - 1)) * (canvas.width - 4) + 2;
-    const y = canvas.height - 4 - ((loss - lo) / span) * (canvas.height - 8);
-    if (i) ctx.lineTo(x, y); else ctx.moveTo(x, y);
-  });
-  ctx.strokeStyle = "#2a6f4f";
-  ctx.stroke();
+  const box = $("loss-chart");
+  if (!window.uPlot) {
+    $("chart-note").textContent = "The chart library is missing on this server: run " +
+      "`python -m server.runtime fetch` there (the table below lists the steps).";
+    return;
+  }
+  const logScale = $("log-scale").checked;
+  if (!chart || chartLog !== logScale) {
+    if (chart) chart.destroy();
+    chartLog = logScale;
+    chartSize = -1;
+    chart = new window.uPlot({
+      width: Math.max(300, box.clientWidth || 600), height: 240,
+      scales: { x: { time: false }, y: logScale ? { distr: 3 } : {} },
+      axes: [{ label: "step" }, { label: "loss" }],
+      series: [{ label: "step" },
+        { label: "loss", stroke: "#2a6f4f", width: 1.5, spanGaps: true },
+        { label: "held-out", stroke: "#b45309", width: 0, spanGaps: true,
+          points: { show: true, size: 7, fill: "#b45309" } }],
+    }, chartData(history), box);
+    chartSize = history.length;
+    return;
+  }
+  if (history.length !== chartSize) {
+    chartSize = history.length;
+    chart.setData(chartData(history));
+  }
 }
 
 function renderChecks(s) {
@@ -189,7 +272,9 @@ function render() {
     const s = node.status();
     renderAlert(s);
     renderRoom(s);
+    renderReadiness(s);
     renderPeers(s);
+    renderLinks(s);
     renderForm(s);
     renderProgress(s);
     renderChecks(s);
@@ -221,6 +306,8 @@ $("config-form").addEventListener("submit", timed((event) => {
   actionError("");
   node.start(config).catch((err) => actionError(`could not start: ${err.message}`));
 }));
+
+$("log-scale").addEventListener("change", timed(() => render()));
 
 $("alert-close").addEventListener("click", timed(() => {
   const last = node.state.messages.findLast((m) => m.level === "error");

@@ -37,15 +37,9 @@ function cell(tag, text) {
   return node;
 }
 
-function runSection(run) {
-  const section = document.createElement("section");
-  section.className = "run";
-  section.dataset.run = run.run;
-  const last = run.points[run.points.length - 1];
-  const title = cell("h2", `${run.name || run.command || "run"} (${run.run})`);
-  const line = cell("p", `${run.command} · ${run.world} rank${run.world === 1 ? "" : "s"} · ` +
-    (last ? `loss ${last[1].toFixed(4)} at step ${last[0]}` : "no step yet"));
-  line.className = "run-line";
+const shown = new Map(); // run id -> {section, chart, size}
+
+function rankTable(run) {
   const table = document.createElement("table");
   const head = table.createTHead().insertRow();
   COLUMNS.forEach(([name]) => head.appendChild(cell("th", name)));
@@ -55,16 +49,62 @@ function runSection(run) {
     row.className = `rank state-${rank.state}`;
     COLUMNS.forEach(([, value]) => row.appendChild(cell("td", value(rank))));
   }
-  section.append(title, line, table);
-  return section;
+  return table;
+}
+
+// Loss and held-out loss per step (uPlot, served by this server), redrawn in place.
+function chartData(run) {
+  return [run.points.map((p) => p[0]), run.points.map((p) => p[1]), run.points.map((p) => p[2])];
+}
+
+function drawRun(run) {
+  let entry = shown.get(run.run);
+  if (!entry) {
+    const section = document.createElement("section");
+    section.className = "run";
+    section.dataset.run = run.run;
+    section.append(cell("h2", ""), cell("p", ""), document.createElement("div"),
+      document.createElement("div"));
+    section.children[1].className = "run-line";
+    section.children[3].className = "run-chart";
+    main.appendChild(section);
+    entry = { section, chart: null, size: -1 };
+    shown.set(run.run, entry);
+  }
+  const [title, line, tableBox, chartBox] = entry.section.children;
+  const last = run.points[run.points.length - 1];
+  title.textContent = `${run.name || run.command || "run"} (${run.run})`;
+  line.textContent = `${run.command} · ${run.world} rank${run.world === 1 ? "" : "s"} · ` +
+    (last ? `loss ${last[1].toFixed(4)} at step ${last[0]}` : "no step yet");
+  tableBox.replaceChildren(rankTable(run));
+  if (!window.uPlot || run.points.length === entry.size) return;
+  entry.size = run.points.length;
+  if (!entry.chart) {
+    entry.chart = new window.uPlot({
+      width: Math.max(300, chartBox.clientWidth || 600), height: 200,
+      scales: { x: { time: false } }, axes: [{ label: "step" }, { label: "loss" }],
+      series: [{ label: "step" }, { label: "loss", stroke: "#2a6f4f", width: 1.5, spanGaps: true },
+        { label: "held-out", stroke: "#b45309", width: 0, spanGaps: true,
+          points: { show: true, size: 7, fill: "#b45309" } }],
+    }, chartData(run), chartBox);
+  } else {
+    entry.chart.setData(chartData(run));
+  }
 }
 
 async function refresh() {
   try {
     const reply = await fetch("/api/runs", { cache: "no-store" });
     const { runs } = await reply.json();
-    main.querySelectorAll("section.run").forEach((node) => node.remove());
-    runs.forEach((run) => main.appendChild(runSection(run)));
+    const known = new Set(runs.map((run) => run.run));
+    for (const [id, entry] of shown) {
+      if (!known.has(id)) {
+        entry.chart?.destroy();
+        entry.section.remove();
+        shown.delete(id);
+      }
+    }
+    runs.forEach(drawRun);
     empty.hidden = runs.length > 0;
     badge.textContent = `${runs.length} run${runs.length === 1 ? "" : "s"}`;
   } catch (error) {

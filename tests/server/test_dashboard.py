@@ -188,3 +188,20 @@ def test_a_dashboard_that_is_not_a_server_is_refused_before_training(tmp_path):
     done = run.wait()
     assert done.rc == 2 and "DashboardError" in done.err and "no DaisyChain server" in done.err
     assert not os.path.exists(tmp_path / "bad.jsonl") or done.log == []
+
+
+def test_uplot_is_served_from_the_fetched_copy_or_named_missing(make_config, monkeypatch,
+                                                                tmp_path):
+    from server import create_app
+    from server.chartlib import MANIFEST_NAME, UPLOT_VERSION, uplot_path
+
+    client = create_app(make_config()).test_client()
+    if (uplot_path() / MANIFEST_NAME).is_file():  # fetched here (make test fetches it)
+        script = client.get("/vendor/uplot/uPlot.iife.min.js")
+        assert script.status_code == 200 and script.mimetype == "text/javascript"
+        assert b"uPlot" in script.data
+        assert client.get("/vendor/uplot/package.json").status_code == 404
+    monkeypatch.setenv("DAISYCHAIN_CACHE", str(tmp_path / "empty-cache"))
+    missing = client.get("/vendor/uplot/uPlot.iife.min.js")
+    assert missing.status_code == 503 and "python -m server.runtime fetch" in missing.json["message"]
+    assert f"uPlot {UPLOT_VERSION} is not fetched" in missing.json["message"]

@@ -1,0 +1,97 @@
+"""The page's dashboard with two tabs and one native peer in one room: the readiness banner,
+each peer's runtime, cores, RAM, speed and share, the pooled totals, the loss chart (uPlot,
+served by our server) with the held-out loss, and the native peer on /dashboard. The
+hashes and held-out losses equal `python -m pynode train` alone. With
+DAISYCHAIN_SCREENSHOTS=1 the test writes the screenshots of docs/images/."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from browser_helpers import status, wait, wait_booted, wait_trainable
+from mixed_helpers import REPO, NativeJoin
+
+pytestmark = [pytest.mark.slow]
+
+CONFIG = {"task": "gpt", "width": 32, "layers": 1, "heads": 2, "seq": 16, "microbatch_size": 2,
+          "microbatches": 6, "steps": 20, "lr": 0.003, "seed": 23, "eval_every": 5}
+ALL_SHOWN = """s => s.peers.length === 3 && s.peers.every(p => p.runtime && p.share !== null
+    && p.microbatch_seconds !== null && p.bytes_sent > 0 && p.step >= 2)"""
+SCREENSHOTS = REPO / "docs" / "images"
+
+
+def test_two_tabs_and_a_native_peer_on_the_dashboard(tabs, net, server_url, tmp_path,
+                                                     native_reference):
+    host = tabs.open("?create=1")
+    code = status(host)["room"]
+    tab = tabs.open(f"?room={code}")
+    native = NativeJoin(net, server_url, tmp_path, "native", "--room", code,
+                        "--dashboard", server_url)
+    try:
+        ids = [status(tab)["peerId"], native.peer_id]
+        for peer_id in ids:
+            wait(host, "(s, id) => s.peers.some(p => p.id === id)", 30_000, peer_id)
+            host.evaluate("(id) => daisychain.approve(id)", peer_id)
+        wait_booted(host, tab)
+        wait_trainable(host, ids)
+        banner = host.inner_text("#readiness")
+        assert banner.startswith("Checks passed; 3 peer(s) ready to train"), banner
+        host.evaluate("(c) => daisychain.start(c)", CONFIG)
+        wait(host, ALL_SHOWN, 120_000)  # mid-run: every peer has told its part of a step
+        peers = {p["id"]: p for p in status(host)["peers"]}
+        me = status(host)["peerId"]
+        assert {pid: p["runtime"] for pid, p in peers.items()} == \
+            {me: "browser", ids[0]: "browser", ids[1]: "native"}
+        for p in peers.values():
+            assert p["cores"] >= 1 and p["ram"] > 0 and p["gemm"], p
+            assert p["tokens_per_s"] is not None, p
+        rows = host.locator("#peers tbody tr")
+        assert rows.count() == 3
+        assert sorted(rows.locator("td.runtime").all_inner_texts()) == \
+            ["browser", "browser", "native"]
+        assert all(t.endswith("%") for t in rows.locator("td.share").all_inner_texts())
+        assert all(t.endswith("ms") for t in rows.locator("td.microbatch").all_inner_texts())
+        pooled = host.inner_text("#pooled")
+        assert "pooled: 3 peer(s)" in pooled and "1 native, 2 browser" in pooled
+        assert host.inner_text("#readiness").startswith("Training: step ")
+        if os.environ.get("DAISYCHAIN_SCREENSHOTS") == "1":
+            SCREENSHOTS.mkdir(exist_ok=True)
+            host.screenshot(path=str(SCREENSHOTS / "dashboard-training.png"), full_page=True)
+        for page in (host, tab):
+            wait(page, "s => ['done', 'failed'].includes(s.state)", 180_000)
+        assert native.finish(60) == 0, native.messages()
+        reference = native_reference(CONFIG)
+        for page in (host, tab):
+            history = status(page)["history"]
+            assert [(h["step"], h["hash"], h["heldout"]) for h in history] == \
+                [(r["step"], r["hash"], r.get("heldout")) for r in reference]
+        assert native.hashes() == {r["step"]: r["hash"] for r in reference}
+        assert host.inner_text("#readiness").startswith("Finished: step 20")
+
+        # the chart: uPlot from this server, both series, axes, values under the cursor
+        assert host.evaluate("() => typeof window.uPlot") == "function"
+        assert host.locator("#loss-chart .uplot .u-axis").count() == 2
+        legend = host.inner_text("#loss-chart .u-legend")
+        assert "loss" in legend and "held-out" in legend
+        over = host.locator("#loss-chart .u-over")
+        box = over.bounding_box()
+        over.hover(position={"x": box["width"] - 2, "y": box["height"] / 2})
+        hovered = host.inner_text("#loss-chart .u-legend .u-series:nth-child(2) .u-value")
+        assert any(c.isdigit() for c in hovered), hovered
+        host.check("#log-scale")
+        assert host.locator("#loss-chart .uplot").count() == 1
+
+        runs = host.evaluate("async () => (await (await fetch('/api/runs')).json()).runs")
+        (joined,) = [r for r in runs if r["command"] == "join"]
+        (rank,) = joined["ranks"]
+        assert rank["state"] == "finished" and rank["step"] == CONFIG["steps"]
+        assert [p[1] for p in joined["points"]] == [r["loss"] for r in reference]
+        board = tab.context.new_page()
+        board.goto(f"{server_url}/dashboard")
+        board.wait_for_selector("section.run .uplot")
+        assert board.locator("section.run tbody tr td").nth(1).inner_text() == "finished"
+        if os.environ.get("DAISYCHAIN_SCREENSHOTS") == "1":
+            board.screenshot(path=str(SCREENSHOTS / "runs-dashboard.png"), full_page=True)
+    finally:
+        native.kill()

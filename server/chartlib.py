@@ -1,0 +1,86 @@
+"""uPlot, the page's chart library, fetched once at set-up from the npm registry (never a CDN).
+
+``python -m server.runtime fetch`` fetches it with the Pyodide runtime: ``npm pack
+uplot@1.6.32``, accepted only when the tarball's sha256 is the pinned one, and three of its
+files copied to ``$DAISYCHAIN_CACHE/uplot-1.6.32/`` (default parent ``~/.cache/daisychain``),
+the manifest written last. The server serves them as ``/vendor/uplot/<file>``; while they
+are missing, the page draws its loss chart without them and says how to fetch them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+
+from server.runtime import (
+    FETCH_COMMAND,
+    RuntimeIntegrityError,
+    RuntimeMissingError,
+    cache_root,
+    run_tool,
+    sha256_file,
+)
+
+UPLOT_VERSION = "1.6.32"
+UPLOT_TARBALL_SHA256 = "4b8a8191e425658e3ea8c8c1314b0fc679c861ee3a1af2b20c7b16ba50b5133d"
+UPLOT_FILES = {"uPlot.iife.min.js": "package/dist/uPlot.iife.min.js",
+               "uPlot.min.css": "package/dist/uPlot.min.css", "LICENSE": "package/LICENSE"}
+MANIFEST_NAME = "daisychain-uplot.json"
+
+
+def uplot_path() -> Path:
+    return cache_root() / f"uplot-{UPLOT_VERSION}"
+
+
+def check_uplot(folder: Path) -> None:
+    """RuntimeMissingError (with the fetch command) unless `folder` holds a complete,
+    unchanged fetch."""
+    try:
+        manifest = json.loads((folder / MANIFEST_NAME).read_text())
+    except (OSError, ValueError) as exc:
+        raise RuntimeMissingError(f"uPlot {UPLOT_VERSION} is not fetched ({folder}); fetch it "
+                                  f"once with `{FETCH_COMMAND}` (needs npm)") from exc
+    for name, digest in manifest["files"].items():
+        path = folder / name
+        if not path.is_file() or sha256_file(path) != digest:
+            raise RuntimeMissingError(f"{path} is missing or changed; fetch it again with "
+                                      f"`{FETCH_COMMAND} --force`")
+
+
+def fetch_uplot(*, force: bool = False) -> bool:
+    """Fetch uPlot into uplot_path() unless a complete copy is there; True if fetched."""
+    target = uplot_path()
+    if not force:
+        try:
+            check_uplot(target)
+            return False
+        except RuntimeMissingError:
+            pass
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".fetch-", dir=target.parent) as tmp:
+        tmp_path = Path(tmp)
+        run_tool(["npm", "pack", f"uplot@{UPLOT_VERSION}", "--silent"], tmp_path, "npm pack")
+        tarball = tmp_path / f"uplot-{UPLOT_VERSION}.tgz"
+        digest = sha256_file(tarball)
+        if digest != UPLOT_TARBALL_SHA256:
+            raise RuntimeIntegrityError(f"uplot@{UPLOT_VERSION} tarball has sha256 {digest}, "
+                                        f"expected {UPLOT_TARBALL_SHA256}; refusing it")
+        staging = tmp_path / "uplot"
+        staging.mkdir()
+        with tarfile.open(tarball, "r:gz") as tar:
+            for name, member in UPLOT_FILES.items():
+                source = tar.extractfile(member)
+                if source is None:
+                    raise RuntimeIntegrityError(f"{tarball.name} has no {member}")
+                (staging / name).write_bytes(source.read())
+        files = {name: sha256_file(staging / name) for name in UPLOT_FILES}
+        (staging / MANIFEST_NAME).write_text(json.dumps(
+            {"npm": f"uplot@{UPLOT_VERSION}", "files": files}, indent=1, sort_keys=True))
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    check_uplot(target)
+    return True
