@@ -203,5 +203,6 @@ def test_uplot_is_served_from_the_fetched_copy_or_named_missing(make_config, mon
         assert client.get("/vendor/uplot/package.json").status_code == 404
     monkeypatch.setenv("DAISYCHAIN_CACHE", str(tmp_path / "empty-cache"))
     missing = client.get("/vendor/uplot/uPlot.iife.min.js")
-    assert missing.status_code == 503 and "python -m server.runtime fetch" in missing.json["message"]
+    assert missing.status_code == 503
+    assert "python -m server.runtime fetch" in missing.json["message"]
     assert f"uPlot {UPLOT_VERSION} is not fetched" in missing.json["message"]
