@@ -389,6 +389,18 @@ class BrowserPeer:
             return json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
         return json.dumps({"ok": True, "ranks": ranks, "step": ckpt.step})
 
+    def steer(self, request_json: str) -> str:
+        """The leader's steering ({lr, steps, pause}, each optional; pynode.run.schedule):
+        JSON {ok, requested, paused, step} or {ok: false, error}; a refused one changes
+        nothing."""
+        try:
+            request = json.loads(request_json)
+            answer = self.room.steer(request.get("lr"), request.get("steps"),
+                                     request.get("pause"), bool(request.get("stop")))
+        except (DaisyError, ValueError, TypeError, AttributeError) as exc:
+            return json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+        return json.dumps({"ok": True, **answer})
+
     def checkpoint(self) -> Any:
         """The current state as .pt bytes, or a JSON error string (never raises into JS)."""
         try:

@@ -38,6 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--peers", type=int, default=1, help="local peer processes (loopback)")
     train.add_argument("--capacity", help="relative speeds of the local peers, e.g. 1,2,5")
     train.add_argument("--summary", help="write a JSON summary (final hash, traffic) here")
+    train.add_argument("--schedule", metavar="FILE",
+                       help="apply these changes at their steps: a JSON list of {\"step\": S, "
+                       "\"lr\": X, \"steps\": N} (a room's live changes, replayed; "
+                       "pynode/run/schedule.py)")
     add_dashboard_flag(train)
     add_train_sample_flags(train)
 

@@ -77,6 +77,8 @@ class StepReporter:
                    "probe": result.probe, "seconds": round(result.seconds, 4)}
             if result.heldout is not None:
                 row["heldout"] = result.heldout
+            if result.change is not None:
+                row["change"] = result.change
             self.log_file.write(json.dumps(row) + "\n")
             self.log_file.flush()
         if self.bar is not None:

@@ -22,6 +22,7 @@ from pynode.config import ConfigError, RunConfig
 from pynode.core.errors import DaisyError
 from pynode.run.assemble import build_trainer, load_resume
 from pynode.run.loop import train
+from pynode.run.schedule import read_schedule, replay
 from pynode.tasks import load_task
 
 
@@ -32,7 +33,11 @@ async def train_command(args: argparse.Namespace, cfg: RunConfig) -> int:
     if args.capacity is not None and args.peers == 1:
         raise ConfigError("--capacity sets the relative speeds of local peers: it needs "
                           "--peers N with N > 1 (one peer computes every microbatch)")
+    changes = read_schedule(args.schedule) if args.schedule else []
     if args.peers != 1:
+        if changes:
+            raise ConfigError("--schedule replays a run's changes on one peer (the same bits "
+                              "as any group): drop --peers")
         from pynode.cli.group import train_local_peers
 
         return await train_local_peers(args, cfg, parse_capacity(args.capacity, args.peers))
@@ -56,7 +61,7 @@ async def train_command(args: argparse.Namespace, cfg: RunConfig) -> int:
         hooks.append(status)
     started = time.perf_counter()
     try:
-        last = await train(trainer, on_step=hooks)
+        last = await train(trainer, before_step=(replay(changes),), on_step=hooks)
     except BaseException as exc:  # refused mid-run (bad data, a non-finite step): keep
         reporter.close()          # what was agreed
         if status is not None:

@@ -75,6 +75,8 @@ def build_trainer(
     state = None if resume is None else state_from_checkpoint(resume)
     trainer = Trainer(cfg, task, gemm, collective, state, units=units, options=options)
     trainer.check_behind = check_behind(gemm, task)
+    if resume is not None:
+        trainer.schedule = list(resume.config.get("schedule", []))
     if tune:
         from pynode.gemm_tuning import tune_trainer
 
@@ -115,7 +117,7 @@ def read_resume(
     then the explicit `overrides`. Raises CheckpointError (nothing loaded) for a bad file or
     one that does not fit the model the config describes."""
     stored = checkpoint.load_checkpoint(data)
-    config = {k: v for k, v in stored.config.items() if k != "vocab"}
+    config = {k: v for k, v in stored.config.items() if k not in ("vocab", "schedule")}
     try:
         cfg = RunConfig.from_dict({**config, **overrides})
     except ValueError as exc:

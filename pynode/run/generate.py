@@ -214,7 +214,7 @@ def read_model(data: bytes) -> tuple[RunConfig, checkpoint.CheckpointState]:
     if stored.task != "gpt":
         raise GenerateError(f"generate needs a checkpoint of the gpt task; this one trains "
                             f"{stored.task!r}")
-    config = {k: v for k, v in stored.config.items() if k != "vocab"}
+    config = {k: v for k, v in stored.config.items() if k not in ("vocab", "schedule")}
     try:
         cfg = RunConfig.from_dict(config)
     except ValueError as exc:

@@ -26,6 +26,8 @@ async def train(
     while trainer.state.step < trainer.cfg.steps:
         for hook in before_step:
             await hook(trainer)
+        if trainer.state.step >= trainer.cfg.steps:  # a hook stopped the run here
+            break
         last = await trainer.step()
         for report in on_step:
             report(last)

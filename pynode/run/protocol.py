@@ -49,6 +49,7 @@ from pynode.config import ConfigError, RunConfig
 from pynode.core import checkpoint
 from pynode.core.errors import DaisyError
 from pynode.run.loop import BeforeStep, train
+from pynode.run.schedule import change_from_dict
 from pynode.run.trainer import ForkError, StepResult, Trainer
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,7 @@ TrainerFactory = Callable[[RunConfig, Any, "checkpoint.CheckpointState | None"],
 Reporter = Callable[[str, dict], None]
 
 
+PAUSE_TICK_S = 1.0  # a paused leader repeats its control word this often (others wait on it)
 RESUME_WAIT_S = 10.0  # a resumed run waits this long for the ready peers to ask to join
 
 
@@ -156,6 +158,11 @@ class RoomPeer:
         self.answers: dict[str, dict[str, str]] = {}  # run -> peer -> "accept"/"refuse"
         self.task: asyncio.Task | None = None
         self.benching = False
+        # The leader's steering (pynode.run.schedule): a change asked for, applied at the
+        # next step boundary on every peer, and whether the run waits between steps.
+        self.requested: dict[str, Any] | None = None
+        self.paused = False
+        self.stopping = False
 
     # ----------------------------------------------------------------- messages
     async def serve(self) -> None:
@@ -431,15 +438,70 @@ class RoomPeer:
             self.announce()
 
     async def control(self, run: Run) -> None:
+        """The leader's control word before each step, on every member alike: joiners to
+        admit, a change to apply from this step on, and a pause: while paused the leader
+        repeats the word every PAUSE_TICK_S and everyone waits here, between two steps."""
         leader = run.leader == self.id
-        admitted = self.admit_joiners(run) if leader else []
-        blob = json.dumps({"admit": admitted}).encode() if leader else None
-        ctl = json.loads(await run.coll.broadcast_bytes(blob, timeout=run.trainer.deadline()))
-        for peer in ctl.get("admit", []):
+        shown_pause = False
+        while True:
+            blob = self.control_word(run) if leader else None
+            ctl = json.loads(await run.coll.broadcast_bytes(blob, timeout=run.trainer.deadline()))
+            for peer in ctl.get("admit", []):
+                if leader:
+                    self.send_sync(run, peer)
+                self.report("event", {"level": "info", "text": f"peer {peer} joined the run "
+                                                               f"at step {run.trainer.state.step}"})
+            if ctl.get("change"):
+                run.trainer.apply_change(change_from_dict(ctl["change"]))
+                run.cfg = run.trainer.cfg
+                self.report("control", {"step": run.trainer.state.step, "paused": False,
+                                        "change": ctl["change"]})
+            if not ctl.get("pause"):
+                if shown_pause:
+                    self.report("control", {"step": run.trainer.state.step, "paused": False})
+                return
+            if not shown_pause:
+                shown_pause = True
+                self.report("control", {"step": run.trainer.state.step, "paused": True})
             if leader:
-                self.send_sync(run, peer)
-            self.report("event", {"level": "info", "text": f"peer {peer} joined the run at "
-                                                           f"step {run.trainer.state.step}"})
+                await asyncio.sleep(PAUSE_TICK_S)
+
+    def control_word(self, run: Run) -> bytes:
+        """The leader's word for this step boundary (its change checked against the step
+        reached: one that no longer fits is dropped with the reason, never half applied)."""
+        change, self.requested = self.requested, None
+        if self.stopping:  # the run ends at the step it reached: its new total
+            change, self.stopping, self.paused = {"steps": run.trainer.state.step}, False, False
+        if change is not None:
+            try:
+                change_from_dict({**change, "step": run.trainer.state.step}).apply(run.cfg)
+                change = {**change, "step": run.trainer.state.step}
+            except ConfigError as exc:
+                self.report("event", {"level": "error", "text": f"change not applied: {exc}"})
+                change = None
+        admitted = [] if self.paused else self.admit_joiners(run)
+        return json.dumps({"admit": admitted, "change": change, "pause": self.paused}).encode()
+
+    def steer(self, lr: float | None = None, steps: int | None = None,
+              pause: bool | None = None, stop: bool = False) -> dict[str, Any]:
+        """The leader asks for a change at the next step boundary (lr, steps), a pause or
+        resume, or a stop (the run ends at the step it reached: steps becomes that step).
+        Checked now (ConfigError, nothing changed); returns what is pending."""
+        run = self.run
+        if run is None or run.leader != self.id:
+            raise RoomError("only the leader of a running run can steer it")
+        if lr is not None or steps is not None:
+            change = {k: v for k, v in (("lr", lr), ("steps", steps)) if v is not None}
+            change_from_dict({**change, "step": run.trainer.state.step}).apply(run.cfg)
+            self.requested = {**(self.requested or {}), **change}
+        if pause is not None:
+            self.paused = bool(pause)
+        if stop:
+            if run.trainer.state.step < 1:
+                raise RoomError("the run has no step yet to stop at")
+            self.stopping = True
+        return {"requested": self.requested, "paused": self.paused, "stopping": self.stopping,
+                "step": run.trainer.state.step}
 
     def report_step(self, run: Run, result: StepResult, before: set[str]) -> set[str]:
         now = set(run.coll.member_ids())
@@ -457,7 +519,7 @@ class RoomPeer:
                              "share": mine / cfg.microbatches,
                              "tokens_per_s": mine * cfg.microbatch_size * cfg.seq
                              / max(result.seconds, 1e-9),
-                             "bytes_sent": run.coll.bytes_sent})
+                             "bytes_sent": run.coll.bytes_sent, "change": result.change})
         return now
 
 

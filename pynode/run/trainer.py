@@ -81,6 +81,7 @@ class StepResult:
     plan: dict[int, list[int]] = field(default_factory=dict)  # rank -> microbatch indices
     seconds: float = 0.0               # wall time of the step on this peer
     heldout: float | None = None       # held-out loss after the update (cfg.eval_every), or None
+    change: dict | None = None         # the schedule change applied before this step, if any
 
 
 class Trainer:
@@ -128,6 +129,10 @@ class Trainer:
         self.check_behind = False
         # this peer's cross-check recomputations of the step under way (start_rechecks)
         self._rechecks: asyncio.Future | None = None
+        # Changes applied to cfg at step boundaries (pynode.run.schedule), in order; the
+        # checkpoints carry them. `_change`: the one the next StepResult reports.
+        self.schedule: list[dict] = []
+        self._change: dict | None = None
         # Observers (fault injection in tests): before_compute(step about to run, own
         # microbatches) as the step starts computing; after_update(trainer) once applied.
         self.before_compute: list[Callable[[int, list[int]], None]] = []
@@ -428,9 +433,21 @@ class Trainer:
             step=self.state.step, loss=loss, hash=self.state.hash(),
             probe=probe_hash(self.gemm), plan=plan, seconds=time.perf_counter() - started,
             heldout=self.heldout_loss() if self.evaluates(self.state.step) else None,
+            change=self._change,
         )
+        self._change = None
         await self.check_agreement(result)
         return result
+
+    def apply_change(self, change: Any) -> None:
+        """A schedule change (pynode.run.schedule.Change) at this step boundary: from the
+        next step on, this is the run of the changed config, on every peer alike."""
+        if change.step != self.state.step:
+            raise ConfigError(f"change for step {change.step} offered at step {self.state.step}")
+        self.cfg = change.apply(self.cfg)
+        self.schedule.append(change.to_dict())
+        self._change = change.to_dict()
+        log.info("step %d: config changed (%s)", change.step, change.to_dict())
 
     def evaluates(self, step: int) -> bool:
         """Whether the held-out loss is measured after `step` (every eval_every, the last)."""
@@ -512,6 +529,8 @@ class Trainer:
         vocab = getattr(self.task, "vocab", None)
         if vocab is not None:
             config["vocab"] = vocab
+        if self.schedule:
+            config["schedule"] = list(self.schedule)
         return checkpoint.save_checkpoint(checkpoint.CheckpointState(
             task=self.cfg.task, config=config, step=state.step,
             params=state.params, adam_m=state.opt.m, adam_v=state.opt.v,

@@ -29,6 +29,9 @@ export class PageNode extends EventTarget {
         : (performance.memory?.jsHeapSizeLimit ?? null),
       heldout: null,
       microbatch_seconds: null, share: null, tokens_per_s: null, bytes_sent: 0, bytes_received: 0,
+      // The run's changes at step boundaries ({step, lr, steps}: `train --schedule` replays
+      // them) and whether it waits between steps.
+      schedule: [], paused: false,
     };
     this.roster = new Map(); // id -> {id, role, approved, status}
     this.info = new Map(); // id -> what that page told us on the ui channel
@@ -207,7 +210,7 @@ export class PageNode extends EventTarget {
     const s = this.state;
     if (kind === "run") {
       Object.assign(s, { state: "training", run: f.run, leader: f.leader, steps: f.config.steps,
-        config: f.config, error: null, heldout: null });
+        config: f.config, error: null, heldout: null, schedule: [], paused: false });
       this.say("info", f.joined_at === null ? `training started by ${f.leader}`
         : `joined the run of ${f.leader} at step ${f.joined_at}; state verified by hash`);
     } else if (kind === "step") {
@@ -225,6 +228,17 @@ export class PageNode extends EventTarget {
       return;
     } else if (kind === "event") {
       this.say(f.level, f.text);
+    } else if (kind === "control") {
+      s.paused = f.paused;
+      if (f.change) {
+        s.schedule.push(f.change);
+        Object.assign(s.config, f.change.lr === undefined ? {} : { lr: f.change.lr });
+        if (f.change.steps !== undefined) Object.assign(s, { steps: f.change.steps });
+        this.say("info", `from step ${f.step}: ${Object.entries(f.change).filter(([k]) => k !== "step")
+          .map(([k, v]) => `${k} ${v}`).join(", ")}`);
+      } else {
+        this.say("info", f.paused ? `paused after step ${f.step}` : `resumed at step ${f.step}`);
+      }
     } else if (kind === "bench") {
       s.bench = f;
       this.say("info", `all-reduce of ${f.size} int64 over ${f.members} peers: ` +
@@ -253,6 +267,12 @@ export class PageNode extends EventTarget {
   // Resolves to the current state as .pt bytes (an ArrayBuffer).
   async checkpoint() {
     return (await this.request({ type: "checkpoint" })).data;
+  }
+
+  // The leader steers its run: {lr, steps, pause} (each optional), applied at the next step
+  // boundary on every peer; resolves to {requested, paused, step} or rejects with the reason.
+  steer(request) {
+    return this.request({ type: "steer", request });
   }
 
   benchAllreduce(size, repeats) {

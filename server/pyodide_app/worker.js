@@ -110,6 +110,7 @@ async function lead(msg) {
   if (msg.type === "start") answer = await peer.start(JSON.stringify(msg.config));
   else if (msg.type === "resume") answer = await peer.resume(msg.data);
   else if (msg.type === "gemm") answer = await gemmCases(msg.cases);
+  else if (msg.type === "steer") answer = peer.steer(JSON.stringify(msg.request));
   else answer = await peer.bench(msg.size, msg.repeats);
   post({ type: "started", id: msg.id, ...JSON.parse(answer) });
 }
@@ -158,7 +159,7 @@ self.onmessage = (event) => {
     post({ type: "started", id: msg.id, ...JSON.parse(browser.kit_html(msg.data)) });
   } else if (msg.type === "generate") {
     generate(msg).catch((err) => post({ type: "started", id: msg.id, ok: false, error: String(err) }));
-  } else if (["start", "resume", "bench", "gemm"].includes(msg.type)) {
+  } else if (["start", "resume", "bench", "gemm", "steer"].includes(msg.type)) {
     lead(msg).catch((err) => post({ type: "started", id: msg.id, ok: false, error: String(err) }));
   }
 };

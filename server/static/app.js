@@ -28,6 +28,7 @@ let dismissedError = null; // "at text" of the error the user dismissed from the
 window.daisychain = {
   status: () => node.status(),
   start: (config) => node.start(config),
+  steer: (request) => node.steer(request),
   benchAllreduce: (size, repeats) => node.benchAllreduce(size, repeats),
   gemm: (cases) => node.gemm(cases),
   checkpoint: () => node.checkpoint(),
@@ -174,6 +175,8 @@ function renderReadiness(s) {
   let text, kind;
   if (s.state === "failed") {
     [text, kind] = [`Stopped: ${s.error}`, "stopped"];
+  } else if (s.state === "training" && s.paused) {
+    [text, kind] = [`Paused after step ${s.step} of ${s.steps} by the leader.`, "waiting"];
   } else if (s.state === "training") {
     [text, kind] = [`Training: step ${s.step} of ${s.steps} with ${s.members.length} peer(s).`, "training"];
   } else if (s.state === "done") {
@@ -202,6 +205,13 @@ function renderProgress(s) {
   $("history").tBodies[0].innerHTML = s.history.slice(-10).reverse().map((h) =>
     `<tr><td>${h.step}</td><td>${fmtLoss(h.loss)}</td><td>${short(h.hash)}</td></tr>`).join("");
   drawLoss(s.history);
+  const leading = s.state === "training" && s.leader === s.peerId;
+  $("steer").hidden = !leading && !s.schedule.length;
+  for (const id of ["pause", "resume-run", "stop", "apply-change", "steer-lr", "steer-steps"]) {
+    $(id).disabled = !leading;
+  }
+  $("pause").disabled ||= s.paused;
+  $("resume-run").disabled ||= !s.paused;
   // A verified page may lead again after a run ended, even one that failed (fork, lost leader).
   $("start").disabled = !s.verified || !s.approved || s.state === "training";
 }
@@ -308,6 +318,33 @@ $("config-form").addEventListener("submit", timed((event) => {
 }));
 
 $("log-scale").addEventListener("change", timed(() => render()));
+
+function steer(request) {
+  actionError("");
+  node.steer(request).catch((err) => actionError(`not applied: ${err.message}`));
+}
+
+$("pause").addEventListener("click", timed(() => steer({ pause: true })));
+$("resume-run").addEventListener("click", timed(() => steer({ pause: false })));
+$("stop").addEventListener("click", timed(() => steer({ stop: true })));
+$("steer").addEventListener("submit", timed((event) => {
+  event.preventDefault();
+  const request = {};
+  if ($("steer-lr").value) request.lr = parseFloat($("steer-lr").value);
+  if ($("steer-steps").value) request.steps = parseInt($("steer-steps").value);
+  steer(request);
+}));
+
+// The run's changes as `train --schedule FILE` reads them.
+$("download-schedule").addEventListener("click", () => {
+  const url = URL.createObjectURL(new Blob([JSON.stringify(node.state.schedule)],
+    { type: "application/json" }));
+  const link = document.createElement("a");
+  link.href = url;
+  link.download = `daisychain-schedule-${node.state.run}.json`;
+  link.click();
+  setTimeout(() => URL.revokeObjectURL(url), 10_000);
+});
 
 $("alert-close").addEventListener("click", timed(() => {
   const last = node.state.messages.findLast((m) => m.level === "error");

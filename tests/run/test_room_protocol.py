@@ -310,3 +310,52 @@ def test_allreduce_benchmark_over_the_room(checks):
         assert len(ranks) == 3, "peers are free again after a benchmark"
         await settle(pages)
     run(body())
+
+
+def test_the_leaders_pause_change_and_stop_apply_at_one_step_on_every_peer(checks):
+    """Pause (the others wait between two steps), an lr change, then a stop: every peer
+    applies each at the same step boundary, and one trainer replaying the recorded schedule
+    (what `train --schedule` does) gives the same hashes."""
+    from pynode.config import RunConfig
+    from pynode.core.checkpoint import load_checkpoint
+    from pynode.run.loop import train
+    from pynode.run.schedule import change_from_dict, replay
+
+    async def body():
+        net = MemoryNetwork()
+        pages = [Page(net, f"tab{i}", checks) for i in range(3)]
+        await asyncio.sleep(0.05)
+        leader = pages[0].peer
+        await leader.start({**CONFIG, "steps": 12})
+        with pytest.raises(RoomError, match="only the leader"):
+            pages[1].peer.steer(lr=0.001)
+        with pytest.raises(ConfigError, match="lr must be in"):
+            leader.steer(lr=2.0)
+        await wait_for_step(pages[0], 2)
+        leader.steer(pause=True)
+        while not all(p.kinds("control") for p in pages):
+            await asyncio.sleep(0.01)
+        paused_at = {p.kinds("control")[0]["step"] for p in pages}
+        assert len(paused_at) == 1 and all(p.kinds("control")[0]["paused"] for p in pages)
+        await asyncio.sleep(1.5)  # two pause words later, nobody has stepped
+        assert {max(p.hashes()) for p in pages} == paused_at
+        leader.steer(pause=False, lr=0.001)
+        await wait_for_step(pages[0], max(paused_at) + 2)
+        leader.steer(stop=True)
+        await settle(pages)
+        changes = [[c["change"] for c in p.kinds("control") if c.get("change")] for p in pages]
+        assert changes[0] == changes[1] == changes[2]
+        (lr, stop) = changes[0]
+        assert lr == {"step": max(paused_at), "lr": 0.001}
+        assert stop["steps"] == stop["step"] and stop["step"] > lr["step"]
+        assert all(max(p.hashes()) == stop["step"] for p in pages)
+        assert pages[1].hashes() == pages[0].hashes() == pages[2].hashes()
+        ckpt_config = load_checkpoint(pages[1].peer.checkpoint()).config
+        assert ckpt_config["schedule"] == changes[0] and ckpt_config["steps"] == stop["step"]
+
+        alone = checks.make_trainer(RunConfig.from_dict({**CONFIG, "steps": 12}), None, None)
+        got = {}
+        await train(alone, before_step=(replay([change_from_dict(c) for c in changes[0]]),),
+                    on_step=(lambda r: got.__setitem__(r.step, r.hash),))
+        assert got == pages[0].hashes()
+    run(body())
