@@ -1,16 +1,19 @@
-"""The page's dashboard with two tabs and one native peer in one room: the readiness banner,
-each peer's runtime, cores, RAM, speed and share, the pooled totals, the loss chart (uPlot,
-served by our server) with the held-out loss, and the native peer on /dashboard. The
-hashes and held-out losses equal `python -m pynode train` alone. With
-DAISYCHAIN_SCREENSHOTS=1 the test writes the screenshots of docs/images/."""
+"""The page's dashboard and control panel with two tabs and one native peer in one room: the
+readiness banner, each peer's runtime, cores, RAM, speed and share, the pooled totals, the
+loss chart (uPlot, served by our server) with the held-out loss, the native peer on
+/dashboard, and the leader's pause, resume, learning-rate change and stop mid-run. The
+hashes and held-out losses of every peer equal `python -m pynode train --schedule` of the
+changes the page recorded. With DAISYCHAIN_SCREENSHOTS=1 the test writes the screenshots of
+docs/images/."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
 from browser_helpers import status, wait, wait_booted, wait_trainable
-from mixed_helpers import REPO, NativeJoin
+from mixed_helpers import REPO, NativeJoin, reference_rows
 
 pytestmark = [pytest.mark.slow]
 
@@ -21,8 +24,8 @@ ALL_SHOWN = """s => s.peers.length === 3 && s.peers.every(p => p.runtime && p.sh
 SCREENSHOTS = REPO / "docs" / "images"
 
 
-def test_two_tabs_and_a_native_peer_on_the_dashboard(tabs, net, server_url, tmp_path,
-                                                     native_reference):
+def test_two_tabs_and_a_native_peer_on_the_dashboard_steered_by_the_leader(
+        tabs, net, server_url, tmp_path):
     host = tabs.open("?create=1")
     code = status(host)["room"]
     tab = tabs.open(f"?room={code}")
@@ -55,19 +58,46 @@ def test_two_tabs_and_a_native_peer_on_the_dashboard(tabs, net, server_url, tmp_
         pooled = host.inner_text("#pooled")
         assert "pooled: 3 peer(s)" in pooled and "1 native, 2 browser" in pooled
         assert host.inner_text("#readiness").startswith("Training: step ")
+
+        # the leader pauses: every peer waits between the same two steps
+        host.click("#pause")
+        for page in (host, tab):
+            wait(page, "s => s.paused", 30_000)
+        paused = status(host)["step"]
+        native.wait_for(rf"paused at step {paused} by the leader", 30)
+        assert host.inner_text("#readiness").startswith(f"Paused after step {paused}")
         if os.environ.get("DAISYCHAIN_SCREENSHOTS") == "1":
             SCREENSHOTS.mkdir(exist_ok=True)
             host.screenshot(path=str(SCREENSHOTS / "dashboard-training.png"), full_page=True)
+        page_steps = [status(page)["step"] for page in (host, tab)]
+        host.wait_for_timeout(1500)
+        assert [status(page)["step"] for page in (host, tab)] == page_steps == [paused] * 2
+        assert max(native.hashes()) == paused
+        host.fill("#steer-lr", "0.001")
+        host.click("#apply-change")  # while paused: it applies at the step reached
+        wait(host, "s => s.schedule.length === 1", 30_000)
+        host.click("#resume-run")
+        wait(host, "(s, at) => s.step >= at", 60_000, paused + 2)
+        host.click("#stop")
         for page in (host, tab):
             wait(page, "s => ['done', 'failed'].includes(s.state)", 180_000)
         assert native.finish(60) == 0, native.messages()
-        reference = native_reference(CONFIG)
+        schedule = status(host)["schedule"]
+        assert schedule == status(tab)["schedule"]
+        assert [set(c) for c in schedule] == [{"step", "lr"}, {"step", "steps"}], schedule
+        assert schedule[0] == {"step": paused, "lr": 0.001}
+        stopped = schedule[1]["steps"]
+        assert schedule[1]["step"] == stopped and paused + 2 <= stopped < CONFIG["steps"]
+        replayed = tmp_path / "schedule.json"
+        replayed.write_text(json.dumps(schedule))
+        reference = reference_rows(CONFIG, tmp_path, "--schedule", str(replayed))
+        assert [r["step"] for r in reference] == list(range(1, stopped + 1))
         for page in (host, tab):
             history = status(page)["history"]
             assert [(h["step"], h["hash"], h["heldout"]) for h in history] == \
                 [(r["step"], r["hash"], r.get("heldout")) for r in reference]
         assert native.hashes() == {r["step"]: r["hash"] for r in reference}
-        assert host.inner_text("#readiness").startswith("Finished: step 20")
+        assert host.inner_text("#readiness").startswith(f"Finished: step {stopped}")
 
         # the chart: uPlot from this server, both series, axes, values under the cursor
         assert host.evaluate("() => typeof window.uPlot") == "function"
@@ -85,7 +115,7 @@ def test_two_tabs_and_a_native_peer_on_the_dashboard(tabs, net, server_url, tmp_
         runs = host.evaluate("async () => (await (await fetch('/api/runs')).json()).runs")
         (joined,) = [r for r in runs if r["command"] == "join"]
         (rank,) = joined["ranks"]
-        assert rank["state"] == "finished" and rank["step"] == CONFIG["steps"]
+        assert rank["state"] == "finished" and rank["step"] == stopped
         assert [p[1] for p in joined["points"]] == [r["loss"] for r in reference]
         board = tab.context.new_page()
         board.goto(f"{server_url}/dashboard")

@@ -454,7 +454,8 @@ class RoomPeer:
             if ctl.get("change"):
                 run.trainer.apply_change(change_from_dict(ctl["change"]))
                 run.cfg = run.trainer.cfg
-                self.report("control", {"step": run.trainer.state.step, "paused": False,
+                self.report("control", {"step": run.trainer.state.step,
+                                        "paused": bool(ctl.get("pause")),
                                         "change": ctl["change"]})
             if not ctl.get("pause"):
                 if shown_pause:
