@@ -9,11 +9,18 @@ docs/images/."""
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 
 import pytest
 from browser_helpers import status, wait, wait_booted, wait_trainable
 from mixed_helpers import REPO, NativeJoin, reference_rows
+
+from pynode.config import RunConfig
+from pynode.core.gpt import gpt_param_shapes
+from pynode.run.group import memory_needed
+from pynode.tasks.gpt import gpt_config
 
 pytestmark = [pytest.mark.slow]
 
@@ -22,6 +29,10 @@ CONFIG = {"task": "gpt", "width": 32, "layers": 1, "heads": 2, "seq": 16, "micro
 ALL_SHOWN = """s => s.peers.length === 3 && s.peers.every(p => p.runtime && p.share !== null
     && p.microbatch_seconds !== null && p.bytes_sent > 0 && p.step >= 2)"""
 SCREENSHOTS = REPO / "docs" / "images"
+
+
+def param_count(cfg: RunConfig) -> int:
+    return sum(math.prod(s) for s in gpt_param_shapes(gpt_config(cfg)).values())
 
 
 def test_two_tabs_and_a_native_peer_on_the_dashboard_steered_by_the_leader(
@@ -40,6 +51,14 @@ def test_two_tabs_and_a_native_peer_on_the_dashboard_steered_by_the_leader(
         wait_trainable(host, ids)
         banner = host.inner_text("#readiness")
         assert banner.startswith("Checks passed; 3 peer(s) ready to train"), banner
+        # the sliders: live parameter count and memory per peer, as pynode counts them
+        assert f"{param_count(RunConfig()):,} parameters" in host.inner_text("#estimate")
+        host.fill("[name=width-slider]", "128")
+        assert host.input_value("[name=width]") == "128"
+        wide = RunConfig(width=128)
+        assert f"{param_count(wide):,} parameters, about " \
+            f"{memory_needed(wide, param_count(wide)) / 2**20:.1f} MiB per peer" \
+            in host.inner_text("#estimate")
         host.evaluate("(c) => daisychain.start(c)", CONFIG)
         wait(host, ALL_SHOWN, 120_000)  # mid-run: every peer has told its part of a step
         peers = {p["id"]: p for p in status(host)["peers"]}
@@ -98,6 +117,8 @@ def test_two_tabs_and_a_native_peer_on_the_dashboard_steered_by_the_leader(
                 [(r["step"], r["hash"], r.get("heldout")) for r in reference]
         assert native.hashes() == {r["step"]: r["hash"] for r in reference}
         assert host.inner_text("#readiness").startswith(f"Finished: step {stopped}")
+        estimate = host.inner_text("#estimate")  # scaled from the speeds measured in the run
+        assert re.search(r"about \d+ (ms|s) a step for these \d peer\(s\)", estimate), estimate
 
         # the chart: uPlot from this server, both series, axes, values under the cursor
         assert host.evaluate("() => typeof window.uPlot") == "function"

@@ -8,6 +8,7 @@
 
 import { PageGenerator } from "/app/generate.js";
 import { PageNode } from "/app/node.js";
+import { memoryBytes, paramCount, stepSeconds } from "/static/estimate.js";
 
 const params = new URLSearchParams(location.search);
 const target = params.get("create") ? { create: true }
@@ -22,6 +23,10 @@ const FORM_FIELDS = ["task", ...Object.keys(NUMBER_FIELDS), "data"];
 // Run settings the form has no field for, named in the line above the form.
 const OTHER_FIELDS = { warmup: "warm-up", weight_decay: "weight decay", clip: "clip",
   frac_bits: "fraction bits" };
+// A slider beside each of these fields: [min, max, step]; the number field stays exact.
+const SLIDERS = { width: [8, 512, 8], layers: [1, 12, 1], heads: [1, 16, 1], seq: [8, 512, 8],
+  microbatch_size: [1, 64, 1], microbatches: [1, 64, 1], steps: [1, 5000, 1],
+  lr: [0.0001, 0.02, 0.0001] };
 let filledRun = null; // the run whose config the form shows
 let dismissedError = null; // "at text" of the error the user dismissed from the top
 
@@ -110,6 +115,11 @@ function renderForm(s) {
   }
   const training = s.state === "training";
   for (const name of FORM_FIELDS) form.elements[name].disabled = training;
+  for (const name of Object.keys(SLIDERS)) {
+    const slider = form.elements[`${name}-slider`];
+    slider.disabled = training;
+    if (document.activeElement !== slider) slider.value = form.elements[name].value;
+  }
   $("run-note").hidden = !s.config;
   if (s.config) {
     const leader = s.leader === s.peerId ? "this page" : s.leader;
@@ -130,6 +140,43 @@ const sum = (rows, key) => {
   const known = rows.map((p) => p[key]).filter((v) => v != null);
   return known.length ? known.reduce((a, b) => a + b, 0) : null;
 };
+
+// The config's parameter count, memory per peer and step time for the pool (scaled from
+// the microbatch times the peers measured in the last run), under the sliders.
+function renderEstimate(s) {
+  const form = $("config-form");
+  const cfg = {};
+  for (const [name, parse] of Object.entries(NUMBER_FIELDS)) cfg[name] = parse(form.elements[name].value);
+  if (form.elements.task.value !== "gpt" || Object.values(cfg).some((v) => !Number.isFinite(v))) {
+    $("estimate").textContent = "";
+    return;
+  }
+  const pool = s.peers.filter((p) => p.approved && p.connected);
+  const step = stepSeconds(cfg, s.config, pool.map((p) => p.microbatch_seconds ?? 0));
+  $("estimate").textContent = `${paramCount(cfg).toLocaleString("en")} parameters, ` +
+    `about ${(memoryBytes(cfg) / 2 ** 20).toFixed(1)} MiB per peer; ` +
+    (step === null ? "the step time is estimated once this pool has trained a step."
+      : `about ${step < 1 ? `${(step * 1000).toFixed(0)} ms` : `${step.toFixed(1)} s`} a step ` +
+        `for these ${pool.length} peer(s), ${duration(step * cfg.steps)} for the run.`);
+}
+
+function duration(seconds) {
+  return seconds < 120 ? `${seconds.toFixed(0)} s` : seconds < 7200 ? `${(seconds / 60).toFixed(0)} min`
+    : `${(seconds / 3600).toFixed(1)} h`;
+}
+
+function addSliders() {
+  const form = $("config-form");
+  for (const [name, [min, max, step]] of Object.entries(SLIDERS)) {
+    const field = form.elements[name];
+    const slider = Object.assign(document.createElement("input"),
+      { type: "range", min, max, step, value: field.value, name: `${name}-slider` });
+    slider.setAttribute("aria-label", `${name} slider`);
+    slider.addEventListener("input", timed(() => { field.value = slider.value; render(); }));
+    field.addEventListener("input", () => { slider.value = field.value; render(); });
+    field.after(slider);
+  }
+}
 
 function renderPeers(s) {
   const host = s.role === "host";
@@ -286,6 +333,7 @@ function render() {
     renderPeers(s);
     renderLinks(s);
     renderForm(s);
+    renderEstimate(s);
     renderProgress(s);
     renderChecks(s);
     renderMessages(s);
@@ -458,5 +506,6 @@ window.addEventListener("pagehide", () => {
   node.mesh?.close();
   node.signaling.close();
 });
+addSliders();
 node.boot();
 render();
