@@ -72,11 +72,13 @@ def _read_checked(spec: str, size: int, mtime_ns: int) -> np.ndarray:
     if have != digest:
         raise DataFileError(f"the run's data file {path} has sha256 {have[:16]}..., the run's "
                             f"is {digest[:16]}...: the file changed, or this peer has another")
-    text = _parquet_text(path, raw) if raw.startswith(PARQUET_MAGIC) else raw
+    text = parquet_text(path, raw) if raw.startswith(PARQUET_MAGIC) else raw
     return np.frombuffer(text, dtype=np.uint8)
 
 
-def _parquet_text(path: str, raw: bytes) -> bytes:
+def parquet_text(path: str, raw: bytes) -> bytes:
+    """The documents of a parquet file's `text` column joined by DOC_SEPARATOR (`path`
+    names it in errors)."""
     from pynode.extras import require
 
     require(f"--data {path} (a parquet file)", "pyarrow")

@@ -1,5 +1,6 @@
-"""Where a microbatch's text comes from: the built-in corpus, a server's /data, or a local
-file (pynode.datafile).
+"""Where a microbatch's text comes from: the built-in corpus, a server's /data, a local
+file (pynode.datafile), or a whole text at a URL with its digest (`URL#sha256=HEX`: a text
+a room's leader uploaded to the server, server/uploads.py), sliced as a file is.
 
 Either way a microbatch is a pure function of (seed, step, index): the built-in corpus is
 the same bytes on every peer (it ships inside the package and the page's bundle), and the
@@ -8,8 +9,10 @@ server's /data slices its shards deterministically, so peers that ask get the sa
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+from functools import lru_cache
 from urllib.error import HTTPError
 from urllib.parse import urlencode
 
@@ -57,6 +60,12 @@ def microbatch_bytes(
             raise DataFileError(f"the data file {split_spec(data)[0]} holds {text.shape[0]} "
                                 f"{what}, not more than one sequence ({length})")
         return byte_windows(text, seed, step, index, rows, length)
+    if is_text_url(data):
+        text = text_part(url_text(data), part)
+        if text.shape[0] <= length:
+            raise DataSourceError(f"the text at {data.partition('#')[0]} holds {text.shape[0]} "
+                                  f"bytes, not more than one sequence ({length})")
+        return byte_windows(text, seed, step, index, rows, length)
     want = rows * length
     raw = server_text(data, {"seed": seed, "step": step, "index": index, "bytes": want},
                       fallback)
@@ -65,6 +74,31 @@ def microbatch_bytes(
     padded = np.full(want, PAD_BYTE, dtype=np.uint8)
     padded[: len(raw)] = np.frombuffer(raw, dtype=np.uint8)
     return padded.reshape(rows, length).astype(np.int32)
+
+
+def is_text_url(data: str) -> bool:
+    """Whether `data` names a whole text at a URL with its digest (`URL#sha256=HEX`)."""
+    return data.startswith(("http://", "https://")) and "#sha256=" in data
+
+
+@lru_cache(maxsize=2)
+def url_text(data: str) -> np.ndarray:
+    """The (N,) uint8 text at `URL#sha256=HEX`, read once and checked against HEX."""
+    url, _, digest = data.rpartition("#sha256=")
+    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        raise DataSourceError(f"data {data!r}: expected URL#sha256=<64 hex digits>")
+    try:
+        raw = http_get_text(url).encode("utf-8")
+    except HTTPError as exc:
+        reason = error_body(exc).get("message")
+        raise DataSourceError(f"the run's text {url} answered {exc.code}: {reason}") from exc
+    except (OSError, ValueError) as exc:
+        raise DataSourceError(f"the run's text {url} could not be read: {exc}") from exc
+    have = hashlib.sha256(raw).hexdigest()
+    if have != digest:
+        raise DataSourceError(f"the text at {url} has sha256 {have[:16]}..., the run's is "
+                              f"{digest[:16]}...: it is not the run's text")
+    return np.frombuffer(raw, dtype=np.uint8)
 
 
 def text_part(text: np.ndarray, part: str) -> np.ndarray:

@@ -8,7 +8,7 @@ from typing import Any
 from flask import Flask, Response
 from werkzeug.serving import BaseWSGIServer, make_server
 
-from server import dashboard, data, pages, runtime_routes, signaling
+from server import dashboard, data, pages, runtime_routes, signaling, uploads
 from server.config import ServerConfig, as_config, default_data_dir
 from server.ice import IceIssuer
 from server.revocations import REVOKED_FILE, Revocations
@@ -27,7 +27,8 @@ def create_app(config: ServerConfig | dict[str, Any] | None = None) -> Flask:
     app.config.update(
         SOCK_SERVER_OPTIONS={"ping_interval": cfg.ws_ping_s,
                              "max_message_size": cfg.hard_frame_bytes},
-        MAX_CONTENT_LENGTH=1 << 20,  # no route takes a body; refuse large ones early
+        # no route takes a large body (but /api/uploads: max_upload_bytes); refuse them early
+        MAX_CONTENT_LENGTH=1 << 20,
     )
     app.config.update(cfg.extra)
     state_dir = cfg.data_dir or default_data_dir()
@@ -43,7 +44,10 @@ def create_app(config: ServerConfig | dict[str, Any] | None = None) -> Flask:
         cfg, rooms, signaling.AddressCounter(cfg.max_ws_per_address))
     app.extensions[data.EXTENSION] = data.DataService(cfg)
     app.extensions[dashboard.EXTENSION] = RunBoard(cfg.max_runs, cfg.run_idle_s)
-    for blueprint in (pages.bp, runtime_routes.bp, signaling.bp, data.bp, dashboard.bp):
+    app.extensions[uploads.EXTENSION] = uploads.UploadStore(state_dir / uploads.FOLDER,
+                                                            cfg.max_uploads)
+    for blueprint in (pages.bp, runtime_routes.bp, signaling.bp, data.bp, dashboard.bp,
+                      uploads.bp):
         app.register_blueprint(blueprint)
     signaling.sock.init_app(app)
 

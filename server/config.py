@@ -92,6 +92,9 @@ class ServerConfig:
     # --- /dashboard: native runs that report their status (--dashboard URL)
     max_runs: int = 64  # runs held at once; the one reported least recently goes first
     run_idle_s: float = 3600.0  # a run that has not reported for this long is forgotten
+    # --- /api/uploads: a text file a room's leader uploads for its run (server/uploads.py)
+    max_upload_bytes: int = 64 << 20  # largest file accepted
+    max_uploads: int = 8  # uploaded texts kept in data_dir; the oldest goes first
     # --- ICE (docs/NETWORKS.md): handed to peers once approved, never to pending ones
     ice_servers: tuple[str, ...] = ()  # stun:/stuns:/turn:/turns: URLs
     # coturn's static-auth-secret; None: $DAISYCHAIN_TURN_SECRET. Needed for turn: URLs.
@@ -129,7 +132,8 @@ class ServerConfig:
                                "data_retry_s", "max_conns_per_address", "header_timeout_s",
                                "send_queue_bytes", "max_ws_per_address",
                                "max_rooms_per_address", "max_pending_per_address",
-                               "turn_ttl_s", "max_runs", "run_idle_s"))
+                               "turn_ttl_s", "max_runs", "run_idle_s",
+                               "max_upload_bytes", "max_uploads"))
         if self.max_connections < 0:
             raise ServerConfigError(f"max_connections must be >= 0, got {self.max_connections}")
         for origin in self.allowed_origins:

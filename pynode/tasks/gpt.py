@@ -9,7 +9,7 @@ import numpy as np
 from pynode.config import RunConfig
 from pynode.core.gpt import GPT, GPTConfig
 from pynode.datafile import file_text, is_file_spec
-from pynode.datasource import HELDOUT_STEP, microbatch_bytes
+from pynode.datasource import HELDOUT_STEP, is_text_url, microbatch_bytes, url_text
 
 
 class GPTTask:
@@ -20,6 +20,8 @@ class GPTTask:
     def build_model(self, cfg: RunConfig, gemm: Any) -> GPT:
         if is_file_spec(cfg.data):  # a missing or other file is refused before any step
             file_text(cfg.data)
+        if is_text_url(cfg.data):  # likewise a text that cannot be read or is another
+            url_text(cfg.data)
         return GPT(gpt_config(cfg), gemm)
 
     def sample(self, cfg: RunConfig, step: int, index: int) -> np.ndarray:
