@@ -8,6 +8,7 @@ docs/images/."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -146,3 +147,32 @@ def test_two_tabs_and_a_native_peer_on_the_dashboard_steered_by_the_leader(
             board.screenshot(path=str(SCREENSHOTS / "runs-dashboard.png"), full_page=True)
     finally:
         native.kill()
+
+
+def test_a_text_file_the_leader_uploads_trains_the_room_as_train_data_file(tabs, tmp_path):
+    """The host picks "a file you upload" in the form and starts: the server keeps the
+    text, both tabs fetch it and train on the hashes of `train --data FILE`."""
+    text = tmp_path / "notes.txt"
+    text.write_text("".join(f"note {i}: tabs read this upload, é 数. " for i in range(300)))
+    host = tabs.open("?create=1")
+    tab = tabs.open(f"?room={status(host)['room']}")
+    host.evaluate("(id) => daisychain.approve(id)", status(tab)["peerId"])
+    wait_booted(host, tab)
+    wait_trainable(host, [status(tab)["peerId"]])
+    form = {"width": 32, "layers": 1, "heads": 2, "seq": 16, "microbatch_size": 2,
+            "microbatches": 4, "steps": 3}
+    for name, value in form.items():
+        host.fill(f"#config-form [name={name}]", str(value))
+    host.select_option("#config-form [name=data]", "upload")
+    host.set_input_files("#data-file", str(text))
+    host.click("#start")
+    for page in (host, tab):
+        wait(page, "s => ['done', 'failed'].includes(s.state)", 180_000)
+    config = {"task": "gpt", **form, "lr": 0.003, "seed": 1}
+    reference = reference_rows(config, tmp_path, "--data", str(text))
+    for page in (host, tab):
+        assert status(page)["config"]["data"].endswith(
+            f"#sha256={hashlib.sha256(text.read_bytes()).hexdigest()}")
+        assert [h["hash"] for h in status(page)["history"]] == [r["hash"] for r in reference]
+    builtin = reference_rows(config, tmp_path)
+    assert [r["hash"] for r in builtin] != [r["hash"] for r in reference]

@@ -19,7 +19,7 @@ const generator = new PageGenerator({ backend: params.get("backend") });
 const $ = (id) => document.getElementById(id);
 const NUMBER_FIELDS = { width: parseInt, layers: parseInt, heads: parseInt, seq: parseInt,
   microbatch_size: parseInt, microbatches: parseInt, steps: parseInt, lr: parseFloat, seed: parseInt };
-const FORM_FIELDS = ["task", ...Object.keys(NUMBER_FIELDS), "data"];
+const FORM_FIELDS = ["task", ...Object.keys(NUMBER_FIELDS), "data"]; // data_file: not a setting
 // Run settings the form has no field for, named in the line above the form.
 const OTHER_FIELDS = { warmup: "warm-up", weight_decay: "weight decay", clip: "clip",
   frac_bits: "fraction bits" };
@@ -104,7 +104,8 @@ function renderForm(s) {
   if (s.config && s.run !== filledRun) {
     filledRun = s.run;
     for (const name of FORM_FIELDS) {
-      const value = name === "data" ? (s.config.data === "builtin" ? "builtin" : "server")
+      const value = name === "data" ? (s.config.data === "builtin" ? "builtin"
+        : s.config.data.includes("#sha256=") ? "upload" : "server")
         : String(s.config[name]);
       const field = form.elements[name];
       if (field.tagName === "SELECT" && ![...field.options].some((o) => o.value === value)) {
@@ -115,6 +116,7 @@ function renderForm(s) {
   }
   const training = s.state === "training";
   for (const name of FORM_FIELDS) form.elements[name].disabled = training;
+  form.elements.data_file.disabled = training;
   for (const name of Object.keys(SLIDERS)) {
     const slider = form.elements[`${name}-slider`];
     slider.disabled = training;
@@ -362,7 +364,10 @@ $("config-form").addEventListener("submit", timed((event) => {
   for (const [name, parse] of Object.entries(NUMBER_FIELDS)) config[name] = parse(data.get(name));
   $("start").disabled = true;
   actionError("");
-  node.start(config).catch((err) => actionError(`could not start: ${err.message}`));
+  (async () => {
+    if (data.get("data") === "upload") config.data = await uploadText($("data-file").files[0]);
+    return node.start(config);
+  })().catch((err) => actionError(`could not start: ${err.message}`));
 }));
 
 $("log-scale").addEventListener("change", timed(() => render()));
@@ -393,6 +398,19 @@ $("download-schedule").addEventListener("click", () => {
   link.click();
   setTimeout(() => URL.revokeObjectURL(url), 10_000);
 });
+
+// The chosen file goes to the server, which keeps its text under its sha256 and serves it
+// to the room; every peer checks the digest and slices it as `train --data FILE` does.
+async function uploadText(file) {
+  if (!file) throw new Error("choose the text or parquet file to upload");
+  const reply = await fetch("/api/uploads", { method: "POST", body: file,
+    headers: { "Content-Type": "application/octet-stream" } });
+  const answer = await reply.json().catch(() => ({ message: reply.status === 413
+    ? "the file is larger than this server accepts (max_upload_bytes)" : `HTTP ${reply.status}` }));
+  if (!reply.ok) throw new Error(`the server refused ${file.name}: ${answer.message}`);
+  node.say("info", `uploaded ${file.name}: text sha256 ${answer.sha256.slice(0, 16)}…`);
+  return answer.data;
+}
 
 $("alert-close").addEventListener("click", timed(() => {
   const last = node.state.messages.findLast((m) => m.level === "error");

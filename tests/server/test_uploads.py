@@ -1,0 +1,91 @@
+"""/api/uploads and /uploads/<sha256>: a text file a room's leader uploads trains every peer
+on exactly the windows `train --data FILE` cuts from that file: the same hashes (natively
+here over real HTTP; in the page, e2e/test_page_dashboard.py's sibling runs the same code)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))
+from pynode_runs import Launched  # noqa: E402
+
+TEXT = "".join(f"line {i}: an uploaded note, é and 数 in it. " for i in range(400)).encode()
+CONFIG = ["--steps", "3", "--width", "32", "--layers", "1", "--heads", "2", "--seq", "16",
+          "--microbatch-size", "2", "--microbatches", "4", "--no-progress", "--kernels",
+          "numpy", "--eval-every", "2"]
+
+
+def post(url: str, body: bytes) -> tuple[int, dict]:
+    request = urllib.request.Request(url, body, {"Content-Type": "application/octet-stream"},
+                                     method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+        return exc.code, json.loads(body) if body.startswith(b"{") else {}
+
+
+def test_an_uploaded_text_trains_on_the_hashes_of_train_data_file(live, make_config, tmp_path):
+    server = live(make_config())
+    status, answer = post(f"{server.url}/api/uploads", TEXT)
+    assert status == 201 and answer["sha256"] == hashlib.sha256(TEXT).hexdigest()
+    assert answer["data"] == f"{server.url}/uploads/{answer['sha256']}#sha256={answer['sha256']}"
+    with urllib.request.urlopen(f"{server.url}{answer['url']}") as reply:
+        assert reply.read() == TEXT and reply.headers.get_content_charset() == "utf-8"
+    local = tmp_path / "notes.txt"
+    local.write_bytes(TEXT)
+    runs = [Launched(tmp_path, "file", ["train", *CONFIG, "--data", str(local)]),
+            Launched(tmp_path, "upload", ["train", *CONFIG, "--data", answer["data"]])]
+    file_run, upload_run = (run.wait() for run in runs)
+    assert file_run.rc == 0 and upload_run.rc == 0, file_run.err[-2000:] + upload_run.err[-2000:]
+    assert [(r["hash"], r.get("heldout")) for r in upload_run.log] == \
+        [(r["hash"], r.get("heldout")) for r in file_run.log]
+    assert len(file_run.log) == 3 and file_run.log[1]["heldout"] is not None
+    builtin = Launched(tmp_path, "builtin", ["train", *CONFIG]).wait()
+    assert builtin.hashes != file_run.hashes  # the text mattered
+
+
+@pytest.mark.parametrize("body, match", [
+    (b"", "holds no text"),
+    (b"\xff\xfe not utf-8", "not UTF-8 text"),
+    (b"\xef\xbb\xbfwith a BOM", "byte-order mark"),
+    (b"PAR1 not really parquet", "text"),
+])
+def test_unusable_uploads_are_refused_by_name(live, make_config, body, match):
+    server = live(make_config())
+    status, answer = post(f"{server.url}/api/uploads", body)
+    assert status == 400 and answer["error"] == "bad_upload" and match in answer["message"]
+
+
+def test_a_big_upload_is_refused_and_the_oldest_text_goes_first(live, make_config):
+    server = live(make_config(max_upload_bytes=1000, max_uploads=2))
+    assert post(f"{server.url}/api/uploads", b"x" * 1001)[0] == 413
+    digests = [post(f"{server.url}/api/uploads", f"text {i} ".encode() * 10)[1]["sha256"]
+               for i in range(3)]
+    codes = []
+    for digest in digests:
+        try:
+            codes.append(urllib.request.urlopen(f"{server.url}/uploads/{digest}").status)
+        except urllib.error.HTTPError as exc:
+            codes.append(exc.code)
+    assert codes == [404, 200, 200]
+
+
+def test_a_changed_text_is_refused_by_every_peer(live, make_config):
+    from pynode.datasource import DataSourceError, microbatch_bytes
+
+    server = live(make_config())
+    answer = post(f"{server.url}/api/uploads", TEXT)[1]
+    other = answer["data"].replace(answer["sha256"][-8:], "0" * 8)
+    with pytest.raises(DataSourceError, match="answered 404|not the run's text"):
+        microbatch_bytes(other, 1, 0, 0, 2, 17)
+    windows = microbatch_bytes(answer["data"], 1, 0, 0, 2, 17)
+    assert windows.shape == (2, 17)
