@@ -43,6 +43,7 @@ $(VENV)/.installed-demo: $(VENV)/.made $(DEPS)
 $(VENV)/.installed-dev: $(VENV)/.made $(DEPS) | browser
 	$(PIP) -e '.[dev]' -c .ci/constraints.txt
 	$(VPY) -m server.runtime fetch
+	$(VPY) -m server.chartlib fetch
 	$(VPY) -m server.wasm_build fetch
 	@echo "pip install -e .[dev]; runtime and wabt fetched" > $@
 
@@ -57,6 +58,7 @@ browser:
 
 runtime: $(VENV)/.installed-demo
 	$(VPY) -m server.runtime fetch
+	$(VPY) -m server.chartlib fetch
 
 lint: $(VENV)/.installed-dev
 	$(VPY) -m ruff check .

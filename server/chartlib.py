@@ -1,22 +1,24 @@
 """uPlot, the page's chart library, fetched once at set-up from the npm registry (never a CDN).
 
-``python -m server.runtime fetch`` fetches it with the Pyodide runtime: ``npm pack
-uplot@1.6.32``, accepted only when the tarball's sha256 is the pinned one, and three of its
-files copied to ``$DAISYCHAIN_CACHE/uplot-1.6.32/`` (default parent ``~/.cache/daisychain``),
-the manifest written last. The server serves them as ``/vendor/uplot/<file>``; while they
-are missing, the page draws its loss chart without them and says how to fetch them.
+``python -m server.chartlib fetch`` (the Makefile runs it with the runtime's fetch): ``npm
+pack uplot@1.6.32``, accepted only when the tarball's sha256 is the pinned one, and three of
+its files copied to ``$DAISYCHAIN_CACHE/uplot-1.6.32/`` (default parent
+``~/.cache/daisychain``), the manifest written last. The server serves them as
+``/vendor/uplot/<file>``; while they are missing, the page says which command fetches them.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
+import sys
 import tarfile
 import tempfile
 from pathlib import Path
 
+from pynode.core.errors import DaisyError
 from server.runtime import (
-    FETCH_COMMAND,
     RuntimeIntegrityError,
     RuntimeMissingError,
     cache_root,
@@ -29,6 +31,7 @@ UPLOT_TARBALL_SHA256 = "4b8a8191e425658e3ea8c8c1314b0fc679c861ee3a1af2b20c7b16ba
 UPLOT_FILES = {"uPlot.iife.min.js": "package/dist/uPlot.iife.min.js",
                "uPlot.min.css": "package/dist/uPlot.min.css", "LICENSE": "package/LICENSE"}
 MANIFEST_NAME = "daisychain-uplot.json"
+FETCH_COMMAND = "python -m server.chartlib fetch"
 
 
 def uplot_path() -> Path:
@@ -84,3 +87,24 @@ def fetch_uplot(*, force: bool = False) -> bool:
         staging.rename(target)
     check_uplot(target)
     return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m server.chartlib", description=__doc__)
+    parser.add_argument("command", choices=["fetch", "path"])
+    parser.add_argument("--force", action="store_true", help="fetch again even if present")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "fetch":
+            verb = "fetched" if fetch_uplot(force=args.force) else "already present:"
+            print(f"uPlot {UPLOT_VERSION} (the page's charts) {verb} {uplot_path()}")
+        else:
+            print(uplot_path())
+    except DaisyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

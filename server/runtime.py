@@ -285,10 +285,6 @@ def main(argv: list[str] | None = None) -> int:
             verb = "fetched" if report.fetched else "already present, nothing fetched:"
             print(f"Pyodide {PYODIDE_VERSION} runtime {verb} {report.path} "
                   f"({report.total_bytes / 2**20:.1f} MiB, numpy wheel sha256 verified)")
-            from server.chartlib import UPLOT_VERSION, fetch_uplot, uplot_path
-
-            verb = "fetched" if fetch_uplot(force=args.force) else "already present:"
-            print(f"uPlot {UPLOT_VERSION} (the page's charts) {verb} {uplot_path()}")
         elif args.command == "verify":
             folder = runtime_path()
             check_runtime(folder, deep=True)

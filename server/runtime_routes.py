@@ -83,8 +83,10 @@ def uplot_file(name: str) -> ResponseReturnValue:
     folder = uplot_path()
     try:
         check_uplot(folder)
-    except DaisyError as exc:
-        return _missing(str(exc))
+    except DaisyError as exc:  # the message names its own fetch command
+        response = jsonify(error="chartlib_missing", message=str(exc))
+        response.headers["Cache-Control"] = "no-store"
+        return response, 503
     if name not in UPLOT_FILES:
         return jsonify(error="not_found", message=f"no {name} in uPlot"), 404
     return send_file_from(folder, name, f"public, max-age={_config().runtime_max_age}")

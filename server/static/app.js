@@ -280,7 +280,7 @@ function drawLoss(history) {
   const box = $("loss-chart");
   if (!window.uPlot) {
     $("chart-note").textContent = "The chart library is missing on this server: run " +
-      "`python -m server.runtime fetch` there (the table below lists the steps).";
+      "`python -m server.chartlib fetch` there (the table below lists the steps).";
     return;
   }
   const logScale = $("log-scale").checked;

@@ -204,5 +204,5 @@ def test_uplot_is_served_from_the_fetched_copy_or_named_missing(make_config, mon
     monkeypatch.setenv("DAISYCHAIN_CACHE", str(tmp_path / "empty-cache"))
     missing = client.get("/vendor/uplot/uPlot.iife.min.js")
     assert missing.status_code == 503
-    assert "python -m server.runtime fetch" in missing.json["message"]
+    assert "python -m server.chartlib fetch" in missing.json["message"]
     assert f"uPlot {UPLOT_VERSION} is not fetched" in missing.json["message"]
