@@ -164,9 +164,9 @@ def run_checks(break_gate: bool = False, backend: str | None = None,
         order = [BrokenBackend(b) for b in order]
     ops, kernel_rows = kernel_gate(broken_kernels if break_kernels else None)
     try:
-        # No per-call product check in the page yet: numpy's costs about what the wasm GEMM
-        # it checks does (the audit samples 1 call in 16; issue #11).
-        gemm = select_gemm(units, prefer=backend, order=order, kernels=ops, check=False)
+        # Every product checked, inline (the page has no threads): by the wasm kernel
+        # (kernels.wat, daisychain_product_holds) once the kernels passed their gate.
+        gemm = select_gemm(units, prefer=backend, order=order, kernels=ops, check=True)
     except (GateError, UnknownBackendError) as exc:
         missing = backend == "webgpu" and backend not in checks.backends
         why = f" ({checks.webgpu})" if missing else ""

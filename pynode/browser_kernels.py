@@ -8,8 +8,10 @@ every hot kernel of `Kernels` (pynode/core/kernels.py), as `NumbaKernels` does n
 what a kernel does not handle (other dtypes, empty or 0-d arrays) and any input with a NaN
 or an Inf go to the reference, so refusals and special values are the reference's own.
 Stochastic rounding reads the same 16-bit lanes of `rng.raw64` as the reference (drawn by
-the wasm Philox, `browser_philox.raw64_wasm`, which equals it word for word). The page
-computes with these kernels only after `gate_kernels` passed (`select_kernels`).
+the wasm Philox, `browser_philox.raw64_wasm`, which equals it word for word). The per-call
+product check (`product_holds`, every GEMM product in the page) reads operands stored
+row-major or transposed in place and copies only other strides. The page computes with
+these kernels only after `gate_kernels` passed (`select_kernels`).
 
 Legend: B batch, R rows, C columns, n elements of a row; f32 float32, f64 float64.
 """
@@ -36,7 +38,8 @@ log = logging.getLogger(__name__)
 
 KERNELS_PATH = Path(__file__).resolve().parent / "wasm" / "kernels.wasm"
 EXPORTS = ("quantize_rows", "quantize_cols", "epilogue", "gelu", "softmax",
-           "psum_rows_f32", "psum_rows_f64")
+           "psum_rows_f32", "psum_rows_f64", "product_holds")
+_INT8, _INT32, _FLOAT64 = np.dtype(np.int8), np.dtype(np.int32), np.dtype(np.float64)
 
 
 @functools.lru_cache(maxsize=1)
@@ -45,6 +48,15 @@ def load_kernels() -> dict[str, Callable[..., Any]]:
     process; BackendUnavailableError where they cannot run (natively, no wasm SIMD)."""
     exports = link_side_module(KERNELS_PATH, "daisychain_kernels.so")
     return {name: getattr(exports, f"daisychain_{name}") for name in EXPORTS}
+
+
+def _stored(x: np.ndarray) -> tuple[np.ndarray, int]:
+    """(x or a row-major copy, 1 if x is its last two axes' transpose stored row-major)."""
+    if x.flags.c_contiguous:
+        return x, 0
+    if x.swapaxes(-1, -2).flags.c_contiguous:
+        return x, 1
+    return np.ascontiguousarray(x), 0
 
 
 def _f32(x: Any, min_ndim: int) -> bool:
@@ -59,6 +71,9 @@ class WasmKernels(Kernels):
 
     def __init__(self) -> None:
         self._fn = load_kernels()
+        # the product check's scratch, kept between calls (each call writes what it reads)
+        self._scratch = np.empty(0, np.float64)
+        self._scratch_at = address(self._scratch)
 
     def quantize(self, x, axis, key):
         if not (_f32(x, 2) and axis in (-1, -2)):
@@ -176,6 +191,29 @@ class WasmKernels(Kernels):
         kernel = self._fn["psum_rows_f32" if x.dtype == np.float32 else "psum_rows_f64"]
         kernel(address(rows), address(out), address(scratch), rows.shape[0], n)
         return out.reshape(x.shape[:-1])
+
+    def product_holds(self, a, b, out, r):
+        # called for every GEMM product: identity tests of the dtypes, no more
+        if not (type(a) is type(b) is type(out) is type(r) is np.ndarray
+                and a.dtype is _INT8 and b.dtype is _INT8 and out.dtype is _INT32
+                and r.dtype is _FLOAT64 and r.ndim == 2 and 2 <= a.ndim == b.ndim == out.ndim <= 3):
+            return super().product_holds(a, b, out, r)
+        m, k = a.shape[-2:]
+        n = b.shape[-1]
+        if (b.shape[:-2] != a.shape[:-2] or out.shape[:-2] != a.shape[:-2]
+                or b.shape[-2] != k or out.shape[-2:] != (m, n) or r.shape[1] != n
+                or out.size == 0 or a.size == 0 or b.size == 0 or r.size == 0):
+            return super().product_holds(a, b, out, r)  # the reference's errors and edges
+        (av, a_t), (bv, b_t), (ov, out_t) = _stored(a), _stored(b), _stored(out)
+        rc = r if r.flags.c_contiguous else np.ascontiguousarray(r)  # (V, N) f64
+        if self._scratch.size < k + 2 * m:  # b @ r_q, a @ (b @ r_q), out @ r_q: f64
+            self._scratch = np.empty(k + 2 * m, np.float64)
+            self._scratch_at = address(self._scratch)
+        # |out| <= 2**31 always, so a bound past it is the same test as 2**31
+        bound = min((1 << 14) * k, 1 << 31)
+        return bool(self._fn["product_holds"](
+            address(av), a_t, address(bv), b_t, address(ov), out_t, address(rc), r.shape[0],
+            self._scratch_at, a.size // (m * k), m, k, n, bound))
 
 
 def select_kernels(prefer: str | None = None) -> tuple[Kernels, KernelGateReport | None]:

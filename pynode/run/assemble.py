@@ -26,8 +26,7 @@ def load_units_and_gemm(
     the fastest gated hot kernels (or `kernels`: "numpy" forces the reference without
     loading numba, "numba" forces numba natively).
     `check_products`: check every GEMM product (pynode.core.gemm.check: Freivalds, a
-    few % of a native step; the page turns it off, where numpy's costs as much as the
-    wasm GEMM it checks)."""
+    few % of a native step; the page checks too, inline, with the wasm kernel)."""
     from pynode.core.detmath import check_float_environment
     from pynode.core.gemm import select_gemm
     from pynode.core.rng import check_bit_generator

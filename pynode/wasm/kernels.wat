@@ -6,7 +6,8 @@
 ;; numpy's buffers (pynode/browser_kernels.py passes their addresses).
 ;;
 ;; Each kernel performs, element by element, the IEEE operations of the numpy reference in
-;; pynode/core (quant.py, fastmath.py, detmath.psum) in the reference's order, so it gives
+;; pynode/core (quant.py, fastmath.py, detmath.psum) in the reference's order (the product
+;; check excepted: its arithmetic is exact in any order; see its section), so it gives
 ;; the reference's bits: wasm float arithmetic is IEEE-754 binary32/binary64 with
 ;; round-to-nearest-even and never fuses a multiply and an add (relaxed SIMD, which may, is
 ;; not used); f32x4.nearest is rint (ties to even), 2**k is built from its exponent bits as
@@ -850,5 +851,385 @@
         (local.set $out (i32.add (local.get $out) (i32.shl (local.get $n) (i32.const 2))))
         (local.set $i (i32.add (local.get $i) (i32.const 1)))
         (br $row)))
+    (i32.const 1))
+
+  ;; ------------------------------------------------------------- product check (kernels.py)
+
+  ;; Kernels.product_holds, Freivalds' identity for out == a @ b: every |out| <= bound, then
+  ;; a @ (b @ r_q) == out @ r_q for each of the V vectors r_q. Every product and partial sum
+  ;; is an integer below 2**53 (the caller, pynode.core.gemm.check, picks r's entries for
+  ;; that), so each f64 operation is exact and any order of summation, f64x2 lanes included,
+  ;; gives the reference's values: the answer is the reference's for every input.
+
+  ;; sum over j < n of i8[p + j] * f64[vec + 8j] (four chains of adds, as $dot_i32).
+  (func $dot_i8 (param $p i32) (param $n i32) (param $vec i32) (result f64)
+    (local $j i32) (local $w v128) (local $lo v128) (local $hi v128) (local $v i32)
+    (local $acc0 v128) (local $acc1 v128) (local $acc2 v128) (local $acc3 v128) (local $s f64)
+    (block $done
+      (loop $each
+        (br_if $done (i32.gt_u (i32.add (local.get $j) (i32.const 8)) (local.get $n)))
+        (local.set $w (i16x8.extend_low_i8x16_s
+          (v128.load64_zero (i32.add (local.get $p) (local.get $j)))))
+        (local.set $lo (i32x4.extend_low_i16x8_s (local.get $w)))
+        (local.set $hi (i32x4.extend_high_i16x8_s (local.get $w)))
+        (local.set $v (i32.add (local.get $vec) (i32.shl (local.get $j) (i32.const 3))))
+        (local.set $acc0 (f64x2.add (local.get $acc0) (f64x2.mul
+          (f64x2.convert_low_i32x4_s (local.get $lo)) (v128.load (local.get $v)))))
+        (local.set $acc1 (f64x2.add (local.get $acc1) (f64x2.mul
+          (f64x2.convert_low_i32x4_s (i8x16.shuffle 8 9 10 11 12 13 14 15 0 1 2 3 4 5 6 7
+                                                    (local.get $lo) (local.get $lo)))
+          (v128.load offset=16 (local.get $v)))))
+        (local.set $acc2 (f64x2.add (local.get $acc2) (f64x2.mul
+          (f64x2.convert_low_i32x4_s (local.get $hi)) (v128.load offset=32 (local.get $v)))))
+        (local.set $acc3 (f64x2.add (local.get $acc3) (f64x2.mul
+          (f64x2.convert_low_i32x4_s (i8x16.shuffle 8 9 10 11 12 13 14 15 0 1 2 3 4 5 6 7
+                                                    (local.get $hi) (local.get $hi)))
+          (v128.load offset=48 (local.get $v)))))
+        (local.set $j (i32.add (local.get $j) (i32.const 8)))
+        (br $each)))
+    (local.set $acc0 (f64x2.add (f64x2.add (local.get $acc0) (local.get $acc1))
+                                (f64x2.add (local.get $acc2) (local.get $acc3))))
+    (local.set $s (f64.add (f64x2.extract_lane 0 (local.get $acc0))
+                           (f64x2.extract_lane 1 (local.get $acc0))))
+    (block $end
+      (loop $tail
+        (br_if $end (i32.ge_u (local.get $j) (local.get $n)))
+        (local.set $s (f64.add (local.get $s) (f64.mul
+          (f64.convert_i32_s (i32.load8_s (i32.add (local.get $p) (local.get $j))))
+          (f64.load (i32.add (local.get $vec) (i32.shl (local.get $j) (i32.const 3)))))))
+        (local.set $j (i32.add (local.get $j) (i32.const 1)))
+        (br $tail)))
+    (local.get $s))
+
+  ;; f64[dst + 8i] += i8[p + i] * s for i < n.
+  (func $axpy_i8 (param $dst i32) (param $p i32) (param $n i32) (param $s f64)
+    (local $j i32) (local $w v128) (local $lo v128) (local $hi v128) (local $d i32)
+    (local $sv v128)
+    (local.set $sv (f64x2.splat (local.get $s)))
+    (block $done
+      (loop $each
+        (br_if $done (i32.gt_u (i32.add (local.get $j) (i32.const 8)) (local.get $n)))
+        (local.set $w (i16x8.extend_low_i8x16_s
+          (v128.load64_zero (i32.add (local.get $p) (local.get $j)))))
+        (local.set $lo (i32x4.extend_low_i16x8_s (local.get $w)))
+        (local.set $hi (i32x4.extend_high_i16x8_s (local.get $w)))
+        (local.set $d (i32.add (local.get $dst) (i32.shl (local.get $j) (i32.const 3))))
+        (v128.store (local.get $d) (f64x2.add (v128.load (local.get $d)) (f64x2.mul
+          (f64x2.convert_low_i32x4_s (local.get $lo)) (local.get $sv))))
+        (v128.store offset=16 (local.get $d) (f64x2.add (v128.load offset=16 (local.get $d))
+          (f64x2.mul (f64x2.convert_low_i32x4_s (i8x16.shuffle 8 9 10 11 12 13 14 15 0 1 2 3 4 5 6 7
+                                                    (local.get $lo) (local.get $lo)))
+                     (local.get $sv))))
+        (v128.store offset=32 (local.get $d) (f64x2.add (v128.load offset=32 (local.get $d))
+          (f64x2.mul (f64x2.convert_low_i32x4_s (local.get $hi)) (local.get $sv))))
+        (v128.store offset=48 (local.get $d) (f64x2.add (v128.load offset=48 (local.get $d))
+          (f64x2.mul (f64x2.convert_low_i32x4_s (i8x16.shuffle 8 9 10 11 12 13 14 15 0 1 2 3 4 5 6 7
+                                                    (local.get $hi) (local.get $hi)))
+                     (local.get $sv))))
+        (local.set $j (i32.add (local.get $j) (i32.const 8)))
+        (br $each)))
+    (block $end
+      (loop $tail
+        (br_if $end (i32.ge_u (local.get $j) (local.get $n)))
+        (local.set $d (i32.add (local.get $dst) (i32.shl (local.get $j) (i32.const 3))))
+        (f64.store (local.get $d) (f64.add (f64.load (local.get $d)) (f64.mul
+          (f64.convert_i32_s (i32.load8_s (i32.add (local.get $p) (local.get $j))))
+          (local.get $s))))
+        (local.set $j (i32.add (local.get $j) (i32.const 1)))
+        (br $tail))))
+
+  ;; sum over j < n of i32[p + 4j] * f64[vec + 8j]; four chains of adds, so that the adds'
+  ;; latency does not set the pace.
+  (func $dot_i32 (param $p i32) (param $n i32) (param $vec i32) (result f64)
+    (local $j i32) (local $x v128) (local $y v128) (local $v i32) (local $s f64)
+    (local $acc0 v128) (local $acc1 v128) (local $acc2 v128) (local $acc3 v128)
+    (block $done
+      (loop $each
+        (br_if $done (i32.gt_u (i32.add (local.get $j) (i32.const 8)) (local.get $n)))
+        (local.set $x (v128.load (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2)))))
+        (local.set $y (v128.load offset=16
+          (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2)))))
+        (local.set $v (i32.add (local.get $vec) (i32.shl (local.get $j) (i32.const 3))))
+        (local.set $acc0 (f64x2.add (local.get $acc0) (f64x2.mul
+          (f64x2.convert_low_i32x4_s (local.get $x)) (v128.load (local.get $v)))))
+        (local.set $acc1 (f64x2.add (local.get $acc1) (f64x2.mul
+          (f64x2.convert_low_i32x4_s (i8x16.shuffle 8 9 10 11 12 13 14 15 0 1 2 3 4 5 6 7
+                                                    (local.get $x) (local.get $x)))
+          (v128.load offset=16 (local.get $v)))))
+        (local.set $acc2 (f64x2.add (local.get $acc2) (f64x2.mul
+          (f64x2.convert_low_i32x4_s (local.get $y)) (v128.load offset=32 (local.get $v)))))
+        (local.set $acc3 (f64x2.add (local.get $acc3) (f64x2.mul
+          (f64x2.convert_low_i32x4_s (i8x16.shuffle 8 9 10 11 12 13 14 15 0 1 2 3 4 5 6 7
+                                                    (local.get $y) (local.get $y)))
+          (v128.load offset=48 (local.get $v)))))
+        (local.set $j (i32.add (local.get $j) (i32.const 8)))
+        (br $each)))
+    (local.set $acc0 (f64x2.add (f64x2.add (local.get $acc0) (local.get $acc1))
+                                (f64x2.add (local.get $acc2) (local.get $acc3))))
+    (local.set $s (f64.add (f64x2.extract_lane 0 (local.get $acc0))
+                           (f64x2.extract_lane 1 (local.get $acc0))))
+    (block $end
+      (loop $tail
+        (br_if $end (i32.ge_u (local.get $j) (local.get $n)))
+        (local.set $s (f64.add (local.get $s) (f64.mul
+          (f64.convert_i32_s (i32.load (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2)))))
+          (f64.load (i32.add (local.get $vec) (i32.shl (local.get $j) (i32.const 3)))))))
+        (local.set $j (i32.add (local.get $j) (i32.const 1)))
+        (br $tail)))
+    (local.get $s))
+
+  ;; f64[dst + 8i] += i32[p + 4i] * s for i < n.
+  (func $axpy_i32 (param $dst i32) (param $p i32) (param $n i32) (param $s f64)
+    (local $j i32) (local $x v128) (local $d i32) (local $sv v128)
+    (local.set $sv (f64x2.splat (local.get $s)))
+    (block $done
+      (loop $each
+        (br_if $done (i32.gt_u (i32.add (local.get $j) (i32.const 4)) (local.get $n)))
+        (local.set $x (v128.load (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2)))))
+        (local.set $d (i32.add (local.get $dst) (i32.shl (local.get $j) (i32.const 3))))
+        (v128.store (local.get $d) (f64x2.add (v128.load (local.get $d)) (f64x2.mul
+          (f64x2.convert_low_i32x4_s (local.get $x)) (local.get $sv))))
+        (v128.store offset=16 (local.get $d) (f64x2.add (v128.load offset=16 (local.get $d))
+          (f64x2.mul (f64x2.convert_low_i32x4_s (i8x16.shuffle 8 9 10 11 12 13 14 15 0 1 2 3 4 5 6 7
+                                                    (local.get $x) (local.get $x)))
+                     (local.get $sv))))
+        (local.set $j (i32.add (local.get $j) (i32.const 4)))
+        (br $each)))
+    (block $end
+      (loop $tail
+        (br_if $end (i32.ge_u (local.get $j) (local.get $n)))
+        (local.set $d (i32.add (local.get $dst) (i32.shl (local.get $j) (i32.const 3))))
+        (f64.store (local.get $d) (f64.add (f64.load (local.get $d)) (f64.mul
+          (f64.convert_i32_s (i32.load (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2)))))
+          (local.get $s))))
+        (local.set $j (i32.add (local.get $j) (i32.const 1)))
+        (br $tail))))
+
+  ;; Row i of x (rows of i8 `stride` bytes apart from p) dotted with f64[vec + 8j], j < n,
+  ;; for rows 0 and 1 at once: [dot 0, dot 1] as f64x2. Sharing vec's loads and the final
+  ;; reduction halves what a short row costs.
+  (func $dot2_i8 (param $p i32) (param $stride i32) (param $n i32) (param $vec i32)
+                    (result v128)
+    (local $j i32) (local $w v128) (local $at i32) (local $v i32) (local $t0 f64) (local $t1 f64)
+    (local $x0 v128) (local $y0 v128) (local $x1 v128) (local $y1 v128)
+    (local $a0 v128) (local $b0 v128) (local $a1 v128) (local $b1 v128)
+    (block $done
+      (loop $each
+        (br_if $done (i32.gt_u (i32.add (local.get $j) (i32.const 8)) (local.get $n)))
+        (local.set $w (i16x8.extend_low_i8x16_s (v128.load64_zero (i32.add (local.get $p) (local.get $j)))))
+        (local.set $x0 (i32x4.extend_low_i16x8_s (local.get $w)))
+        (local.set $y0 (i32x4.extend_high_i16x8_s (local.get $w)))
+        (local.set $w (i16x8.extend_low_i8x16_s (v128.load64_zero
+          (i32.add (i32.add (local.get $p) (local.get $stride)) (local.get $j)))))
+        (local.set $x1 (i32x4.extend_low_i16x8_s (local.get $w)))
+        (local.set $y1 (i32x4.extend_high_i16x8_s (local.get $w)))
+        (local.set $v (i32.add (local.get $vec) (i32.shl (local.get $j) (i32.const 3))))
+        (local.set $a0 (f64x2.add (local.get $a0) (f64x2.mul
+          (f64x2.convert_low_i32x4_s (local.get $x0)) (v128.load (local.get $v)))))
+        (local.set $b0 (f64x2.add (local.get $b0) (f64x2.mul
+          (f64x2.convert_low_i32x4_s (i8x16.shuffle 8 9 10 11 12 13 14 15 0 1 2 3 4 5 6 7 (local.get $x0) (local.get $x0))) (v128.load offset=16 (local.get $v)))))
+        (local.set $a0 (f64x2.add (local.get $a0) (f64x2.mul
+          (f64x2.convert_low_i32x4_s (local.get $y0)) (v128.load offset=32 (local.get $v)))))
+        (local.set $b0 (f64x2.add (local.get $b0) (f64x2.mul
+          (f64x2.convert_low_i32x4_s (i8x16.shuffle 8 9 10 11 12 13 14 15 0 1 2 3 4 5 6 7 (local.get $y0) (local.get $y0))) (v128.load offset=48 (local.get $v)))))
+        (local.set $a1 (f64x2.add (local.get $a1) (f64x2.mul
+          (f64x2.convert_low_i32x4_s (local.get $x1)) (v128.load (local.get $v)))))
+        (local.set $b1 (f64x2.add (local.get $b1) (f64x2.mul
+          (f64x2.convert_low_i32x4_s (i8x16.shuffle 8 9 10 11 12 13 14 15 0 1 2 3 4 5 6 7 (local.get $x1) (local.get $x1))) (v128.load offset=16 (local.get $v)))))
+        (local.set $a1 (f64x2.add (local.get $a1) (f64x2.mul
+          (f64x2.convert_low_i32x4_s (local.get $y1)) (v128.load offset=32 (local.get $v)))))
+        (local.set $b1 (f64x2.add (local.get $b1) (f64x2.mul
+          (f64x2.convert_low_i32x4_s (i8x16.shuffle 8 9 10 11 12 13 14 15 0 1 2 3 4 5 6 7 (local.get $y1) (local.get $y1))) (v128.load offset=48 (local.get $v)))))
+        (local.set $j (i32.add (local.get $j) (i32.const 8)))
+        (br $each)))
+    (block $end
+      (loop $tail
+        (br_if $end (i32.ge_u (local.get $j) (local.get $n)))
+        (local.set $v (i32.add (local.get $vec) (i32.shl (local.get $j) (i32.const 3))))
+        (local.set $t0 (f64.add (local.get $t0)
+          (f64.mul (f64.convert_i32_s (i32.load8_s (i32.add (local.get $p) (local.get $j)))) (f64.load (local.get $v)))))
+        (local.set $t1 (f64.add (local.get $t1)
+          (f64.mul (f64.convert_i32_s (i32.load8_s (i32.add (i32.add (local.get $p) (local.get $stride)) (local.get $j)))) (f64.load (local.get $v)))))
+        (local.set $j (i32.add (local.get $j) (i32.const 1)))
+        (br $tail)))
+    (local.set $a0 (f64x2.add (local.get $a0) (local.get $b0)))  ;; row 0's two lanes
+    (local.set $a1 (f64x2.add (local.get $a1) (local.get $b1)))  ;; row 1's
+    (f64x2.add
+      (f64x2.add
+        (i8x16.shuffle 0 1 2 3 4 5 6 7 16 17 18 19 20 21 22 23 (local.get $a0) (local.get $a1))
+        (i8x16.shuffle 8 9 10 11 12 13 14 15 24 25 26 27 28 29 30 31 (local.get $a0) (local.get $a1)))
+      (f64x2.replace_lane 1 (f64x2.splat (local.get $t0)) (local.get $t1))))
+
+  ;; The same for rows of i32 (`stride` bytes apart).
+  (func $dot2_i32 (param $p i32) (param $stride i32) (param $n i32) (param $vec i32)
+                    (result v128)
+    (local $j i32) (local $w v128) (local $at i32) (local $v i32) (local $t0 f64) (local $t1 f64)
+    (local $x0 v128) (local $y0 v128) (local $x1 v128) (local $y1 v128)
+    (local $a0 v128) (local $b0 v128) (local $a1 v128) (local $b1 v128)
+    (block $done
+      (loop $each
+        (br_if $done (i32.gt_u (i32.add (local.get $j) (i32.const 8)) (local.get $n)))
+        (local.set $at (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2))))
+        (local.set $x0 (v128.load (local.get $at)))
+        (local.set $y0 (v128.load offset=16 (local.get $at)))
+        (local.set $at (i32.add (local.get $at) (local.get $stride)))
+        (local.set $x1 (v128.load (local.get $at)))
+        (local.set $y1 (v128.load offset=16 (local.get $at)))
+        (local.set $v (i32.add (local.get $vec) (i32.shl (local.get $j) (i32.const 3))))
+        (local.set $a0 (f64x2.add (local.get $a0) (f64x2.mul
+          (f64x2.convert_low_i32x4_s (local.get $x0)) (v128.load (local.get $v)))))
+        (local.set $b0 (f64x2.add (local.get $b0) (f64x2.mul
+          (f64x2.convert_low_i32x4_s (i8x16.shuffle 8 9 10 11 12 13 14 15 0 1 2 3 4 5 6 7 (local.get $x0) (local.get $x0))) (v128.load offset=16 (local.get $v)))))
+        (local.set $a0 (f64x2.add (local.get $a0) (f64x2.mul
+          (f64x2.convert_low_i32x4_s (local.get $y0)) (v128.load offset=32 (local.get $v)))))
+        (local.set $b0 (f64x2.add (local.get $b0) (f64x2.mul
+          (f64x2.convert_low_i32x4_s (i8x16.shuffle 8 9 10 11 12 13 14 15 0 1 2 3 4 5 6 7 (local.get $y0) (local.get $y0))) (v128.load offset=48 (local.get $v)))))
+        (local.set $a1 (f64x2.add (local.get $a1) (f64x2.mul
+          (f64x2.convert_low_i32x4_s (local.get $x1)) (v128.load (local.get $v)))))
+        (local.set $b1 (f64x2.add (local.get $b1) (f64x2.mul
+          (f64x2.convert_low_i32x4_s (i8x16.shuffle 8 9 10 11 12 13 14 15 0 1 2 3 4 5 6 7 (local.get $x1) (local.get $x1))) (v128.load offset=16 (local.get $v)))))
+        (local.set $a1 (f64x2.add (local.get $a1) (f64x2.mul
+          (f64x2.convert_low_i32x4_s (local.get $y1)) (v128.load offset=32 (local.get $v)))))
+        (local.set $b1 (f64x2.add (local.get $b1) (f64x2.mul
+          (f64x2.convert_low_i32x4_s (i8x16.shuffle 8 9 10 11 12 13 14 15 0 1 2 3 4 5 6 7 (local.get $y1) (local.get $y1))) (v128.load offset=48 (local.get $v)))))
+        (local.set $j (i32.add (local.get $j) (i32.const 8)))
+        (br $each)))
+    (block $end
+      (loop $tail
+        (br_if $end (i32.ge_u (local.get $j) (local.get $n)))
+        (local.set $v (i32.add (local.get $vec) (i32.shl (local.get $j) (i32.const 3))))
+        (local.set $t0 (f64.add (local.get $t0)
+          (f64.mul (f64.convert_i32_s (i32.load (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2))))) (f64.load (local.get $v)))))
+        (local.set $t1 (f64.add (local.get $t1)
+          (f64.mul (f64.convert_i32_s (i32.load (i32.add (i32.add (local.get $p) (local.get $stride)) (i32.shl (local.get $j) (i32.const 2))))) (f64.load (local.get $v)))))
+        (local.set $j (i32.add (local.get $j) (i32.const 1)))
+        (br $tail)))
+    (local.set $a0 (f64x2.add (local.get $a0) (local.get $b0)))  ;; row 0's two lanes
+    (local.set $a1 (f64x2.add (local.get $a1) (local.get $b1)))  ;; row 1's
+    (f64x2.add
+      (f64x2.add
+        (i8x16.shuffle 0 1 2 3 4 5 6 7 16 17 18 19 20 21 22 23 (local.get $a0) (local.get $a1))
+        (i8x16.shuffle 8 9 10 11 12 13 14 15 24 25 26 27 28 29 30 31 (local.get $a0) (local.get $a1)))
+      (f64x2.replace_lane 1 (f64x2.splat (local.get $t0)) (local.get $t1))))
+
+  ;; dst (R,) f64 = x @ vec for x (R, C) of int8 (wide = 0) or int32 (wide = 1) and vec (C,)
+  ;; f64; x is stored row-major (t = 0: rows dotted two at a time, then an odd last one), or
+  ;; as its transpose (C, R) row-major (t = 1), where its columns are contiguous and dst is
+  ;; summed a column at a time.
+  (func $matvec (param $x i32) (param $wide i32) (param $t i32) (param $rows i32)
+                (param $cols i32) (param $vec i32) (param $dst i32)
+    (local $i i32) (local $line i32)
+    (if (local.get $t)
+      (then
+        (memory.fill (local.get $dst) (i32.const 0) (i32.shl (local.get $rows) (i32.const 3)))
+        (local.set $line (i32.shl (local.get $rows) (i32.shl (local.get $wide) (i32.const 1))))
+        (block $done
+          (loop $col
+            (br_if $done (i32.ge_u (local.get $i) (local.get $cols)))
+            (if (local.get $wide)
+              (then (call $axpy_i32 (local.get $dst) (local.get $x) (local.get $rows)
+                      (f64.load (i32.add (local.get $vec) (i32.shl (local.get $i) (i32.const 3))))))
+              (else (call $axpy_i8 (local.get $dst) (local.get $x) (local.get $rows)
+                      (f64.load (i32.add (local.get $vec) (i32.shl (local.get $i) (i32.const 3)))))))
+            (local.set $x (i32.add (local.get $x) (local.get $line)))
+            (local.set $i (i32.add (local.get $i) (i32.const 1)))
+            (br $col))))
+      (else
+        (local.set $line (i32.shl (local.get $cols) (i32.shl (local.get $wide) (i32.const 1))))
+        (block $done
+          (loop $pair
+            (br_if $done (i32.gt_u (i32.add (local.get $i) (i32.const 2)) (local.get $rows)))
+            (v128.store (i32.add (local.get $dst) (i32.shl (local.get $i) (i32.const 3)))
+              (if (result v128) (local.get $wide)
+                (then (call $dot2_i32 (local.get $x) (local.get $line) (local.get $cols)
+                                      (local.get $vec)))
+                (else (call $dot2_i8 (local.get $x) (local.get $line) (local.get $cols)
+                                     (local.get $vec)))))
+            (local.set $x (i32.add (local.get $x) (i32.shl (local.get $line) (i32.const 1))))
+            (local.set $i (i32.add (local.get $i) (i32.const 2)))
+            (br $pair)))
+        (block $done
+          (loop $row
+            (br_if $done (i32.ge_u (local.get $i) (local.get $rows)))
+            (f64.store (i32.add (local.get $dst) (i32.shl (local.get $i) (i32.const 3)))
+              (if (result f64) (local.get $wide)
+                (then (call $dot_i32 (local.get $x) (local.get $cols) (local.get $vec)))
+                (else (call $dot_i8 (local.get $x) (local.get $cols) (local.get $vec)))))
+            (local.set $x (i32.add (local.get $x) (local.get $line)))
+            (local.set $i (i32.add (local.get $i) (i32.const 1)))
+            (br $row))))))
+
+  ;; 1 if every |x| <= bound (unsigned; |-2**31| is 2**31) for the n i32 at p, else 0.
+  (func $within (param $p i32) (param $n i32) (param $bound i32) (result i32)
+    (local $j i32) (local $top v128) (local $x i32) (local $m i32)
+    (block $done
+      (loop $each
+        (br_if $done (i32.gt_u (i32.add (local.get $j) (i32.const 4)) (local.get $n)))
+        (local.set $top (i32x4.max_u (local.get $top) (i32x4.abs
+          (v128.load (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2)))))))
+        (local.set $j (i32.add (local.get $j) (i32.const 4)))
+        (br $each)))
+    (local.set $m (call $hmax_u (local.get $top)))
+    (block $end
+      (loop $tail
+        (br_if $end (i32.ge_u (local.get $j) (local.get $n)))
+        (local.set $x (i32.load (i32.add (local.get $p) (i32.shl (local.get $j) (i32.const 2)))))
+        (local.set $x (i32.sub (i32.xor (local.get $x) (i32.shr_s (local.get $x) (i32.const 31)))
+                               (i32.shr_s (local.get $x) (i32.const 31))))
+        (if (i32.gt_u (local.get $x) (local.get $m)) (then (local.set $m (local.get $x))))
+        (local.set $j (i32.add (local.get $j) (i32.const 1)))
+        (br $tail)))
+    (i32.le_u (local.get $m) (local.get $bound)))
+
+  ;; a (B, M, K) i8, b (B, K, N) i8, out (B, M, N) i32, each stored row-major (its *_t = 0)
+  ;; or with its last two axes swapped (*_t = 1: each batch's transpose row-major); r (V, N)
+  ;; f64 row-major; scratch holds K + 2M f64. bound: 2**14 * K, at most 2**31 (as unsigned).
+  ;; 1 if the product holds for every batch and vector, else 0.
+  (func (export "daisychain_product_holds")
+        (param $a i32) (param $a_t i32) (param $b i32) (param $b_t i32) (param $out i32)
+        (param $out_t i32) (param $r i32) (param $v i32) (param $scratch i32)
+        (param $batch i32) (param $m i32) (param $k i32) (param $n i32) (param $bound i32)
+        (result i32)
+    (local $t i32) (local $q i32) (local $i i32) (local $br i32) (local $lhs i32)
+    (local $rhs i32) (local $rq i32)
+    (if (i32.eqz (call $within (local.get $out)
+                   (i32.mul (local.get $batch) (i32.mul (local.get $m) (local.get $n)))
+                   (local.get $bound)))
+      (then (return (i32.const 0))))
+    (local.set $br (local.get $scratch))
+    (local.set $lhs (i32.add (local.get $br) (i32.shl (local.get $k) (i32.const 3))))
+    (local.set $rhs (i32.add (local.get $lhs) (i32.shl (local.get $m) (i32.const 3))))
+    (block $done
+      (loop $each_batch
+        (br_if $done (i32.ge_u (local.get $t) (local.get $batch)))
+        (local.set $q (i32.const 0))
+        (local.set $rq (local.get $r))
+        (block $vectors_done
+          (loop $each_vector
+            (br_if $vectors_done (i32.ge_u (local.get $q) (local.get $v)))
+            (call $matvec (local.get $b) (i32.const 0) (local.get $b_t) (local.get $k)
+                          (local.get $n) (local.get $rq) (local.get $br))
+            (call $matvec (local.get $a) (i32.const 0) (local.get $a_t) (local.get $m)
+                          (local.get $k) (local.get $br) (local.get $lhs))
+            (call $matvec (local.get $out) (i32.const 1) (local.get $out_t) (local.get $m)
+                          (local.get $n) (local.get $rq) (local.get $rhs))
+            (local.set $i (i32.const 0))
+            (block $rows_done
+              (loop $each_row
+                (br_if $rows_done (i32.ge_u (local.get $i) (local.get $m)))
+                (if (f64.ne (f64.load (i32.add (local.get $lhs) (i32.shl (local.get $i) (i32.const 3))))
+                            (f64.load (i32.add (local.get $rhs) (i32.shl (local.get $i) (i32.const 3)))))
+                  (then (return (i32.const 0))))
+                (local.set $i (i32.add (local.get $i) (i32.const 1)))
+                (br $each_row)))
+            (local.set $rq (i32.add (local.get $rq) (i32.shl (local.get $n) (i32.const 3))))
+            (local.set $q (i32.add (local.get $q) (i32.const 1)))
+            (br $each_vector)))
+        (local.set $a (i32.add (local.get $a) (i32.mul (local.get $m) (local.get $k))))
+        (local.set $b (i32.add (local.get $b) (i32.mul (local.get $k) (local.get $n))))
+        (local.set $out (i32.add (local.get $out)
+                                 (i32.shl (i32.mul (local.get $m) (local.get $n)) (i32.const 2))))
+        (local.set $t (i32.add (local.get $t) (i32.const 1)))
+        (br $each_batch)))
     (i32.const 1))
 )

@@ -27,7 +27,7 @@ PYODIDE_DATA = ["tests/golden/golden_v2.npz"]
 # The wasm case modules (they need wasm SIMD) and how many cases each holds.
 WASM_CASES = {
     "gemm": ("tests/pyodide/wasm_gemm_cases.py", 6),
-    "kernels": ("tests/pyodide/wasm_kernels_cases.py", 10),
+    "kernels": ("tests/pyodide/wasm_kernels_cases.py", 11),
     "philox": ("tests/pyodide/wasm_philox_cases.py", 6),
 }
 TRAINER_CASES = "tests/pyodide/trainer_cases.py"

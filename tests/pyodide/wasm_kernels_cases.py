@@ -6,6 +6,7 @@ broken, and be what the page's start-up checks pick. Skips (with the reason) whe
 runtime cannot load them.
 """
 
+import itertools
 import unittest
 
 import numpy as np
@@ -128,6 +129,50 @@ def test_psum_rows_equals_the_reference_for_every_input():
         same(fast.psum_rows(vec), REFERENCE.psum_rows(vec), "1-d: a 0-d sum")
 
 
+def test_product_holds_equals_the_reference_on_right_and_wrong_products():
+    """Every layout of every operand (row-major, transposed, strided: copied), 2-d and
+    batched, V vectors, odd tails; right products, one wrong cell anywhere, a cell past the
+    bound, and the bound's own edge."""
+    fast, g = kernels(), np.random.default_rng(SEED + 5)
+
+    def layouts(x):
+        return [x, x.swapaxes(-1, -2).copy().swapaxes(-1, -2),
+                np.repeat(x, 2, axis=-1)[..., ::2]]  # row-major, its transpose, strided
+
+    def agree(a, b, out, r, what):
+        want = REFERENCE.product_holds(a, b, out, r)
+        got = fast.product_holds(a, b, out, r)
+        assert type(got) is bool and got == want, (what, got, want)
+        return want
+
+    verdicts = []
+    for i in range(20):
+        batch = () if i % 3 == 0 else (int(g.integers(1, 4)),)
+        m, k, n = (int(d) for d in g.integers(1, 70, size=3))
+        a = g.integers(-128, 128, batch + (m, k)).astype(np.int8)
+        b = g.integers(-128, 128, batch + (k, n)).astype(np.int8)
+        right = np.matmul(a.astype(np.int32), b.astype(np.int32))
+        # entries from 1: a single wrong cell d moves out @ r by d * r_j != 0
+        r = g.integers(1, 1 << 16, (int(g.integers(1, 4)), n)).astype(np.float64)
+        wrong = right.copy()
+        wrong[tuple(int(g.integers(0, d)) for d in wrong.shape)] += int(g.choice([-1, 1, 1000]))
+        huge = right.copy()
+        huge.reshape(-1)[-1] = -(2**31)
+        for what, out in {"right": right, "wrong": wrong, "huge": huge}.items():
+            for av, bv, ov in itertools.product(layouts(a), layouts(b), layouts(out)):
+                verdicts.append((what, agree(av, bv, ov, r, (i, what, a.shape, b.shape))))
+    assert {v for what, v in verdicts if what == "right"} == {True}
+    assert {v for what, v in verdicts if what != "right"} == {False}
+    # the bound 2**14 * K: a product at the bound passes the bound test, one past it fails
+    a = np.full((1, 3), -128, np.int8)
+    b = np.full((3, 2), -128, np.int8)
+    out = np.matmul(a.astype(np.int32), b.astype(np.int32))  # every cell 3 * 2**14
+    r = np.ones((1, 2))
+    assert agree(a, b, out, r, "at the bound")
+    out[0, 1] += 1
+    assert not agree(a, b, out, r, "past the bound")
+
+
 def test_special_values_get_the_reference_refusals_and_bits():
     fast = kernels()
     x = np.ones((4, 5), np.float32)
@@ -159,7 +204,8 @@ def test_special_values_get_the_reference_refusals_and_bits():
 
 
 def test_a_broken_wasm_kernel_fails_the_gate():
-    """The gate can fail these kernels: the same wasm fed a shifted input or mask period 1."""
+    """The gate can fail these kernels: the same wasm fed a shifted input, mask period 1, a
+    product check that passes everything or reads a layout wrong."""
     fast = kernels()
     gelu = fast._fn["gelu"]
     fast._fn = {**fast._fn, "gelu": lambda x, y, dy, n: gelu(x + 4, y, dy, n - 1)}
@@ -170,6 +216,14 @@ def test_a_broken_wasm_kernel_fails_the_gate():
     fast._fn = {**fast._fn, "softmax": lambda x, m, period, *rest: softmax(x, m, 1, *rest)}
     report = gate_kernels(fast)
     assert not report.passed and report.failing_case == "softmax.masked", report
+    fast = kernels()
+    holds = fast._fn["product_holds"]
+    fast._fn = {**fast._fn, "product_holds": lambda *args: 1}  # passes every product
+    report = gate_kernels(fast)
+    assert not report.passed and report.failing_case == "product_holds.mm.cell", report
+    fast._fn = {**fast._fn, "product_holds": lambda a, a_t, *rest: holds(a, 0, *rest)}
+    report = gate_kernels(fast)  # a transposed a read as row-major
+    assert not report.passed and report.failing_case == "product_holds.mm.transposed.right", report
 
 
 def test_the_page_checks_pick_the_wasm_kernels():
@@ -179,6 +233,7 @@ def test_the_page_checks_pick_the_wasm_kernels():
     checks = run_checks()
     assert checks.ready and checks.kernels == "wasm", checks.to_json()
     assert checks.gemm.kernels.name == "wasm"
+    assert checks.gemm.check.kernels.name == "wasm"  # every product checked, by the kernel
     rows = [(r.backend, r.result) for r in checks.rows if r.check == "kernel gate"]
     assert rows == [("wasm", "pass")], rows
     assert '"kernels": "wasm"' in checks.to_json()
@@ -190,6 +245,6 @@ def test_a_page_whose_kernels_fail_their_gate_computes_with_the_reference():
     kernels()
     checks = run_checks(break_kernels=True)
     assert checks.ready and checks.kernels == "numpy", checks.to_json()
-    assert checks.gemm.kernels is REFERENCE
+    assert checks.gemm.kernels is REFERENCE and checks.gemm.check.kernels is REFERENCE
     (row,) = [r for r in checks.rows if r.check == "kernel gate"]
     assert row.backend == "wasm" and row.result.startswith("FAIL at gelu"), row
