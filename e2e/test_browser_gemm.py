@@ -50,7 +50,7 @@ def test_wasm_kernels_are_exact_in_chromium(browser, server_url):
     results = run_cases(browser, server_url, "tests/pyodide/wasm_kernels_cases.py")
     outcome = {r["test"]: r["status"] for r in results}
     details = "\n".join(r["detail"] for r in results if r["status"] != "passed")
-    assert len(outcome) == 10 and set(outcome.values()) == {"passed"}, f"{outcome}\n{details}"
+    assert len(outcome) == 11 and set(outcome.values()) == {"passed"}, f"{outcome}\n{details}"
 
 
 def test_bench_browser_reports_a_tab_and_a_native_step():
