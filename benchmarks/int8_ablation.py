@@ -1,0 +1,135 @@
+"""Which int8 product costs the int8 GPT its loss? Each product switched to float, one at a time.
+
+    python benchmarks/int8_ablation.py --steps 150 --seeds 3 [--config JSON] [--json]
+    python benchmarks/int8_ablation.py --steps 150 --seeds 1 2 3 --only none all qk av
+
+Every matrix product of the int8 GPT (pynode/core/layers.py) is an int8 GEMM. This script
+trains the default task with one product (or one group) computed as a float32 matmul of the
+unquantized operands instead, everything else unchanged (same init, data, optimizer, the
+same stochastic-rounding draws for the products still in int8), and reports the mean loss
+of the last 10 steps of each variant next to the plain-float task's. A product whose switch
+closes the gap is what the int8 path loses there.
+
+The switch is a patch of pynode.core.layers in this process only: the float products are
+neither exact nor reproducible across machines, which a quality ablation does not need.
+
+Products (forward / backward; L: every linear layer incl. the tied head, A: attention):
+  lin    L forward  x W             dx     L backward dY W^T       dw    L backward X^T dY
+  qk     A forward  q k^T           av     A forward  p v
+  dp     A backward dO v^T          dv     A backward p^T dO
+  dq     A backward dS k            dk     A backward dS^T q
+Groups: fwd (lin qk av), bwd (dx dw dp dv dq dk), attn (qk av dp dv dq dk), all; none is
+the int8 model as it ships.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import time
+
+import numpy as np
+from parity_grid import one_thread, run_losses, tail_mean
+
+from pynode.config import RunConfig
+from pynode.core import layers
+
+PRODUCTS = ("lin", "qk", "av", "dx", "dw", "dp", "dv", "dq", "dk")
+GROUPS = {
+    "none": (),
+    "fwd": ("lin", "qk", "av"),
+    "bwd": ("dx", "dw", "dp", "dv", "dq", "dk"),
+    "attn": ("qk", "av", "dp", "dv", "dq", "dk"),
+    "all": PRODUCTS,
+}
+# the backward products by the last two elements of their rounding key: (kind, product code)
+_LINEAR_CODES = {layers.LINEAR_DX: "dx", layers.LINEAR_DW: "dw"}
+_ATTN_CODES = {layers.ATTN_DP: "dp", layers.ATTN_DV: "dv", layers.ATTN_DQ: "dq",
+               layers.ATTN_DK: "dk"}
+
+
+def _float_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.matmul(a.astype(np.float32), b.astype(np.float32))
+
+
+@contextlib.contextmanager
+def float_products(names: set[str]):
+    """Within the block, the named products of pynode.core.layers are float32 matmuls."""
+    int8_matmul, int8_bmm, attend_values = (
+        layers.int8_matmul, layers.int8_bmm, layers.attend_values)
+
+    def matmul(gemm, a, b, *, a_key=None, b_key=None):
+        key = a_key or b_key
+        name = "lin" if key is None else _LINEAR_CODES[key[-1]]
+        if name in names:
+            return _float_product(a, b)
+        return int8_matmul(gemm, a, b, a_key=a_key, b_key=b_key)
+
+    def bmm(gemm, a, b, *, a_key=None, b_key=None):
+        key = a_key or b_key
+        name = "qk" if key is None else _ATTN_CODES[key[-1]]
+        if name in names:
+            return _float_product(a, b)
+        return int8_bmm(gemm, a, b, a_key=a_key, b_key=b_key)
+
+    def values(gemm, p, v):
+        return _float_product(p, v) if "av" in names else attend_values(gemm, p, v)
+
+    layers.int8_matmul, layers.int8_bmm, layers.attend_values = matmul, bmm, values
+    try:
+        yield
+    finally:
+        layers.int8_matmul, layers.int8_bmm, layers.attend_values = (
+            int8_matmul, int8_bmm, attend_values)
+
+
+def variants(only: list[str] | None) -> dict[str, set[str]]:
+    table = {name: set(group) for name, group in GROUPS.items()}
+    table.update({name: {name} for name in PRODUCTS})
+    if only is None:
+        return table
+    unknown = sorted(set(only) - set(table))
+    if unknown:
+        raise SystemExit(f"unknown variant(s) {', '.join(unknown)}; use {', '.join(table)}")
+    return {name: table[name] for name in only}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[3])
+    parser.add_argument("--config", default="{}", help="RunConfig overrides as JSON")
+    parser.add_argument("--only", nargs="+", help="variants to run (default: every one)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    one_thread()
+    base = RunConfig.from_dict({**json.loads(args.config), "steps": args.steps})
+    table = variants(args.only)
+    rows = []
+    for seed in args.seeds:
+        started = time.perf_counter()
+        reference = tail_mean(run_losses(base.with_(task="float", seed=seed)))
+        if not args.json:
+            print(f"seed {seed}: float task {reference:.4f} "
+                  f"({time.perf_counter() - started:.0f}s)", flush=True)
+        for name, switched in table.items():
+            started = time.perf_counter()
+            with float_products(switched):
+                losses = run_losses(base.with_(task="gpt", seed=seed))
+            row = {"seed": seed, "variant": name, "float_products": sorted(switched),
+                   "loss": tail_mean(losses), "float_task": reference,
+                   "ratio": tail_mean(losses) / reference,
+                   "at": {str(s): losses[s - 1] for s in (50, 100, 150, 300, 600)
+                          if s <= len(losses)},
+                   "seconds": time.perf_counter() - started}
+            rows.append(row)
+            if not args.json:
+                print(f"  {name:5s} {row['loss']:.4f}  ratio {row['ratio']:.4f}  "
+                      f"({row['seconds']:.0f}s)", flush=True)
+    if args.json:
+        print(json.dumps({"config": json.loads(base.to_json()), "rows": rows}, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()
