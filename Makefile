@@ -48,13 +48,15 @@ $(VENV)/.installed-dev: $(VENV)/.made $(DEPS) | browser
 	@echo "pip install -e .[dev]; runtime and wabt fetched" > $@
 
 # Debian's Chromium drives the e2e tests (Playwright never downloads a browser here); npm
-# fetches the Pyodide runtime and the wasm compiler, node runs them.
+# fetches the Pyodide runtime and the wasm compiler, node runs them; coturn is the TURN
+# server of the e2e across separate networks (e2e/test_turn.py).
 browser:
-	@command -v chromium >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || { \
+	@command -v chromium >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 && \
+	  command -v turnserver >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then \
-	    apt-get update -q && apt-get install -y -q chromium iproute2 nodejs npm; \
-	  else echo "install Debian's chromium, nodejs and npm" \
-	            "(sudo apt-get install chromium nodejs npm) for the e2e and wasm tests"; fi; }
+	    apt-get update -q && apt-get install -y -q chromium iproute2 nodejs npm coturn; \
+	  else echo "install Debian's chromium, nodejs, npm and coturn (sudo apt-get install" \
+	            "chromium nodejs npm coturn) for the e2e and wasm tests"; fi; }
 
 runtime: $(VENV)/.installed-demo
 	$(VPY) -m server.runtime fetch

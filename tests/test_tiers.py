@@ -25,6 +25,8 @@ KNOWN = {
         {"browser"},
     # no tab, but the e2e `net` fixture wants Chromium and the runtime before it builds
     "test_mixed.py::test_two_native_peers_alone_train_the_reference_hashes": {"browser", "netns"},
+    "test_turn.py::test_two_tabs_and_a_native_peer_on_separate_networks_train_through_turn":
+        {"browser", "netns"},
     "test_mdns.py::test_a_native_peer_resolves_a_name_answered_as_chromium_answers": {"netns"},
     "test_mdns.py::test_readable_keeps_what_parses_and_drops_what_aioice_does_not_read": set(),
     "test_netns.py::test_namespaces_are_removed_when_the_test_fails": {"netns"},
@@ -36,7 +38,8 @@ KNOWN = {
 # The fixtures that open Chromium or build the e2e namespace, by name: an oracle that
 # shares nothing with conftest.py's reading of bytecode.
 FIXTURE_TIERS = {"browser": "browser", "tabs": "browser", "gpu_browser": "browser",
-                 "plain_browser": "browser", "net": "netns", "server_url": "netns"}
+                 "plain_browser": "browser", "browsers": "browser", "net": "netns",
+                 "nets": "netns", "server_url": "netns"}
 
 REPORT_PLUGIN = f"""
 import json

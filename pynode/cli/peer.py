@@ -101,7 +101,7 @@ class NativePeer:
         self.signaling = SignalingClient(self.args.server, room=self.args.room,
                                          create=self.args.create)
         # Listening before the join: the first roster or offer must find us ready.
-        self.mesh = NativeMesh(self.signaling, self.net, self.args.ice_server)
+        self.mesh = NativeMesh(self.signaling, self.net, self.args.ice_server, self.on_link)
         self.mesh.show(self.shown)
         self.net.call(self.listen)
         joined = await self.net.run(self.signaling.start())
@@ -136,6 +136,11 @@ class NativePeer:
         sig.on("socket", socket)
         sig.on("roster", self.approve_pending)
         sig.on("error", lambda f: say(f"server: {f.get('message')} ({f.get('code')})"))
+
+    def on_link(self, route: dict[str, Any]) -> None:
+        """A link opened (training loop): say over which candidate types."""
+        say(f"link to peer {route['peer']} open: {route['local']} -> {route['remote']} "
+            "candidates")
 
     def approve_pending(self, frame: dict[str, Any]) -> None:
         """Host of a room this peer created: approve who opens its link (network loop).

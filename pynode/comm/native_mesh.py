@@ -25,7 +25,7 @@ import logging
 import struct
 import threading
 from collections import deque
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from pynode.comm.base import CommError
@@ -244,6 +244,16 @@ class _Link:
         if whole is not None:
             self.mesh._message(self.peer, whole)
 
+    def route(self) -> dict[str, Any]:
+        """This link as the connectivity matrix shows it (like mesh.js `Link.route`):
+        {peer, state, local, remote, rttMs}, the candidate types of the selected pair."""
+        local = remote = None
+        pair = _selected_pair(self.pc)
+        if pair is not None:
+            local, remote = pair.local_candidate.type, pair.remote_candidate.type
+        return {"peer": self.peer, "state": self.pc.connectionState, "local": local,
+                "remote": remote, "rttMs": None}
+
     def send_ui(self, text: str) -> None:
         if self.ui.readyState == "open":
             self.ui.send(text)
@@ -259,6 +269,15 @@ class _Link:
             del self.mesh.links[self.peer]
         if self.is_open:
             self.mesh._gone(self.peer)
+
+
+def _selected_pair(pc: Any) -> Any:
+    """aioice's nominated candidate pair of `pc` (component 1), or None before ICE chose
+    one. aiortc has no getStats entry for it, so this reads aioice's connection."""
+    sctp = pc.sctp
+    connection = getattr(sctp.transport.transport, "_connection", None) if sctp else None
+    nominated = getattr(connection, "_nominated", None) or {}
+    return nominated.get(1)
 
 
 def _candidate(frame: dict[str, Any]) -> Any:
@@ -323,11 +342,15 @@ class NativeMesh(Mesh):
     Build it on the training loop before `signaling` starts, so that no offer finds it
     missing; it connects to approved peers from every roster (the smaller id offers) and
     answers their offers. `ui` holds each page's last message on the "ui" channel.
+    `on_link(route)` (on the training loop) hears of every link that opens, with its
+    `_Link.route()`.
     """
 
     def __init__(self, signaling: SignalingClient, net: NetThread,
-                 ice_servers: Sequence[str] = ()) -> None:
+                 ice_servers: Sequence[str] = (),
+                 on_link: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.signaling, self.net, self.ice_servers = signaling, net, tuple(ice_servers)
+        self.on_link = on_link
         self.links: dict[str, _Link] = {}  # network loop only
         self.ui: dict[str, dict[str, Any]] = {}
         self.sent_bytes = 0
@@ -366,6 +389,10 @@ class NativeMesh(Mesh):
     async def flush(self, timeout: float = 5.0) -> None:
         """Wait (at most `timeout`) until every queued message went to the wire."""
         await self.net.run(self._flush_net(timeout))
+
+    async def routes(self) -> list[dict[str, Any]]:
+        """Every link's route (see `_Link.route`), in peer order."""
+        return await self.net.run(self._routes_net())
 
     async def close(self) -> None:
         """Close every link (the others see this peer gone at once)."""
@@ -467,6 +494,8 @@ class NativeMesh(Mesh):
         link = self.links.get(peer)
         if link is not None and self._shown:
             link.send_ui(self._shown)
+        if link is not None and self.on_link is not None:
+            self._main.call_soon_threadsafe(self.on_link, link.route())
         self._main.call_soon_threadsafe(self._events.put_nowait, (peer, b""))
 
     def _message(self, peer: str, data: bytes) -> None:
@@ -485,6 +514,9 @@ class NativeMesh(Mesh):
             link.queue or link.data.bufferedAmount for link in self.links.values()
         ):
             await asyncio.sleep(0.02)
+
+    async def _routes_net(self) -> list[dict[str, Any]]:
+        return [self.links[peer].route() for peer in sorted(self.links)]
 
     async def _close_net(self) -> None:
         links = list(self.links.values())

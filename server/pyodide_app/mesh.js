@@ -135,6 +135,22 @@ class Link {
     if (this.ui.readyState === "open") this.ui.send(JSON.stringify(obj));
   }
 
+  // This link as the connectivity matrix shows it: {peer, state, local, remote, rttMs}, the
+  // candidate types (host, srflx, prflx, relay) of the selected pair and its last ICE RTT.
+  async route() {
+    const report = await this.pc.getStats();
+    let pair = null;
+    report.forEach((s) => {
+      if (s.type === "transport" && s.selectedCandidatePairId) pair = report.get(s.selectedCandidatePairId);
+    });
+    const local = pair ? report.get(pair.localCandidateId) : null;
+    const remote = pair ? report.get(pair.remoteCandidateId) : null;
+    const rtt = pair ? pair.currentRoundTripTime : undefined;
+    return { peer: this.peer, state: this.pc.connectionState,
+      local: local ? local.candidateType : null, remote: remote ? remote.candidateType : null,
+      rttMs: typeof rtt === "number" ? rtt * 1000 : null };
+  }
+
   close() {
     if (this.isGone) return;
     this.isGone = true;
@@ -236,6 +252,12 @@ export class Mesh extends EventTarget {
 
   sendUi(obj, peer = null) {
     for (const link of this.links.values()) if (link.isOpen && (!peer || link.peer === peer)) link.sendUi(obj);
+  }
+
+  // Every link's route() (see Link.route), in peer order.
+  async routes() {
+    const links = [...this.links.values()].sort((a, b) => (a.peer < b.peer ? -1 : 1));
+    return Promise.all(links.map((link) => link.route()));
   }
 
   openPeers() {

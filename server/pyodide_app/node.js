@@ -312,6 +312,11 @@ export class PageNode extends EventTarget {
     return this.signaling.send(type, { peer: peerId });
   }
 
+  // This page's links: [{peer, state, local, remote, rttMs}] (mesh.js Link.route).
+  async routes() {
+    return this.mesh ? this.mesh.routes() : [];
+  }
+
   status() {
     const s = this.state;
     const rows = [...this.roster.values()];

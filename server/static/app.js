@@ -41,6 +41,7 @@ window.daisychain = {
   // {prompt, tokens, temperature, top_k, seed}, from `data` (.pt bytes) or this page's state
   generate: (request, data = null) => generate(request, data),
   bootGenerator: () => generator.boot().then(() => true),
+  routes: () => node.routes(),
   approve: (peerId) => node.approve(peerId),
   deny: (peerId) => node.deny(peerId),
 };
