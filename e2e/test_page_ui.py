@@ -10,6 +10,7 @@ private network's browser of conftest.py is a second one).
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -119,3 +120,51 @@ def test_errors_show_next_to_the_action_and_download_waits_for_a_run(
     assert after_run["form_error"], "a started run clears the last action's error"
     assert "led by this page" in after_run["note"], after_run
     assert name == "daisychain-step2.pt" and saved[:2] == b"PK"  # a torch zip archive
+
+
+def open_bare(browser: Any, url: str, console: list[str]) -> Any:
+    """A page in a fresh context that may never get a peer id (a bad room code)."""
+    page = browser.new_context().new_page()
+    page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+    page.goto(url)
+    page.wait_for_function("() => window.daisychain", timeout=30_000)
+    return page
+
+
+def test_bad_and_unknown_room_codes_end_next_to_the_room_controls(
+        local_browser, tmp_path, console):
+    """A malformed code is named at once; an unknown well-formed code and a real room whose
+    host never decides end after the same approval wait, with one message (codes cannot be
+    probed). Each message shows in the room panel, not only in the log."""
+    server = local_server(tmp_path)
+    wait_s = 3
+    try:
+        bad = open_bare(local_browser, f"{server.url}/?room=no!code", console)
+        bad.wait_for_selector("#room-problem", state="visible", timeout=30_000)
+        bad_text = bad.inner_text("#room-problem")
+        bad_inside = bad.locator("#room-panel #room-problem").count()
+        bad_status = status(bad)
+
+        host = open_page(local_browser, f"{server.url}/?create=1", console)
+        real_code = status(host)["room"]
+        unknown_code = "A" * 22 if real_code != "A" * 22 else "B" * 22
+        ended = {}
+        for name, code in (("real", real_code), ("unknown", unknown_code)):
+            page = open_page(local_browser, f"{server.url}/?room={code}&approval_wait={wait_s}",
+                             console)
+            joined_at = time.monotonic()
+            page.wait_for_selector("#room-problem", state="visible", timeout=30_000)
+            ended[name] = (time.monotonic() - joined_at, page.inner_text("#room-problem"),
+                           status(page)["peerId"], page.is_hidden("#pending-line"))
+        host_saw = [p["id"] for p in status(host)["peers"]]
+    finally:
+        server.close()
+    assert bad_text.startswith('"no!code" is not a room code'), bad_text
+    assert "check the link" in bad_text and bad_inside == 1
+    assert bad_status["peerId"] is None and bad_status["roomProblem"] == bad_text
+    for name, (seconds, text, peer_id, pending_hidden) in ended.items():
+        assert text == (f"nobody approved this page within {wait_s} s: check the room code, "
+                        f"or ask the room's host to approve peer {peer_id}"), (name, text)
+        assert wait_s - 0.5 < seconds < wait_s + 5, (name, seconds)
+        assert pending_hidden, "the waiting line gives way to the reason"
+    assert ended["real"][2] not in host_saw, "a page that gave up left the room"

@@ -110,6 +110,20 @@ def server_url(nets: SeparateNets, tmp_path_factory: pytest.TempPathFactory) -> 
         "--ice-server", f"turn:{HUB}:{TURN_PORT}?transport=udp"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "DAISYCHAIN_TURN_SECRET": secret})
+    return _url(server)
+
+
+@pytest.fixture(scope="module")
+def plain_server_url(nets: SeparateNets, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A server in the hub with no ICE servers: peers offer host candidates only."""
+    server = nets.popen(None, [
+        sys.executable, "-m", "server", "--host", HUB, "--port", "0",
+        "--data-dir", str(tmp_path_factory.mktemp("plain")), "--log-level", "WARNING"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return _url(server)
+
+
+def _url(server: subprocess.Popen) -> str:
     line = server.stdout.readline()
     found = re.search(r"http://[\d.]+:(\d+)/", line)
     assert found, f"the server did not start: {line}"
@@ -180,3 +194,37 @@ def test_two_tabs_and_a_native_peer_on_separate_networks_train_through_turn(
         for opened in tabs:
             opened.close()
 
+
+
+def test_without_turn_a_pair_that_cannot_connect_is_named_on_both_sides(
+    nets, plain_server_url, browsers, tmp_path, request
+):
+    """No TURN server: the tab and the native peer each name the other and what to do."""
+    tabs = Tabs(browsers[0], plain_server_url, request.node.name)
+    native = None
+    try:
+        host = tabs.open("?create=1")
+        host_id, code = status(host)["peerId"], status(host)["room"]
+        native = NativeJoin(Spoke(nets, 2), plain_server_url, tmp_path, "native", "--room", code)
+        native_id = native.peer_id
+        wait(host, "(s, id) => s.peers.some(p => p.id === id)", 30_000, native_id)
+        host.evaluate("(id) => daisychain.approve(id)", native_id)
+        said = native.wait_for(rf"no connection to peer {host_id}: .*", 120).group(0)
+        wait(host, "(s, id) => id in s.linkProblems", 120_000, native_id)
+        shown = host.inner_text("#link-problems")
+        row = host.inner_text(f"#peers tr:has-text('{native_id}')")
+        tabs.shot(host, "no-connection")
+    except BaseException:
+        print("\n".join(tabs.console[-100:]))
+        raise
+    finally:
+        if native is not None:
+            native.kill()
+        tabs.close()
+    advice = ("no ICE candidate pair works between the two networks. On one LAN allow UDP "
+              "between the machines (and multicast DNS for tabs); across networks the server "
+              "needs a TURN server (--ice-server); or put both on one VPN. See "
+              "docs/NETWORKS.md.")
+    assert said == f"no connection to peer {host_id}: {advice}"
+    assert shown == f"no connection to peer {native_id}: {advice}"
+    assert "no connection" in row, row

@@ -43,6 +43,14 @@ def resources(gemm: Any) -> dict[str, Any]:
             "device": platform.device_name()}
 
 
+def link_failed_text(peer: str) -> str:
+    """What to do about a pair that cannot connect (the page says the same, node.js)."""
+    return (f"no connection to peer {peer}: no ICE candidate pair works between the two "
+            "networks. On one LAN allow UDP between the machines (and multicast DNS for "
+            "tabs); across networks the server needs a TURN server (--ice-server); or put "
+            "both on one VPN. See docs/NETWORKS.md.")
+
+
 class NativePeer:
     """One native peer's life in a room, from joining to the end of its run."""
 
@@ -138,9 +146,13 @@ class NativePeer:
         sig.on("error", lambda f: say(f"server: {f.get('message')} ({f.get('code')})"))
 
     def on_link(self, route: dict[str, Any]) -> None:
-        """A link opened (training loop): say over which candidate types."""
-        say(f"link to peer {route['peer']} open: {route['local']} -> {route['remote']} "
-            "candidates")
+        """A link opened or failed (training loop): say over which candidate types, or what
+        to do about it."""
+        if route["state"] == "failed":
+            say(link_failed_text(route["peer"]))
+        else:
+            say(f"link to peer {route['peer']} open: {route['local']} -> {route['remote']} "
+                "candidates")
 
     def approve_pending(self, frame: dict[str, Any]) -> None:
         """Host of a room this peer created: approve who opens its link (network loop).

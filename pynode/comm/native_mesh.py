@@ -152,6 +152,8 @@ class _Link:
         @pc.on("connectionstatechange")
         def _state() -> None:
             log.debug("peer %s: connection %s", self.peer, pc.connectionState)
+            if pc.connectionState == "failed" and not self.is_open:
+                self.mesh._unreachable(self)
             if pc.connectionState in ("failed", "closed"):
                 self.close()
 
@@ -178,9 +180,9 @@ class _Link:
         from aiortc import RTCSessionDescription
 
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
-        await self._flush_ice()
         await self.pc.setLocalDescription(await self.pc.createAnswer())
         self.mesh.signaling.send("answer", to=self.peer, sdp=self.pc.localDescription.sdp)
+        await self._flush_ice()
 
     async def on_answer(self, sdp: str) -> None:
         from aiortc import RTCSessionDescription
@@ -194,7 +196,11 @@ class _Link:
             return  # a kind aiortc cannot use (TCP, unparsable), or a repeated end
         if candidate is None:
             self.candidates_ended = True
-        if self.pc.remoteDescription is None:
+        # Held until both descriptions are set: aioice drops the components for which
+        # end-of-candidates brought no candidate (one mDNS name that did not resolve) and
+        # then gathers no local candidate for them, so the answer would carry none and ICE
+        # would never start, nor fail.
+        if self.pc.remoteDescription is None or self.pc.localDescription is None:
             self.pending_ice.append(candidate)
         else:
             await self._add_ice(candidate)
@@ -342,8 +348,9 @@ class NativeMesh(Mesh):
     Build it on the training loop before `signaling` starts, so that no offer finds it
     missing; it connects to approved peers from every roster (the smaller id offers) and
     answers their offers. `ui` holds each page's last message on the "ui" channel.
-    `on_link(route)` (on the training loop) hears of every link that opens, with its
-    `_Link.route()`.
+    `on_link(route)` (on the training loop) hears of every link that opens, and of every one
+    that failed before it opened (ICE found no working pair: `route["state"] == "failed"`),
+    with its `_Link.route()`.
     """
 
     def __init__(self, signaling: SignalingClient, net: NetThread,
@@ -497,6 +504,10 @@ class NativeMesh(Mesh):
         if link is not None and self.on_link is not None:
             self._main.call_soon_threadsafe(self.on_link, link.route())
         self._main.call_soon_threadsafe(self._events.put_nowait, (peer, b""))
+
+    def _unreachable(self, link: _Link) -> None:
+        if self.on_link is not None:
+            self._main.call_soon_threadsafe(self.on_link, link.route())
 
     def _message(self, peer: str, data: bytes) -> None:
         if data:  # an empty message would read as "reachable"; the page drops them too

@@ -7,7 +7,7 @@
 // HIGH_WATER, resuming on `bufferedamountlow`, so a large gradient never floods memory.
 //
 // Events: open {peer}, gone {peer}, message {peer, data: ArrayBuffer}, ui {peer, msg},
-// error {peer, text}.
+// error {peer, text}, unreachable {peer} (ICE found no working candidate pair).
 
 import { FragmentError, Reassembler, fragment, fragmentCount } from "./fragments.js";
 
@@ -51,6 +51,7 @@ class Link {
       } : { to: peer, candidate: "" });
     };
     pc.onconnectionstatechange = () => {
+      if (pc.connectionState === "failed" && !this.isOpen) mesh.emit("unreachable", { peer });
       if (pc.connectionState === "failed" || pc.connectionState === "closed") this.close();
     };
     const maybeOpen = () => {

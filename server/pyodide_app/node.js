@@ -10,9 +10,21 @@ import { Signaling } from "./signaling.js";
 
 const STATUS_EVERY_MS = 250; // at most this often to the server (its rate limit is 50/s)
 const KEPT_MESSAGES = 200;
+// How long a pending page waits for the host's approval (join's --approval-wait default).
+// An unknown room code answers exactly like a real room whose host has not decided yet
+// (docs/SERVER.md, Rooms), so both end after this same wait: codes cannot be probed.
+const APPROVAL_WAIT_S = 300;
 
+// What to do about a pair that cannot connect; pynode/cli/peer.py says the same natively.
+export function linkFailedText(peer) {
+  return `no connection to peer ${peer}: no ICE candidate pair works between the two ` +
+    "networks. On one LAN allow UDP between the machines (and multicast DNS for tabs); " +
+    "across networks the server needs a TURN server (--ice-server); or put both on one " +
+    "VPN. See docs/NETWORKS.md.";
+}
 export class PageNode extends EventTarget {
-  // target: {room} / {create: true} / {} (auto room); flags: {break_gate, backend}
+  // target: {room} / {create: true} / {} (auto room); flags: {break_gate, backend,
+  // approvalWaitS}
   constructor(target, flags = {}) {
     super();
     this.flags = flags;
@@ -32,7 +44,10 @@ export class PageNode extends EventTarget {
       // The run's changes at step boundaries ({step, lr, steps}: `train --schedule` replays
       // them) and whether it waits between steps.
       schedule: [], paused: false,
+      roomProblem: null, // why this page is in no room (bad code, nobody approved it)
+      linkProblems: {}, // peer id -> why no data channel to it could open
     };
+    this.approvalTimer = null;
     this.roster = new Map(); // id -> {id, role, approved, status}
     this.info = new Map(); // id -> what that page told us on the ui channel
     this.trainable = {}; // id -> "ready" | "training": that page's Python said so to ours
@@ -82,6 +97,7 @@ export class PageNode extends EventTarget {
         approved: m.state === "approved", private: m.private });
       this.say("info", m.state === "approved" ? `joined as ${m.role}`
         : "waiting for the host to approve this page");
+      if (m.state !== "approved") this.awaitApproval();
       this.ensureMesh(m.peer);
       this.mesh.rejoined();
       this.dispatchEvent(new CustomEvent("joined", { detail: m }));
@@ -98,8 +114,35 @@ export class PageNode extends EventTarget {
     });
     on("denied", (m) => this.leave(`the host declined this page: ${m.reason}`));
     on("removed", (m) => this.leave(`removed from the room: ${m.reason}`));
-    on("error", (m) => this.say("error", `server: ${m.message} (${m.code})`));
+    on("error", (m) => {
+      if (m.code === "bad_room" && !this.state.peerId) {
+        this.giveUp(`"${this.signaling.target.room}" is not a room code (a room link ends in ` +
+          "?room= and 22 letters, digits, - or _): check the link, or make a new private room");
+      } else {
+        this.say("error", `server: ${m.message} (${m.code})`);
+      }
+    });
     on("socket", (m) => { if (!m.open) this.say("warn", "signaling connection lost; reconnecting"); });
+  }
+
+  // A pending page gives up after the approval wait, with one message whether the code is
+  // unknown or the host has not decided (see APPROVAL_WAIT_S).
+  awaitApproval() {
+    if (this.approvalTimer !== null) return;
+    const wait = this.flags.approvalWaitS || APPROVAL_WAIT_S;
+    this.approvalTimer = setTimeout(() => {
+      if (this.state.approved || this.state.roomProblem) return;
+      this.giveUp(`nobody approved this page within ${wait} s: check the room code, or ask ` +
+        `the room's host to approve peer ${this.state.peerId}`);
+    }, wait * 1000);
+  }
+
+  // This page leaves signaling for good and says why next to the room's controls.
+  giveUp(text) {
+    this.state.roomProblem = text;
+    this.signaling.close();
+    if (this.mesh) this.mesh.close();
+    this.say("error", text);
   }
 
   onRoster(m) {
@@ -129,6 +172,7 @@ export class PageNode extends EventTarget {
     this.mesh = new Mesh(this.signaling, selfId);
     this.worker.postMessage({ type: "self", id: selfId });
     this.mesh.addEventListener("open", (e) => {
+      delete this.state.linkProblems[e.detail.peer];
       this.worker.postMessage({ type: "open", peer: e.detail.peer });
       this.tellPeers(e.detail.peer);
       this.changed();
@@ -148,6 +192,11 @@ export class PageNode extends EventTarget {
       this.changed();
     });
     this.mesh.addEventListener("error", (e) => this.say("warn", `peer ${e.detail.peer}: ${e.detail.text}`));
+    this.mesh.addEventListener("unreachable", (e) => {
+      const text = linkFailedText(e.detail.peer);
+      this.state.linkProblems[e.detail.peer] = text;
+      this.say("error", text);
+    });
   }
 
   // Our state for the other pages' tables, on the ui channel (and a status frame to the server).

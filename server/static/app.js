@@ -5,6 +5,7 @@
 //   /?room=CODE       asks to join a private room; its host approves
 //   &break_gate=1     test hook: corrupt the GEMM backends so the exact gate fails
 //   &backend=NAME     force a GEMM backend (e.g. webgpu); it must pass its exact gate
+//   &approval_wait=S  give up waiting for the host's approval after S seconds (default 300)
 
 import { PageGenerator } from "/app/generate.js";
 import { PageNode } from "/app/node.js";
@@ -14,7 +15,7 @@ const params = new URLSearchParams(location.search);
 const target = params.get("create") ? { create: true }
   : params.get("room") ? { room: params.get("room") } : {};
 const node = new PageNode(target, { break_gate: params.get("break_gate") === "1",
-  backend: params.get("backend") });
+  backend: params.get("backend"), approvalWaitS: Number(params.get("approval_wait")) || null });
 const generator = new PageGenerator({ backend: params.get("backend") });
 const $ = (id) => document.getElementById(id);
 const NUMBER_FIELDS = { width: parseInt, layers: parseInt, heads: parseInt, seq: parseInt,
@@ -79,7 +80,10 @@ function renderRoom(s) {
     : s.private ? `Private room, you are ${s.peerId}.` : `Automatic room of this network, you are ${s.peerId}.`;
   $("share-line").hidden = !(s.private && s.role === "host");
   if (s.room) $("share-link").value = `${location.origin}/?room=${s.room}`;
-  $("pending-line").hidden = !s.peerId || s.approved;
+  $("pending-line").hidden = !s.peerId || s.approved || Boolean(s.roomProblem);
+  $("room-problem").hidden = !s.roomProblem;
+  $("room-problem").textContent = s.roomProblem || "";
+  if (s.roomProblem && !s.peerId) $("room-line").textContent = "Not in a room.";
 }
 
 // The latest error, wherever it came from (the server, the worker, a run, an action), stays
@@ -183,6 +187,9 @@ function addSliders() {
 
 function renderPeers(s) {
   const host = s.role === "host";
+  const problems = Object.values(s.linkProblems);
+  $("link-problems").hidden = !problems.length;
+  $("link-problems").innerHTML = problems.map((text) => `<li>${escape(text)}</li>`).join("");
   $("peers").tBodies[0].innerHTML = s.peers.map((p) => {
     const approval = p.approved ? "approved" : host
       ? `pending <button data-approve="${escape(p.id)}">Approve</button> <button data-deny="${escape(p.id)}">Refuse</button>`
@@ -191,7 +198,7 @@ function renderPeers(s) {
     const gemm = p.gemm ? `${p.gemm}${p.kernels ? ` / ${p.kernels}` : ""}` : "–";
     return `<tr class="${p.self ? "self" : ""}${forked}" data-peer="${escape(p.id)}"><td>${escape(p.id)}${p.self ? " (you)" : ""}</td>
       <td>${escape(p.role)}${p.id === s.leader ? ", leader" : ""}</td><td>${approval}</td>
-      <td>${escape(p.state || (p.connected ? "" : "not connected"))}</td>
+      <td>${escape(s.linkProblems[p.id] ? "no connection" : p.state || (p.connected ? "" : "not connected"))}</td>
       <td class="runtime">${escape(p.runtime || "–")}</td><td>${escape(gemm)}</td>
       <td class="cores">${p.cores ?? "–"}</td><td class="ram">${fmtBytes(p.ram)}</td>
       <td class="microbatch">${fmtMs(p.microbatch_seconds)}</td><td class="share">${fmtShare(p.share)}</td>
