@@ -11,9 +11,11 @@ same config, whoever leads, whoever dies.
 from __future__ import annotations
 
 import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 from browser_helpers import Tabs, host_candidates, status, wait, wait_booted, wait_trainable
@@ -187,6 +189,37 @@ def test_faults_across_the_mesh_cost_time_not_bits(tabs, natives, native_referen
             re.findall(r"lost peer (\S+) at step (\d+)", leader.messages())}
     assert set(lost) == {killed.peer_id, stalled.peer_id, tab_id}, leader.messages()
     assert lost[killed.peer_id] == lost[stalled.peer_id] == 3 and lost[tab_id] >= 5
+
+
+def test_a_frozen_and_a_killed_peer_are_left_out_within_5_s(natives, native_reference):
+    """Heartbeats: one native peer is frozen (SIGSTOP: its sockets stay open, nothing is
+    sent, no goodbye), later another is SIGKILLed. From each fault to the leader's next step,
+    re-planned without that peer, at most 5 s (the step deadline alone would take 30 s);
+    the run ends on the reference hashes. The measured costs are printed."""
+    config = {**SMALL, "steps": 30, "seed": 27}
+    leader = natives("leader", "--create", "--start", "--min-peers", "4", *config_flags(config))
+    code = leader.wait_for(r"\?room=(\S+)").group(1)
+    frozen, killed, other = (natives(name, "--room", code) for name in ("frozen", "killed",
+                                                                         "other"))
+    costs = {}
+    try:
+        for step, peer, fault in ((4, frozen, signal.SIGSTOP), (12, killed, signal.SIGKILL)):
+            peer_id = peer.peer_id
+            leader.wait_step(step, 240)
+            at = time.monotonic()
+            peer.proc.send_signal(fault)
+            leader.wait_for(rf"lost peer {peer_id} at step \d+", 60)
+            costs[peer.name] = time.monotonic() - at
+        assert leader.finish(240) == 0, leader.messages()
+        assert other.finish(60) == 0, other.messages()
+    finally:
+        frozen.proc.send_signal(signal.SIGCONT)
+    seconds = sorted(row["seconds"] for row in leader.rows())
+    print(f"fault cost, death to the re-planned step: frozen {costs['frozen']:.2f} s, killed "
+          f"{costs['killed']:.2f} s (a step takes {seconds[len(seconds) // 2]:.2f} s, median)")
+    expected = hashes(native_reference(config))
+    assert leader.hashes() == expected == other.hashes()
+    assert costs["frozen"] <= 5.0 and costs["killed"] <= 5.0, costs
 
 
 def test_the_signaling_server_restarts_mid_run_and_training_goes_on(

@@ -43,6 +43,14 @@ LOW_WATER = 1 << 20  # ... and resume when it drains to this
 # After (re)joining signaling, e.g. across a server restart, rosters refill as peers come
 # back; for this long a peer missing from them keeps its link. Afterwards the roster rules.
 ROSTER_GRACE_S = 30.0
+# Heartbeats (mesh.js has the same): every open link sends BEAT on its "ui" channel each
+# BEAT_S; a link that brought nothing at all for SILENT_S is closed, so the collective
+# leaves a dead, frozen or cut-off peer out within seconds instead of at its step deadline
+# (30 s). They come from the network thread (a tab's main thread), which a step's compute
+# does not block; a training loop hung inside a live peer is still caught by the deadline.
+BEAT = "beat"
+BEAT_S = 0.5
+SILENT_S = 3.0
 
 
 class FragmentError(CommError):
@@ -144,6 +152,7 @@ class _Link:
         self.pending_ice: list[Any] = []
         self.candidates_ended = False
         self.is_open = self.is_gone = False
+        self.heard = 0.0  # network loop time of the last message on either channel
         self._wire()
 
     def _wire(self) -> None:
@@ -160,6 +169,7 @@ class _Link:
         def maybe_open() -> None:
             if not self.is_open and data.readyState == "open" and ui.readyState == "open":
                 self.is_open = True
+                self.heard = asyncio.get_running_loop().time()
                 log.debug("peer %s: data channels open", self.peer)
                 self.mesh._opened(self.peer)
                 self.pump()
@@ -170,7 +180,7 @@ class _Link:
         ui.on("close", self.close)
         data.on("bufferedamountlow", self.pump)
         data.on("message", self.receive)
-        ui.on("message", lambda m: self.mesh._ui_message(self.peer, m))
+        ui.on("message", self.receive_ui)
 
     async def offer(self) -> None:
         await self.pc.setLocalDescription(await self.pc.createOffer())
@@ -238,7 +248,13 @@ class _Link:
             if entry[2] >= fragment_count(len(message)):
                 self.queue.popleft()
 
+    def receive_ui(self, text: str | bytes) -> None:
+        self.heard = asyncio.get_running_loop().time()
+        if text != BEAT:
+            self.mesh._ui_message(self.peer, text)
+
     def receive(self, data: bytes | str) -> None:
+        self.heard = asyncio.get_running_loop().time()
         if isinstance(data, str):
             data = data.encode()
         try:
@@ -366,6 +382,7 @@ class NativeMesh(Mesh):
         self._open: frozenset[str] = frozenset()
         self._joined_at = float("-inf")  # network loop time of the last `joined`
         self._prune_timer: asyncio.TimerHandle | None = None
+        self._beating: asyncio.Future | None = None  # _beat_forever while a link is open
         self._main = asyncio.get_running_loop()
         self._events: asyncio.Queue[tuple[str, bytes | None]] = asyncio.Queue()
         net.call(self._attach)
@@ -498,6 +515,8 @@ class NativeMesh(Mesh):
 
     def _opened(self, peer: str) -> None:
         self._open = self._open | {peer}
+        if self._beating is None:
+            self._beating = asyncio.ensure_future(self._beat_forever())
         link = self.links.get(peer)
         if link is not None and self._shown:
             link.send_ui(self._shown)
@@ -529,7 +548,25 @@ class NativeMesh(Mesh):
     async def _routes_net(self) -> list[dict[str, Any]]:
         return [self.links[peer].route() for peer in sorted(self.links)]
 
+    async def _beat_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        while any(link.is_open for link in self.links.values()):
+            await asyncio.sleep(BEAT_S)
+            now = loop.time()
+            for link in list(self.links.values()):
+                if not link.is_open:
+                    continue
+                if now - link.heard > SILENT_S:
+                    log.warning("peer %s: nothing heard for %.1f s (no heartbeat); left out",
+                                link.peer, now - link.heard)
+                    link.close()
+                else:
+                    link.send_ui(BEAT)
+        self._beating = None
+
     async def _close_net(self) -> None:
+        if self._beating is not None:
+            self._beating.cancel()
         links = list(self.links.values())
         for link in links:
             link.close()

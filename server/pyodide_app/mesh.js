@@ -22,6 +22,12 @@ export function rtcConfiguration(signaling) {
 }
 const HIGH_WATER = 4 << 20;
 const LOW_WATER = 1 << 20;
+// Heartbeats, as pynode/comm/native_mesh.py: every open link sends BEAT on its "ui" channel
+// each BEAT_MS; a link that brought nothing for SILENT_MS is closed, so a dead, frozen or
+// cut-off peer is left out within seconds. This main thread beats while the worker computes.
+export const BEAT = "beat";
+const BEAT_MS = 500;
+const SILENT_MS = 3000;
 
 class Link {
   constructor(mesh, peer) {
@@ -38,6 +44,7 @@ class Link {
     this.pendingIce = [];
     this.isOpen = false;
     this.isGone = false;
+    this.heard = 0; // performance.now() of the last message on either channel
     this.wire();
   }
 
@@ -57,6 +64,8 @@ class Link {
     const maybeOpen = () => {
       if (!this.isOpen && data.readyState === "open" && ui.readyState === "open") {
         this.isOpen = true;
+        this.heard = performance.now();
+        if (mesh.beating === null) mesh.beating = setInterval(() => mesh.beat(), BEAT_MS);
         mesh.emit("open", { peer });
       }
     };
@@ -65,8 +74,13 @@ class Link {
     data.onclose = () => this.close();
     ui.onclose = () => this.close();
     data.onbufferedamountlow = () => this.pump();
-    data.onmessage = (e) => this.receive(e.data);
+    data.onmessage = (e) => {
+      this.heard = performance.now();
+      this.receive(e.data);
+    };
     ui.onmessage = (e) => {
+      this.heard = performance.now();
+      if (e.data === BEAT) return;
       try {
         mesh.emit("ui", { peer, msg: JSON.parse(e.data) });
       } catch {
@@ -179,6 +193,7 @@ export class Mesh extends EventTarget {
     this.joinedAt = performance.now();
     this.pruneTimer = null;
     this.approved = null; // ids of the last approved roster
+    this.beating = null; // the heartbeat interval, from the first open link on
     for (const type of ["offer", "answer", "ice"]) {
       signaling.addEventListener(type, (e) => this.onSignal(type, e.detail));
     }
@@ -186,6 +201,21 @@ export class Mesh extends EventTarget {
 
   emit(type, detail) {
     this.dispatchEvent(new CustomEvent(type, { detail }));
+  }
+
+  // Send a heartbeat on every open link; close those that fell silent (see BEAT).
+  beat() {
+    const now = performance.now();
+    for (const link of [...this.links.values()]) {
+      if (!link.isOpen) continue;
+      if (now - link.heard > SILENT_MS) {
+        const silent = ((now - link.heard) / 1000).toFixed(1);
+        this.emit("error", { peer: link.peer, text: `nothing heard for ${silent} s (no heartbeat); left out` });
+        link.close();
+      } else if (link.ui.readyState === "open") {
+        link.ui.send(BEAT);
+      }
+    }
   }
 
   // Signaling (re)joined: rosters may refill for a while (see ROSTER_GRACE_MS).
@@ -266,6 +296,7 @@ export class Mesh extends EventTarget {
   }
 
   close() {
+    clearInterval(this.beating);
     for (const link of [...this.links.values()]) link.close();
   }
 }
