@@ -8,7 +8,8 @@ candidates: the server hands each approved peer a short-lived coturn REST creden
 not ask for relay-only: the relay is what ICE chose. A spoke's own (host) address reaches
 the hub, so a selected pair may join one peer's host candidate to the other's relay
 candidate; either way every byte between the peers passes through coturn, and every
-selected pair must have a relay end. Chromium keeps its default flags.
+selected pair must have an end on coturn's relay address and ports (`relayed`). Chromium
+keeps its default flags.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from private_net import HUB, NetnsUnavailable, SeparateNets
 pytestmark = [pytest.mark.slow]
 
 TURN_PORT = 3478
+RELAY_PORTS = (49152, 49999)  # coturn's --min-port, --max-port
 CONFIG = {"task": "gpt", "width": 32, "layers": 1, "heads": 2, "seq": 16,
           "microbatch_size": 2, "microbatches": 4, "steps": 3, "lr": 0.003, "seed": 26}
 PROBE = """import socket, sys
@@ -51,6 +53,19 @@ except ConnectionRefusedError:
 except OSError as exc:
     print(type(exc).__name__)
 """
+
+
+def relayed(route: dict) -> bool:
+    """Whether a selected pair goes through coturn: an end of type relay, at coturn's relay
+    address and ports. An end that is the other peer's relay may read prflx (learned from
+    its check before its relay candidate was signalled): its address tells."""
+    for kind, address in ((route["local"], route["localAddress"]),
+                          (route["remote"], route["remoteAddress"])):
+        host, _, port = (address or "").rpartition(":")
+        on_relay = host == HUB and RELAY_PORTS[0] <= int(port or 0) <= RELAY_PORTS[1]
+        if on_relay and kind in ("relay", "prflx"):
+            return True
+    return False
 
 
 class Spoke:
@@ -97,8 +112,8 @@ def server_url(nets: SeparateNets, tmp_path_factory: pytest.TempPathFactory) -> 
         "turnserver", "-n", f"--listening-ip={HUB}", f"--relay-ip={HUB}",
         f"--listening-port={TURN_PORT}", "--use-auth-secret", f"--static-auth-secret={secret}",
         "--realm=daisychain.test", "--fingerprint", "--no-cli", "--no-tls", "--no-dtls",
-        "--min-port=49152", "--max-port=49999", f"--log-file={folder / 'turn.log'}",
-        "--simple-log", f"--pidfile={folder / 'turn.pid'}"],
+        f"--min-port={RELAY_PORTS[0]}", f"--max-port={RELAY_PORTS[1]}",
+        f"--log-file={folder / 'turn.log'}", "--simple-log", f"--pidfile={folder / 'turn.pid'}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     until = time.monotonic() + 30
     while Spoke(nets, 0).reach(HUB, TURN_PORT) != "open":
@@ -171,11 +186,14 @@ def test_two_tabs_and_a_native_peer_on_separate_networks_train_through_turn(
             assert len(routes) == 2, routes
             for route in routes:
                 assert route["state"] == "connected", routes
-                assert "relay" in (route["local"], route["remote"]), routes
+                assert relayed(route), routes
         host_id = status(host)["peerId"]
         for peer_id in (host_id, ids[0]):
-            found = native.wait_for(rf"link to peer {peer_id} open: (\w+) -> (\w+) candidates")
-            assert "relay" in found.groups(), native.messages()
+            found = native.wait_for(rf"link to peer {peer_id} open: (\w+) -> (\w+) "
+                                    r"candidates \((\S+) -> (\S+)\)")
+            local, remote, local_address, remote_address = found.groups()
+            assert relayed({"local": local, "remote": remote, "localAddress": local_address,
+                            "remoteAddress": remote_address}), native.messages()
         host.evaluate("(c) => daisychain.start(c)", CONFIG)
         assert native.finish(240) == 0, native.messages()
         for page in (host, tab):

@@ -152,7 +152,7 @@ class NativePeer:
             say(link_failed_text(route["peer"]))
         else:
             say(f"link to peer {route['peer']} open: {route['local']} -> {route['remote']} "
-                "candidates")
+                f"candidates ({route['localAddress']} -> {route['remoteAddress']})")
 
     def approve_pending(self, frame: dict[str, Any]) -> None:
         """Host of a room this peer created: approve who opens its link (network loop).

@@ -268,13 +268,18 @@ class _Link:
 
     def route(self) -> dict[str, Any]:
         """This link as the connectivity matrix shows it (like mesh.js `Link.route`):
-        {peer, state, local, remote, rttMs}, the candidate types of the selected pair."""
-        local = remote = None
+        {peer, state, local, remote, localAddress, remoteAddress, rttMs}: the candidate types
+        and addresses ("ip:port") of the selected pair. A relayed end learned from a check
+        before its candidate was signalled reads `prflx` (its address is the relay's)."""
+        local = remote = local_address = remote_address = None
         pair = _selected_pair(self.pc)
         if pair is not None:
             local, remote = pair.local_candidate.type, pair.remote_candidate.type
+            local_address = "{}:{}".format(*pair.local_addr)
+            remote_address = "{}:{}".format(*pair.remote_addr)
         return {"peer": self.peer, "state": self.pc.connectionState, "local": local,
-                "remote": remote, "rttMs": None}
+                "remote": remote, "localAddress": local_address,
+                "remoteAddress": remote_address, "rttMs": None}
 
     def send_ui(self, text: str) -> None:
         if self.ui.readyState == "open":

@@ -150,8 +150,9 @@ class Link {
     if (this.ui.readyState === "open") this.ui.send(JSON.stringify(obj));
   }
 
-  // This link as the connectivity matrix shows it: {peer, state, local, remote, rttMs}, the
-  // candidate types (host, srflx, prflx, relay) of the selected pair and its last ICE RTT.
+  // This link as the connectivity matrix shows it: {peer, state, local, remote, localAddress,
+  // remoteAddress, rttMs}, the candidate types (host, srflx, prflx, relay) and addresses of
+  // the selected pair and its last ICE RTT.
   async route() {
     const report = await this.pc.getStats();
     let pair = null;
@@ -161,8 +162,10 @@ class Link {
     const local = pair ? report.get(pair.localCandidateId) : null;
     const remote = pair ? report.get(pair.remoteCandidateId) : null;
     const rtt = pair ? pair.currentRoundTripTime : undefined;
+    const address = (c) => (c && c.address ? `${c.address}:${c.port}` : null);
     return { peer: this.peer, state: this.pc.connectionState,
       local: local ? local.candidateType : null, remote: remote ? remote.candidateType : null,
+      localAddress: address(local), remoteAddress: address(remote),
       rttMs: typeof rtt === "number" ? rtt * 1000 : null };
   }
 
