@@ -9,7 +9,8 @@ not ask for relay-only: the relay is what ICE chose. A spoke's own (host) addres
 the hub, so a selected pair may join one peer's host candidate to the other's relay
 candidate; either way every byte between the peers passes through coturn, and every
 selected pair must have an end on coturn's relay address and ports (`relayed`). Chromium
-keeps its default flags.
+keeps its default flags. The connectivity matrix (each peer's measured links, shared with
+the others) reaches every peer: the host's tab has every direction, and `join` prints it.
 """
 
 from __future__ import annotations
@@ -194,14 +195,28 @@ def test_two_tabs_and_a_native_peer_on_separate_networks_train_through_turn(
             local, remote, local_address, remote_address = found.groups()
             assert relayed({"local": local, "remote": remote, "localAddress": local_address,
                             "remoteAddress": remote_address}), native.messages()
+        everyone = [host_id, *ids]
+        wait(host, "(s, ids) => ids.every(a => ids.every(b => a === b || s.links.some(l => "
+             "l.from === a && l.to === b && l.rttMs > 0 && l.mbps > 0)))", 30_000, everyone)
+        matrix = status(host)["links"]
         host.evaluate("(c) => daisychain.start(c)", CONFIG)
         assert native.finish(240) == 0, native.messages()
         for page in (host, tab):
             wait(page, "s => ['done', 'failed'].includes(s.state)", 60_000)
         expected = {row["step"]: row["hash"] for row in native_reference(CONFIG)}
         assert native.hashes() == expected
+        printed = native.wait_for(r"connectivity: \d+ link\(s\)[^\n]*((\n[^\n]*  \S+ -> "
+                                  r"\S+: [^\n]*)+)").group(1)
         for page in (host, tab):
             assert {h["step"]: h["hash"] for h in status(page)["history"]} == expected
+        for a in everyone:
+            for b in everyone:
+                if a != b:
+                    (row,) = [r for r in matrix if r["from"] == a and r["to"] == b]
+                    assert row["state"] == "connected" and relayed(row), row
+        for b in ids[:1] + [host_id]:
+            assert re.search(rf"{ids[1]} -> {b}: connected, \w+ -> \w+, RTT [\d.]+ ms, "
+                             r"[\d.]+ MB/s", printed), printed
     except BaseException:
         for opened in tabs:
             print("\n".join(opened.console[-100:]))

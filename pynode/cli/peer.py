@@ -51,6 +51,16 @@ def link_failed_text(peer: str) -> str:
             "both on one VPN. See docs/NETWORKS.md.")
 
 
+def matrix_line(row: dict[str, Any]) -> str:
+    """One link of the connectivity matrix, as `join` prints it."""
+    def number(value: Any, unit: str) -> str:
+        return "?" if value is None else f"{value:g} {unit}"
+
+    return (f"{row['from']} -> {row['to']}: {row['state']}, {row['local'] or '?'} -> "
+            f"{row['remote'] or '?'}, RTT {number(row['rttMs'], 'ms')}, "
+            f"{number(row['mbps'], 'MB/s')}")
+
+
 class NativePeer:
     """One native peer's life in a room, from joining to the end of its run."""
 
@@ -250,6 +260,14 @@ class NativePeer:
         if kind in ("run", "step", "done", "failed") and self.mesh is not None:
             self.mesh.show(self.shown)
 
+    async def print_matrix(self) -> None:
+        """The connectivity matrix (pynode.comm.native_mesh `matrix`), one line per link."""
+        rows = await self.mesh.matrix()
+        say(f"connectivity: {len(rows)} link(s) (from -> to: state, candidate types, RTT, "
+            "MB/s of the scan)")
+        for row in rows:
+            say("  " + matrix_line(row))
+
     def on_run(self, fields: dict[str, Any]) -> None:
         cfg = fields["config"]
         self.shown.update(state="training", leader=fields["leader"], run=fields["run"],
@@ -258,6 +276,7 @@ class NativePeer:
         say(f"training: run {fields['run']} led by {fields['leader']}, {len(fields['ranks'])} "
             f"peer(s), {cfg['steps']} steps" + ("" if joined is None else
                                                   f"; synced at step {joined}, hash verified"))
+        asyncio.ensure_future(self.print_matrix())
         if self.reporter is None and self.trainer is not None:
             self.reporter = StepReporter(self.trainer, cfg["steps"], self.args.log,
                                          progress=not self.args.no_progress)

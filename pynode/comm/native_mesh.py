@@ -43,14 +43,20 @@ LOW_WATER = 1 << 20  # ... and resume when it drains to this
 # After (re)joining signaling, e.g. across a server restart, rosters refill as peers come
 # back; for this long a peer missing from them keeps its link. Afterwards the roster rules.
 ROSTER_GRACE_S = 30.0
-# Heartbeats (mesh.js has the same): every open link sends BEAT on its "ui" channel each
-# BEAT_S; a link that brought nothing at all for SILENT_S is closed, so the collective
-# leaves a dead, frozen or cut-off peer out within seconds instead of at its step deadline
-# (30 s). They come from the network thread (a tab's main thread), which a step's compute
-# does not block; a training loop hung inside a live peer is still caught by the deadline.
-BEAT = "beat"
+# Heartbeats (mesh.js has the same): every open link sends "beat T" on its "ui" channel each
+# BEAT_S (T: the sender's clock in ms), answered by "echo T", which gives the link's RTT; a
+# link that brought nothing at all for SILENT_S is closed, so the collective leaves a
+# dead, frozen or cut-off peer out within seconds instead of at its step deadline (30 s).
+# They come from the network thread (a tab's main thread), which a step's compute does not
+# block; a training loop hung inside a live peer is still caught by the deadline.
 BEAT_S = 0.5
 SILENT_S = 3.0
+SHARE_EVERY = 4  # beats between two {"links": [...]} rows to every peer (the matrix)
+# The connectivity scan: when a link opens, SCAN_PIECES "scan K N ..." strings of
+# SCAN_BYTES go out on its "ui" channel; the last one is answered "scanned BYTES", and
+# bytes over the time to the answer is the link's MB/s (one RTT included).
+SCAN_PIECES = 64
+SCAN_BYTES = 16 * 1024
 
 
 class FragmentError(CommError):
@@ -153,6 +159,10 @@ class _Link:
         self.candidates_ended = False
         self.is_open = self.is_gone = False
         self.heard = 0.0  # network loop time of the last message on either channel
+        self.rtt_ms: float | None = None  # the last heartbeat's round trip
+        self.mbps: float | None = None  # the scan's MB/s
+        self.scan_started: float | None = None
+        self.scan_received = 0  # bytes of the other side's scan so far
         self._wire()
 
     def _wire(self) -> None:
@@ -170,6 +180,7 @@ class _Link:
             if not self.is_open and data.readyState == "open" and ui.readyState == "open":
                 self.is_open = True
                 self.heard = asyncio.get_running_loop().time()
+                self.scan()
                 log.debug("peer %s: data channels open", self.peer)
                 self.mesh._opened(self.peer)
                 self.pump()
@@ -249,9 +260,36 @@ class _Link:
                 self.queue.popleft()
 
     def receive_ui(self, text: str | bytes) -> None:
-        self.heard = asyncio.get_running_loop().time()
-        if text != BEAT:
-            self.mesh._ui_message(self.peer, text)
+        now = self.heard = asyncio.get_running_loop().time()
+        if isinstance(text, bytes):
+            text = text.decode(errors="replace")
+        kind, _, rest = text.partition(" ")
+        with contextlib.suppress(ValueError):
+            if kind == "beat":
+                self.send_ui(f"echo {rest}")
+            elif kind == "echo":
+                self.rtt_ms = round(now * 1000 - float(rest), 2)
+            elif kind == "scan":
+                self.scan_received += len(text)
+                index, count, _ = rest.split(" ", 2)
+                if index == count:
+                    self.send_ui(f"scanned {self.scan_received}")
+                    self.scan_received = 0
+            elif kind == "scanned" and self.scan_started is not None:
+                self.mbps = round(int(rest) / 1e6 / max(now - self.scan_started, 1e-6), 2)
+                self.scan_started = None
+            else:
+                self.mesh._ui_message(self.peer, text)
+
+    def scan(self) -> None:
+        """Send the connectivity scan's pieces (see SCAN_PIECES)."""
+        self.scan_started = asyncio.get_running_loop().time()
+        for index in range(1, SCAN_PIECES + 1):
+            head = f"scan {index} {SCAN_PIECES} "
+            self.send_ui(head + "x" * (SCAN_BYTES - len(head)))
+
+    def beat(self) -> None:
+        self.send_ui(f"beat {asyncio.get_running_loop().time() * 1000:.3f}")
 
     def receive(self, data: bytes | str) -> None:
         self.heard = asyncio.get_running_loop().time()
@@ -268,8 +306,9 @@ class _Link:
 
     def route(self) -> dict[str, Any]:
         """This link as the connectivity matrix shows it (like mesh.js `Link.route`):
-        {peer, state, local, remote, localAddress, remoteAddress, rttMs}: the candidate types
-        and addresses ("ip:port") of the selected pair. A relayed end learned from a check
+        {peer, state, local, remote, localAddress, remoteAddress, rttMs, mbps}: the candidate
+        types and addresses ("ip:port") of the selected pair, the last heartbeat's round trip
+        and the connectivity scan's MB/s (None until measured). A relayed end learned from a check
         before its candidate was signalled reads `prflx` (its address is the relay's)."""
         local = remote = local_address = remote_address = None
         pair = _selected_pair(self.pc)
@@ -279,7 +318,8 @@ class _Link:
             remote_address = "{}:{}".format(*pair.remote_addr)
         return {"peer": self.peer, "state": self.pc.connectionState, "local": local,
                 "remote": remote, "localAddress": local_address,
-                "remoteAddress": remote_address, "rttMs": None}
+                "remoteAddress": remote_address, "rttMs": self.rtt_ms,
+                "mbps": self.mbps}
 
     def send_ui(self, text: str) -> None:
         if self.ui.readyState == "open":
@@ -423,6 +463,19 @@ class NativeMesh(Mesh):
         """Every link's route (see `_Link.route`), in peer order."""
         return await self.net.run(self._routes_net())
 
+    async def matrix(self) -> list[dict[str, Any]]:
+        """The connectivity matrix as far as this peer knows it: its own links, measured
+        now, and the rows the other peers last shared; one {from, to, state, local, remote,
+        rttMs, mbps} per link (the page's `status().links` has the same shape)."""
+        rows = [{"from": self.self_id, "to": r["peer"], **r} for r in await self.routes()]
+        for peer, shown in sorted(self.ui.items()):
+            for r in shown.get("links") or ():
+                if isinstance(r, dict) and r.get("peer"):
+                    rows.append({"from": peer, "to": r["peer"], **r})
+        for row in rows:
+            row.pop("peer", None)
+        return rows
+
     async def close(self) -> None:
         """Close every link (the others see this peer gone at once)."""
         await self.net.run(self._close_net())
@@ -516,7 +569,7 @@ class NativeMesh(Mesh):
         with contextlib.suppress(ValueError, TypeError):
             message = json.loads(text)
             if isinstance(message, dict):
-                self.ui[peer] = message
+                self.ui[peer] = {**self.ui.get(peer, {}), **message}
 
     def _opened(self, peer: str) -> None:
         self._open = self._open | {peer}
@@ -555,9 +608,15 @@ class NativeMesh(Mesh):
 
     async def _beat_forever(self) -> None:
         loop = asyncio.get_running_loop()
+        beats = 0
         while any(link.is_open for link in self.links.values()):
             await asyncio.sleep(BEAT_S)
+            beats += 1
             now = loop.time()
+            if beats % SHARE_EVERY == 0:
+                row = json.dumps({"links": [self.links[p].route() for p in sorted(self.links)]})
+                for link in self.links.values():
+                    link.send_ui(row)
             for link in list(self.links.values()):
                 if not link.is_open:
                     continue
@@ -566,7 +625,7 @@ class NativeMesh(Mesh):
                                 link.peer, now - link.heard)
                     link.close()
                 else:
-                    link.send_ui(BEAT)
+                    link.beat()
         self._beating = None
 
     async def _close_net(self) -> None:

@@ -7,7 +7,8 @@
 // HIGH_WATER, resuming on `bufferedamountlow`, so a large gradient never floods memory.
 //
 // Events: open {peer}, gone {peer}, message {peer, data: ArrayBuffer}, ui {peer, msg},
-// error {peer, text}, unreachable {peer} (ICE found no working candidate pair).
+// error {peer, text}, unreachable {peer} (ICE found no working candidate pair),
+// routes {rows} (this page's links, every SHARE_EVERY heartbeats).
 
 import { FragmentError, Reassembler, fragment, fragmentCount } from "./fragments.js";
 
@@ -22,12 +23,18 @@ export function rtcConfiguration(signaling) {
 }
 const HIGH_WATER = 4 << 20;
 const LOW_WATER = 1 << 20;
-// Heartbeats, as pynode/comm/native_mesh.py: every open link sends BEAT on its "ui" channel
-// each BEAT_MS; a link that brought nothing for SILENT_MS is closed, so a dead, frozen or
-// cut-off peer is left out within seconds. This main thread beats while the worker computes.
-export const BEAT = "beat";
+// Heartbeats, as pynode/comm/native_mesh.py: every open link sends "beat T" on its "ui"
+// channel each BEAT_MS, answered "echo T" (the link's RTT); a link that brought nothing for
+// SILENT_MS is closed, so a dead, frozen or cut-off peer is left out within seconds. This
+// main thread beats while the worker computes. Every SHARE_EVERY beats each peer sends its
+// links ({"links": [route...]}) to all: the connectivity matrix. The scan: when a link
+// opens, SCAN_PIECES strings "scan K N ..." of SCAN_BYTES, the last answered "scanned B";
+// B bytes over the time to the answer is the link's MB/s (one RTT included).
 const BEAT_MS = 500;
 const SILENT_MS = 3000;
+const SHARE_EVERY = 4;
+const SCAN_PIECES = 64;
+const SCAN_BYTES = 16 * 1024;
 
 class Link {
   constructor(mesh, peer) {
@@ -45,6 +52,10 @@ class Link {
     this.isOpen = false;
     this.isGone = false;
     this.heard = 0; // performance.now() of the last message on either channel
+    this.rttMs = null; // the last heartbeat's round trip
+    this.mbps = null; // the scan's MB/s
+    this.scanStarted = null;
+    this.scanReceived = 0;
     this.wire();
   }
 
@@ -66,6 +77,7 @@ class Link {
         this.isOpen = true;
         this.heard = performance.now();
         if (mesh.beating === null) mesh.beating = setInterval(() => mesh.beat(), BEAT_MS);
+        this.scan();
         mesh.emit("open", { peer });
       }
     };
@@ -79,8 +91,32 @@ class Link {
       this.receive(e.data);
     };
     ui.onmessage = (e) => {
-      this.heard = performance.now();
-      if (e.data === BEAT) return;
+      const now = this.heard = performance.now();
+      const text = String(e.data);
+      const space = text.indexOf(" ");
+      const kind = space < 0 ? text : text.slice(0, space);
+      const rest = text.slice(space + 1);
+      if (kind === "beat") return this.sendUiText(`echo ${rest}`);
+      if (kind === "echo") {
+        this.rttMs = Math.round((now - Number(rest)) * 100) / 100;
+        return;
+      }
+      if (kind === "scan") {
+        this.scanReceived += text.length;
+        const [index, count] = rest.split(" ", 2);
+        if (index === count) {
+          this.sendUiText(`scanned ${this.scanReceived}`);
+          this.scanReceived = 0;
+        }
+        return;
+      }
+      if (kind === "scanned") {
+        if (this.scanStarted !== null) {
+          this.mbps = Math.round(Number(rest) / 1e3 / Math.max(now - this.scanStarted, 1e-3) * 100) / 100;
+          this.scanStarted = null;
+        }
+        return;
+      }
       try {
         mesh.emit("ui", { peer, msg: JSON.parse(e.data) });
       } catch {
@@ -147,12 +183,25 @@ class Link {
   }
 
   sendUi(obj) {
-    if (this.ui.readyState === "open") this.ui.send(JSON.stringify(obj));
+    this.sendUiText(JSON.stringify(obj));
+  }
+
+  sendUiText(text) {
+    if (this.ui.readyState === "open") this.ui.send(text);
+  }
+
+  scan() {
+    this.scanStarted = performance.now();
+    for (let index = 1; index <= SCAN_PIECES; index++) {
+      const head = `scan ${index} ${SCAN_PIECES} `;
+      this.sendUiText(head + "x".repeat(SCAN_BYTES - head.length));
+    }
   }
 
   // This link as the connectivity matrix shows it: {peer, state, local, remote, localAddress,
-  // remoteAddress, rttMs}, the candidate types (host, srflx, prflx, relay) and addresses of
-  // the selected pair and its last ICE RTT.
+  // remoteAddress, rttMs, mbps}, the candidate types (host, srflx, prflx, relay) and
+  // addresses of the selected pair, the heartbeat's round trip (ICE's before the first
+  // echo) and the scan's MB/s.
   async route() {
     const report = await this.pc.getStats();
     let pair = null;
@@ -166,7 +215,7 @@ class Link {
     return { peer: this.peer, state: this.pc.connectionState,
       local: local ? local.candidateType : null, remote: remote ? remote.candidateType : null,
       localAddress: address(local), remoteAddress: address(remote),
-      rttMs: typeof rtt === "number" ? rtt * 1000 : null };
+      rttMs: this.rttMs ?? (typeof rtt === "number" ? rtt * 1000 : null), mbps: this.mbps };
   }
 
   close() {
@@ -209,14 +258,21 @@ export class Mesh extends EventTarget {
   // Send a heartbeat on every open link; close those that fell silent (see BEAT).
   beat() {
     const now = performance.now();
+    this.beats = (this.beats || 0) + 1;
+    if (this.beats % SHARE_EVERY === 0) {
+      this.routes().then((rows) => {
+        this.emit("routes", { rows });
+        this.sendUi({ links: rows });
+      }).catch(() => {});
+    }
     for (const link of [...this.links.values()]) {
       if (!link.isOpen) continue;
       if (now - link.heard > SILENT_MS) {
         const silent = ((now - link.heard) / 1000).toFixed(1);
         this.emit("error", { peer: link.peer, text: `nothing heard for ${silent} s (no heartbeat); left out` });
         link.close();
-      } else if (link.ui.readyState === "open") {
-        link.ui.send(BEAT);
+      } else {
+        link.sendUiText(`beat ${now.toFixed(3)}`);
       }
     }
   }

@@ -48,6 +48,7 @@ export class PageNode extends EventTarget {
       linkProblems: {}, // peer id -> why no data channel to it could open
     };
     this.approvalTimer = null;
+    this.ownLinks = []; // this page's links, as the mesh last measured them
     this.roster = new Map(); // id -> {id, role, approved, status}
     this.info = new Map(); // id -> what that page told us on the ui channel
     this.trainable = {}; // id -> "ready" | "training": that page's Python said so to ours
@@ -188,10 +189,14 @@ export class PageNode extends EventTarget {
         [e.detail.data]);
     });
     this.mesh.addEventListener("ui", (e) => {
-      this.info.set(e.detail.peer, e.detail.msg);
+      this.info.set(e.detail.peer, { ...(this.info.get(e.detail.peer) || {}), ...e.detail.msg });
       this.changed();
     });
     this.mesh.addEventListener("error", (e) => this.say("warn", `peer ${e.detail.peer}: ${e.detail.text}`));
+    this.mesh.addEventListener("routes", (e) => {
+      this.ownLinks = e.detail.rows;
+      this.changed();
+    });
     this.mesh.addEventListener("unreachable", (e) => {
       const text = linkFailedText(e.detail.peer);
       this.state.linkProblems[e.detail.peer] = text;
@@ -361,7 +366,20 @@ export class PageNode extends EventTarget {
     return this.signaling.send(type, { peer: peerId });
   }
 
-  // This page's links: [{peer, state, local, remote, rttMs}] (mesh.js Link.route).
+  // The connectivity matrix as this page knows it: its own links and the rows the other
+  // peers shared, one {from, to, state, local, remote, rttMs, mbps} per link (pynode's
+  // NativeMesh.matrix has the same shape).
+  links() {
+    const rows = this.ownLinks.map((r) => ({ from: this.state.peerId, to: r.peer, ...r }));
+    for (const [peer, shown] of this.info) {
+      for (const r of Array.isArray(shown.links) ? shown.links : []) {
+        if (r && r.peer) rows.push({ from: peer, to: r.peer, ...r });
+      }
+    }
+    return rows.map(({ peer, ...row }) => row);
+  }
+
+  // This page's links: [{peer, state, local, remote, rttMs, mbps}] (mesh.js Link.route).
   async routes() {
     return this.mesh ? this.mesh.routes() : [];
   }
@@ -395,6 +413,6 @@ export class PageNode extends EventTarget {
         bytes_received: info.bytes_received ?? null,
       };
     });
-    return JSON.parse(JSON.stringify({ ...s, peers }));
+    return JSON.parse(JSON.stringify({ ...s, peers, links: this.links() }));
   }
 }
