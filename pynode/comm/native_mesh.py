@@ -55,7 +55,7 @@ SHARE_EVERY = 4  # beats between two {"links": [...]} rows to every peer (the ma
 # The connectivity scan: when a link opens, SCAN_PIECES "scan K N ..." strings of
 # SCAN_BYTES go out on its "ui" channel; the last one is answered "scanned BYTES", and
 # bytes over the time to the answer is the link's MB/s (one RTT included).
-SCAN_PIECES = 64
+SCAN_PIECES = 8
 SCAN_BYTES = 16 * 1024
 
 

@@ -33,7 +33,7 @@ const LOW_WATER = 1 << 20;
 const BEAT_MS = 500;
 const SILENT_MS = 3000;
 const SHARE_EVERY = 4;
-const SCAN_PIECES = 64;
+const SCAN_PIECES = 8;
 const SCAN_BYTES = 16 * 1024;
 
 class Link {
