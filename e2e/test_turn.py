@@ -197,7 +197,7 @@ def test_two_tabs_and_a_native_peer_on_separate_networks_train_through_turn(
                             "remoteAddress": remote_address}), native.messages()
         everyone = [host_id, *ids]
         wait(host, "(s, ids) => ids.every(a => ids.every(b => a === b || s.links.some(l => "
-             "l.from === a && l.to === b && l.rttMs > 0 && l.mbps > 0)))", 30_000, everyone)
+             "l.a === a && l.b === b && l.rtt_ms > 0 && l.mbps > 0)))", 30_000, everyone)
         matrix = status(host)["links"]
         host.evaluate("(c) => daisychain.start(c)", CONFIG)
         assert native.finish(240) == 0, native.messages()
@@ -212,7 +212,7 @@ def test_two_tabs_and_a_native_peer_on_separate_networks_train_through_turn(
         for a in everyone:
             for b in everyone:
                 if a != b:
-                    (row,) = [r for r in matrix if r["from"] == a and r["to"] == b]
+                    (row,) = [r for r in matrix if r["a"] == a and r["b"] == b]
                     assert row["state"] == "connected" and relayed(row), row
         for b in ids[:1] + [host_id]:
             assert re.search(rf"{ids[1]} -> {b}: connected, \w+ -> \w+, RTT [\d.]+ ms, "

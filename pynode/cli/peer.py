@@ -56,8 +56,8 @@ def matrix_line(row: dict[str, Any]) -> str:
     def number(value: Any, unit: str) -> str:
         return "?" if value is None else f"{value:g} {unit}"
 
-    return (f"{row['from']} -> {row['to']}: {row['state']}, {row['local'] or '?'} -> "
-            f"{row['remote'] or '?'}, RTT {number(row['rttMs'], 'ms')}, "
+    return (f"{row['a']} -> {row['b']}: {row['state']}, {row['local'] or '?'} -> "
+            f"{row['remote'] or '?'}, RTT {number(row['rtt_ms'], 'ms')}, "
             f"{number(row['mbps'], 'MB/s')}")
 
 

@@ -338,6 +338,15 @@ class _Link:
             self.mesh._gone(self.peer)
 
 
+def matrix_row(a: str, route: dict[str, Any]) -> dict[str, Any]:
+    """One direction of the connectivity matrix from `a`'s route to one peer."""
+    local, remote = route.get("local"), route.get("remote")
+    return {"a": a, "b": route["peer"], "state": route.get("state"), "local": local,
+            "remote": remote, "candidate": f"{local} -> {remote}" if local and remote else None,
+            "localAddress": route.get("localAddress"), "remoteAddress": route.get("remoteAddress"),
+            "rtt_ms": route.get("rttMs"), "mbps": route.get("mbps")}
+
+
 def _selected_pair(pc: Any) -> Any:
     """aioice's nominated candidate pair of `pc` (component 1), or None before ICE chose
     one. aiortc has no getStats entry for it, so this reads aioice's connection."""
@@ -465,15 +474,14 @@ class NativeMesh(Mesh):
 
     async def matrix(self) -> list[dict[str, Any]]:
         """The connectivity matrix as far as this peer knows it: its own links, measured
-        now, and the rows the other peers last shared; one {from, to, state, local, remote,
-        rttMs, mbps} per link (the page's `status().links` has the same shape)."""
-        rows = [{"from": self.self_id, "to": r["peer"], **r} for r in await self.routes()]
+        now, and the rows the other peers last shared; one per direction, {a, b, state,
+        local, remote, candidate, localAddress, remoteAddress, rtt_ms, mbps} as `a` measured
+        its link to `b` (the page's `status().links` has the same rows)."""
+        rows = [matrix_row(self.self_id, r) for r in await self.routes()]
         for peer, shown in sorted(self.ui.items()):
             for r in shown.get("links") or ():
                 if isinstance(r, dict) and r.get("peer"):
-                    rows.append({"from": peer, "to": r["peer"], **r})
-        for row in rows:
-            row.pop("peer", None)
+                    rows.append(matrix_row(peer, r))
         return rows
 
     async def close(self) -> None:

@@ -367,16 +367,21 @@ export class PageNode extends EventTarget {
   }
 
   // The connectivity matrix as this page knows it: its own links and the rows the other
-  // peers shared, one {from, to, state, local, remote, rttMs, mbps} per link (pynode's
-  // NativeMesh.matrix has the same shape).
+  // peers shared, one per direction: {a, b, state, local, remote, candidate, localAddress,
+  // remoteAddress, rtt_ms, mbps}, as `a` measured its link to `b` (pynode's
+  // NativeMesh.matrix makes the same rows).
   links() {
-    const rows = this.ownLinks.map((r) => ({ from: this.state.peerId, to: r.peer, ...r }));
+    const row = (a, r) => ({ a, b: r.peer, state: r.state, local: r.local, remote: r.remote,
+      candidate: r.local && r.remote ? `${r.local} -> ${r.remote}` : null,
+      localAddress: r.localAddress ?? null, remoteAddress: r.remoteAddress ?? null,
+      rtt_ms: r.rttMs ?? null, mbps: r.mbps ?? null });
+    const rows = this.ownLinks.map((r) => row(this.state.peerId, r));
     for (const [peer, shown] of this.info) {
       for (const r of Array.isArray(shown.links) ? shown.links : []) {
-        if (r && r.peer) rows.push({ from: peer, to: r.peer, ...r });
+        if (r && r.peer) rows.push(row(peer, r));
       }
     }
-    return rows.map(({ peer, ...row }) => row);
+    return rows;
   }
 
   // This page's links: [{peer, state, local, remote, rttMs, mbps}] (mesh.js Link.route).

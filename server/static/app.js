@@ -190,10 +190,6 @@ function renderPeers(s) {
   const problems = Object.values(s.linkProblems);
   $("link-problems").hidden = !problems.length;
   $("link-problems").innerHTML = problems.map((text) => `<li>${escape(text)}</li>`).join("");
-  $("links").hidden = !s.links.length;
-  $("links").tBodies[0].innerHTML = s.links.map((l) => `<tr><td>${escape(l.from)} → ${escape(l.to)}</td>
-    <td>${escape(l.state)}</td><td>${escape(l.local ?? "?")} → ${escape(l.remote ?? "?")}</td>
-    <td>${l.rttMs ?? "?"} ms</td><td>${l.mbps ?? "?"}</td></tr>`).join("");
   $("peers").tBodies[0].innerHTML = s.peers.map((p) => {
     const approval = p.approved ? "approved" : host
       ? `pending <button data-approve="${escape(p.id)}">Approve</button> <button data-deny="${escape(p.id)}">Refuse</button>`
