@@ -51,6 +51,7 @@ ROSTER_GRACE_S = 30.0
 # block; a training loop hung inside a live peer is still caught by the deadline.
 BEAT_S = 0.5
 SILENT_S = 3.0
+LATE_S = 0.5  # a beat this much later than BEAT_S: this side stalled, not the others
 SHARE_EVERY = 4  # beats between two {"links": [...]} rows to every peer (the matrix)
 # The connectivity scan: when a link opens, SCAN_PIECES "scan K N ..." strings of
 # SCAN_BYTES go out on its "ui" channel; the last one is answered "scanned BYTES", and
@@ -616,11 +617,17 @@ class NativeMesh(Mesh):
 
     async def _beat_forever(self) -> None:
         loop = asyncio.get_running_loop()
-        beats = 0
+        beats, last = 0, loop.time()
         while any(link.is_open for link in self.links.values()):
             await asyncio.sleep(BEAT_S)
             beats += 1
             now = loop.time()
+            if now - last > BEAT_S + LATE_S:
+                # This thread itself did not run (an overloaded machine, a suspended
+                # process): what it did not read says nothing about the others.
+                for link in self.links.values():
+                    link.heard = max(link.heard, now - BEAT_S)
+            last = now
             if beats % SHARE_EVERY == 0:
                 row = json.dumps({"links": [self.links[p].route() for p in sorted(self.links)]})
                 for link in self.links.values():

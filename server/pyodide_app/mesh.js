@@ -32,6 +32,7 @@ const LOW_WATER = 1 << 20;
 // B bytes over the time to the answer is the link's MB/s (one RTT included).
 const BEAT_MS = 500;
 const SILENT_MS = 3000;
+const LATE_MS = 500; // a beat this much later than BEAT_MS: this page stalled, not the others
 const SHARE_EVERY = 4;
 const SCAN_PIECES = 8;
 const SCAN_BYTES = 16 * 1024;
@@ -258,6 +259,12 @@ export class Mesh extends EventTarget {
   // Send a heartbeat on every open link; close those that fell silent (see BEAT).
   beat() {
     const now = performance.now();
+    if (this.lastBeat && now - this.lastBeat > BEAT_MS + LATE_MS) {
+      // This page itself did not run (a throttled or busy tab): what it did not read says
+      // nothing about the others.
+      for (const link of this.links.values()) link.heard = Math.max(link.heard, now - BEAT_MS);
+    }
+    this.lastBeat = now;
     this.beats = (this.beats || 0) + 1;
     if (this.beats % SHARE_EVERY === 0) {
       this.routes().then((rows) => {
