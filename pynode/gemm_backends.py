@@ -88,6 +88,12 @@ class TorchBackend(GemmBackend):
 
     def __init__(self) -> None:
         self._torch = import_torch()
+        # One intra-op thread. torch's OpenMP pool spins after each op; beside numpy's
+        # OpenBLAS pool on the same cores the two starved each other: the default config
+        # stepped 0.16-0.25 s with both pools, 0.059 s like this, width 256 0.75 s vs 0.20 s
+        # (2-core AMD EPYC with VNNI, `bench train`). The GEMM tuner still measures every
+        # backend per shape and routes each to the fastest (pynode/gemm_tuning.py).
+        self._torch.set_num_threads(1)
 
     def _matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         torch = self._torch

@@ -81,7 +81,6 @@ def measure(task: str, cfg: RunConfig, steps: int) -> dict:
     return {
         "check_overhead": checking,  # step time checked / unchecked - 1 (median of block pairs)
         "check_share": share,  # seconds spent checking per step / an unchecked step
-        "check_behind": bool(getattr(trainer, "check_behind", False)),  # on its own thread
         "task": task,
         "backend": getattr(trainer.gemm, "backend_name", "torch-float"),
         "gemm": gemm,
@@ -133,9 +132,7 @@ def main(argv: list[str]) -> int:
     print(f"int8 GEMM: {rows['gpt']['gemm']}; kernels: {rows['gpt']['kernels']}")
     overhead, share = rows["gpt"]["check_overhead"], rows["gpt"]["check_share"]
     if overhead is not None:
-        where = ("on a thread of its own beside the model" if rows["gpt"]["check_behind"]
-                 else "in the model's path (one usable core, or PYNODE_CHECK_BEHIND=0)")
-        print(f"product check (every GEMM product, on by default; {where}): "
+        print("product check (every GEMM product, on by default): "
               f"{100 * overhead:+.1f} % step time (median of checked / unchecked block pairs "
               f"of {BLOCK} steps); the checks' own work: {100 * share:.1f} % of an unchecked "
               "step")

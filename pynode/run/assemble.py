@@ -73,7 +73,6 @@ def build_trainer(
         units, gemm = arithmetic
     state = None if resume is None else state_from_checkpoint(resume)
     trainer = Trainer(cfg, task, gemm, collective, state, units=units, options=options)
-    trainer.check_behind = check_behind(gemm, task)
     if resume is not None:
         trainer.schedule = list(resume.config.get("schedule", []))
     if tune:
@@ -81,18 +80,6 @@ def build_trainer(
 
         tune_trainer(trainer)
     return trainer
-
-
-def check_behind(gemm: Any, task: Any) -> bool:
-    """Whether the per-call product check runs beside the model instead of in its path: with
-    the check on, for a task whose products stay as made (Task.products_stay), natively (the
-    page has no threads), where this peer may use two or more cores.
-    `PYNODE_CHECK_BEHIND=0` keeps it in the path (a measurement's control)."""
-    from pynode.platform import IN_PYODIDE, cpu_count
-
-    return (gemm is not None and getattr(gemm, "check", None) is not None
-            and getattr(task, "products_stay", False) and not IN_PYODIDE and cpu_count() >= 2
-            and os.environ.get("PYNODE_CHECK_BEHIND", "1") != "0")
 
 
 def state_from_checkpoint(ckpt: checkpoint.CheckpointState) -> TrainState:

@@ -123,10 +123,6 @@ class Trainer:
         # (step, its cross-check sample, its digest key once needed)
         self._sample: tuple[int, list[int], crosscheck.DigestKey | None] | None = None
         self.microbatch_seconds = 0.0
-        # Check each microbatch's GEMM products on a thread of their own while it computes
-        # (Gemm.defer_checks), settled before its contribution is used; build_trainer turns
-        # it on natively with two or more cores.
-        self.check_behind = False
         # this peer's cross-check recomputations of the step under way (start_rechecks)
         self._rechecks: asyncio.Future | None = None
         # Changes applied to cfg at step boundaries (pynode.run.schedule), in order; the
@@ -172,22 +168,7 @@ class Trainer:
         fixed-point mean loss."""
         cfg, step = self.cfg, self.state.step
         batch = self.task.sample(cfg, step, index)
-        key = (cfg.seed, step, index)
-        if not self.check_behind:
-            loss, grads = self.task.loss(self.model, self.state.params, batch, key)
-        else:  # a wrong product found behind drops its backend: compute again on the next
-            while True:
-                self.gemm.defer_checks()
-                try:
-                    loss, grads = self.task.loss(self.model, self.state.params, batch, key)
-                finally:
-                    settled = self.gemm.settle()
-                if settled:
-                    break
-            if not self.gemm.behind_pays():
-                self.check_behind = False
-                log.info("product check: back in the model's path; its thread waited for a "
-                         "core (other peers or programs use them)")
+        loss, grads = self.task.loss(self.model, self.state.params, batch, (cfg.seed, step, index))
         fixed = fixedpoint.to_fixed(self.flatten(grads), cfg.frac_bits)
         return fixed, int(fixedpoint.to_fixed(np.asarray([loss], np.float32), LOSS_FRAC_BITS)[0])
 

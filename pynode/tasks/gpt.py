@@ -14,7 +14,6 @@ from pynode.datasource import HELDOUT_STEP, is_text_url, microbatch_bytes, url_t
 
 class GPTTask:
     name = "gpt"
-    products_stay = True  # pynode.core.layers: every GEMM's operands and result are fresh
     vocab = 256  # byte-level; recorded in checkpoints and checked on load
 
     def build_model(self, cfg: RunConfig, gemm: Any) -> GPT:

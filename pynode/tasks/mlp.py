@@ -15,7 +15,6 @@ DATA_PURPOSE = 0xDA7A
 
 class MLPTask:
     name = "mlp"
-    products_stay = True  # pynode.core.layers: every GEMM's operands and result are fresh
 
     def build_model(self, cfg: RunConfig, gemm: Any) -> MLP:
         return MLP(MLPConfig(inputs=16, hidden=cfg.width, classes=4), gemm)

@@ -567,50 +567,6 @@ def test_every_product_is_checked_and_a_wrong_one_never_returned(units, caplog):
     assert gemm.check.failures == 1 and gemm.check.calls == 3
 
 
-def test_checks_behind_are_settled_and_a_wrong_product_drops_its_backend(units, caplog):
-    """defer_checks: products are checked on a thread of their own; the caller sees them
-    unchecked until settle, which says whether one was wrong and drops its backend, so the
-    caller recomputes (pynode.run.trainer does, per microbatch)."""
-    gemm = select_gemm(units, order=[WrongAtOneK(72), "blas_float"], audit_every=1_000_000)
-    right = (int8((50, 64), 1), int8((64, 30), 2))
-    wrong = (int8((50, 72), 3), int8((72, 30), 4))
-    gemm.defer_checks()
-    assert np.array_equal(gemm.matmul(*right), exact(*right))
-    assert gemm.settle() and gemm.backend_name == "wrong_at_one_k"
-    gemm.defer_checks()
-    spoiled = [gemm.matmul(*wrong) for _ in range(3)]  # unchecked until the settle
-    assert not any(np.array_equal(out, exact(*wrong)) for out in spoiled)
-    with caplog.at_level("WARNING"):
-        assert not gemm.settle()
-    assert gemm.backend_name == "blas_float" and gemm.check.failures == 3
-    assert caplog.text.count("gave a wrong product") == 1
-    assert np.array_equal(gemm.matmul(*wrong), exact(*wrong))  # in the path again
-    assert gemm.settle() and gemm.check.calls == 5
-
-
-def test_a_check_that_raises_behind_raises_at_the_settle(units):
-    gemm = select_gemm(units, order=["numpy_int"], audit_every=1_000_000)
-    gemm.defer_checks()
-    a, b = int8((5, 8), 1), int8((8, 3), 2)
-    gemm._behind.submit(a, int8((7, 3), 3), np.zeros((5, 3), np.int32), gemm.backend)  # K differs
-    with pytest.raises(ValueError):
-        gemm.settle()
-    gemm.defer_checks()
-    assert np.array_equal(gemm.matmul(a, b), exact(a, b)) and gemm.settle()  # the thread lives
-
-
-def test_checking_behind_stops_paying_when_its_thread_waits_for_a_core():
-    from pynode.core.gemm.check import CheckThread, ProductCheck
-
-    behind = CheckThread(ProductCheck())
-    behind.worked, behind.waited = 1.0, 0.6  # the caller waited more than half the work
-    assert behind.pays()  # too few settles to tell
-    behind.settles = 8
-    assert not behind.pays()
-    behind.waited = 0.4
-    assert behind.pays()
-
-
 def test_a_wrong_batched_product_is_recomputed(units):
     gemm = select_gemm(units, order=[WrongAtOneK(9), "numpy_int"], audit_every=1_000_000)
     a, b = int8((4, 6, 9), 5), int8((4, 9, 7), 6)

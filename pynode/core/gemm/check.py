@@ -16,19 +16,12 @@ checked to lie within the exact product's bound 2**14 * K; `bits` is chosen per 
 that. Shapes too large for float64 fall back to wrapping uint64 arithmetic: mod 2**64 the
 same identity holds, and a wrong cell (|d| < 2**32) passes with probability <= 2**-32.
 
-`CheckThread` runs the same checks on a thread of its own while the model goes on (the
-numba kernels release the GIL); the caller settles them before it uses what the products
-made (pynode.run.trainer: after each microbatch) and recomputes if one was wrong.
-
 Legend: B batch, M rows, K reduction length, N columns, V random vectors.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
-from typing import Any
 
 import numpy as np
 
@@ -161,61 +154,3 @@ class ProductCheck:
         rhs = np.matmul(out.astype(np.int64).view(wrap), r)
         return bool(np.array_equal(lhs, rhs))
 
-
-class CheckThread:
-    """Checks products on a thread of its own, in order, while the caller goes on.
-
-    `submit` never blocks the caller for a check; `settle` waits for every submitted one and
-    returns the `tag` of each that failed (the GEMM wrapper tags with the backend). The
-    operands must stay as they are until settled: the model's products are fresh arrays
-    nobody writes again (pynode.core.layers)."""
-
-    def __init__(self, check: ProductCheck) -> None:
-        self.check = check
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()  # C-implemented: a cheap put
-        self._failed: list[tuple[Any, int, tuple[int, ...]]] = []  # (tag, call, shape)
-        self._error: BaseException | None = None
-        self.settles = 0
-        self.worked = 0.0  # seconds this thread spent checking
-        self.waited = 0.0  # seconds the caller spent in settle, waiting for it
-        self._thread = threading.Thread(target=self._work, name="product-check", daemon=True)
-        self._thread.start()
-
-    def submit(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, tag: Any) -> None:
-        self._jobs.put((*self.check.draw(a, b), a, b, out, tag))
-
-    def _work(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if isinstance(job, threading.Event):  # settle's marker: every earlier job is done
-                job.set()
-                continue
-            call, r, a, b, out, tag = job
-            started = time.perf_counter()
-            try:
-                if self._error is None and not self.check.run(call, a, b, out, r):
-                    self._failed.append((tag, call, (*a.shape, b.shape[-1])))
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller by settle
-                self._error = exc
-            self.worked += time.perf_counter() - started
-
-    def settle(self) -> list[tuple[Any, int, tuple[int, ...]]]:
-        """Wait for every submitted check; (tag, call, shape) of each that failed. A check
-        that raised raises here, in the caller's thread."""
-        started = time.perf_counter()
-        done = threading.Event()
-        self._jobs.put(done)
-        done.wait()
-        self.waited += time.perf_counter() - started
-        self.settles += 1
-        failed, self._failed = self._failed, []
-        error, self._error = self._error, None
-        if error is not None:
-            raise error
-        return failed
-
-    def pays(self, after: int = 8) -> bool:
-        """False once, after `after` settles, the caller has waited for this thread more than
-        half as long as it worked: no core is free for it (other peers or programs took
-        it), and checking in the caller's path would cost less than waiting."""
-        return self.settles < after or self.waited <= 0.5 * self.worked

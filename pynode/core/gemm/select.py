@@ -20,7 +20,7 @@ from pynode.core.errors import GateError
 from pynode.core.gemm.audit import AUDIT_EVERY, GemmAudit
 from pynode.core.gemm.base import BackendUnavailableError, GemmBackend, UnknownBackendError
 from pynode.core.gemm.blas_exact import BlasFloatBackend
-from pynode.core.gemm.check import CheckThread, ProductCheck
+from pynode.core.gemm.check import ProductCheck
 from pynode.core.gemm.gate import ExactGate, GateReport
 from pynode.core.gemm.numpy_int import NumpyIntBackend
 from pynode.core.gemm.reference import ReferenceBackend
@@ -109,8 +109,6 @@ class Gemm:
     ) -> None:
         self._units, self._chooser, self.audit = units, chooser, audit
         self.check = check  # every product's Freivalds check (check.py); None: off
-        self._behind: CheckThread | None = None  # made by the first defer_checks()
-        self._deferring = False
         self.backend, self.gate_report = backend, gate_report
         self.kernels = kernels
         # (kind, B, M, K, N) -> a gated backend measured faster than `backend` there
@@ -153,55 +151,18 @@ class Gemm:
         return self._finish(a, b, out, bs * m * n * k, backend.name)
 
     def _checked(self, a, b, out, backend: GemmBackend, shape) -> bool:
-        """True if the product passed its check (or was handed to the check thread, see
-        defer_checks); else the backend that made it is dropped so the caller recomputes it."""
-        if self.check is None:
+        """True if the product passed its check; else the backend that made it is dropped
+        (its routes, and itself if it is the selected one) so the caller recomputes it."""
+        if self.check is None or self.check.holds(a, b, out):
             return True
-        if self._deferring:
-            self._behind.submit(a, b, out, backend)  # type: ignore[union-attr]
-            return True
-        if self.check.holds(a, b, out):
-            return True
-        self._drop(backend, self.check.calls - 1, (*a.shape, b.shape[-1]),
-                   "recomputing it on another backend")
-        return False
-
-    def _drop(self, backend: GemmBackend, call: int, shape: tuple[int, ...], then: str) -> None:
-        """A wrong product: drop its backend's routes, and the backend if it is the selected one."""
         log.warning("GEMM backend %s gave a wrong product (%s, call %d of the per-call "
-                    "check); %s", backend.name, "x".join(map(str, shape)), call, then)
+                    "check); recomputing it on another backend", backend.name,
+                    "x".join(map(str, (*a.shape, b.shape[-1]))), self.check.calls - 1)
         for key in [k for k, routed in self.routes.items() if routed is backend]:
             del self.routes[key]
         if backend is self.backend:
             self.demote()
-
-    def defer_checks(self) -> None:
-        """Until `settle`, check products on a thread of their own while the caller goes on
-        (no-op without the per-call check). For a caller that can recompute: settle before
-        using anything the products made."""
-        if self.check is not None:
-            if self._behind is None:
-                self._behind = CheckThread(self.check)
-            self._deferring = True
-
-    def settle(self) -> bool:
-        """Wait for the deferred checks and stop deferring. False if a product was wrong:
-        its backend is dropped as at once, and the caller must recompute what used it."""
-        if not self._deferring:
-            return True
-        self._deferring = False
-        failed = self._behind.settle()  # type: ignore[union-attr]
-        dropped: list[GemmBackend] = []
-        for backend, call, shape in failed:
-            if backend not in dropped:  # its later products were wrong for the same reason
-                dropped.append(backend)
-                self._drop(backend, call, shape, "recomputing what used it on another backend")
-        return not failed
-
-    def behind_pays(self) -> bool:
-        """Whether checking behind still costs the caller less than checking in its path
-        (CheckThread.pays); True before any deferral."""
-        return self._behind is None or self._behind.pays()
+        return False
 
     def _route(self, shape) -> GemmBackend:
         if shape is None:
