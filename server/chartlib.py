@@ -11,18 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
-import tarfile
-import tempfile
 from pathlib import Path
 
 from pynode.core.errors import DaisyError
 from server.runtime import (
-    RuntimeIntegrityError,
     RuntimeMissingError,
     cache_root,
-    run_tool,
+    install_npm_files,
     sha256_file,
 )
 
@@ -62,29 +58,10 @@ def fetch_uplot(*, force: bool = False) -> bool:
             return False
         except RuntimeMissingError:
             pass
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".fetch-", dir=target.parent) as tmp:
-        tmp_path = Path(tmp)
-        run_tool(["npm", "pack", f"uplot@{UPLOT_VERSION}", "--silent"], tmp_path, "npm pack")
-        tarball = tmp_path / f"uplot-{UPLOT_VERSION}.tgz"
-        digest = sha256_file(tarball)
-        if digest != UPLOT_TARBALL_SHA256:
-            raise RuntimeIntegrityError(f"uplot@{UPLOT_VERSION} tarball has sha256 {digest}, "
-                                        f"expected {UPLOT_TARBALL_SHA256}; refusing it")
-        staging = tmp_path / "uplot"
-        staging.mkdir()
-        with tarfile.open(tarball, "r:gz") as tar:
-            for name, member in UPLOT_FILES.items():
-                source = tar.extractfile(member)
-                if source is None:
-                    raise RuntimeIntegrityError(f"{tarball.name} has no {member}")
-                (staging / name).write_bytes(source.read())
-        files = {name: sha256_file(staging / name) for name in UPLOT_FILES}
-        (staging / MANIFEST_NAME).write_text(json.dumps(
-            {"npm": f"uplot@{UPLOT_VERSION}", "files": files}, indent=1, sort_keys=True))
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
+    install_npm_files(
+        "uplot", UPLOT_VERSION, UPLOT_TARBALL_SHA256, UPLOT_FILES, target, MANIFEST_NAME,
+        lambda staging, _: {"npm": f"uplot@{UPLOT_VERSION}",
+                            "files": {n: sha256_file(staging / n) for n in UPLOT_FILES}})
     check_uplot(target)
     return True
 

@@ -26,6 +26,7 @@ import sys
 import tarfile
 import tempfile
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -241,6 +242,37 @@ def write_manifest(staging: Path) -> Path:
     path = staging / MANIFEST_NAME
     path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return path
+
+
+def install_npm_files(package: str, version: str, tarball_sha256: str,
+                      files: dict[str, str], target: Path, manifest_name: str,
+                      manifest: Callable[[Path, str], dict]) -> None:
+    """npm pack package@version, refuse a tarball whose sha256 is not `tarball_sha256`, and
+    put `files` (name in target -> member of the tarball) into `target`, replacing what was
+    there, with `manifest_name` (JSON of manifest(staging folder, tarball sha256)) written
+    last: its presence means a complete copy."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".fetch-", dir=target.parent) as tmp:
+        tmp_path = Path(tmp)
+        run_tool(["npm", "pack", f"{package}@{version}", "--silent"], tmp_path, "npm pack")
+        tarball = tmp_path / f"{package}-{version}.tgz"
+        digest = sha256_file(tarball)
+        if digest != tarball_sha256:
+            raise RuntimeIntegrityError(f"{package}@{version} tarball has sha256 {digest}, "
+                                        f"expected {tarball_sha256}; refusing it")
+        staging = tmp_path / package
+        staging.mkdir()
+        with tarfile.open(tarball, "r:gz") as tar:
+            for name, member in files.items():
+                source = tar.extractfile(member)
+                if source is None:
+                    raise RuntimeIntegrityError(f"{tarball.name} has no {member}")
+                (staging / name).write_bytes(source.read())
+        (staging / manifest_name).write_text(
+            json.dumps(manifest(staging, digest), indent=1, sort_keys=True) + "\n")
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
 
 
 def run_tool(cmd: list[str], cwd: Path, what: str,

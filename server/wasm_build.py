@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
-import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +32,7 @@ from server.runtime import (
     RuntimeIntegrityError,
     RuntimeMissingError,
     cache_root,
+    install_npm_files,
     run_tool,
     sha256_file,
 )
@@ -92,30 +91,12 @@ def fetch_wabt(*, force: bool = False) -> Path:
             return target
         except RuntimeMissingError:
             pass
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".fetch-", dir=target.parent) as tmp:
-        tmp_path = Path(tmp)
-        run_tool(["npm", "pack", f"wabt@{WABT_VERSION}", "--silent"], tmp_path, "npm pack")
-        tarball = tmp_path / f"wabt-{WABT_VERSION}.tgz"
-        digest = sha256_file(tarball)
-        if digest != WABT_TARBALL_SHA256:
-            raise RuntimeIntegrityError(f"wabt@{WABT_VERSION} tarball has sha256 {digest}, "
-                                        f"expected {WABT_TARBALL_SHA256}; refusing it")
-        staging = tmp_path / "wabt"
-        staging.mkdir()
-        with tarfile.open(tarball, "r:gz") as tar:
-            for member, name in WABT_FILES.items():
-                extracted = tar.extractfile(member)
-                if extracted is None:
-                    raise RuntimeIntegrityError(f"{tarball.name} has no {member}")
-                (staging / name).write_bytes(extracted.read())
-        manifest = {"wabt": WABT_VERSION, "source": f"npm wabt@{WABT_VERSION}",
-                    "tarball_sha256": digest,
-                    "wat2wasm_sha256": sha256_file(staging / "wat2wasm")}
-        (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1) + "\n")
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
+    install_npm_files(
+        "wabt", WABT_VERSION, WABT_TARBALL_SHA256,
+        {name: member for member, name in WABT_FILES.items()}, target, MANIFEST_NAME,
+        lambda staging, digest: {"wabt": WABT_VERSION, "source": f"npm wabt@{WABT_VERSION}",
+                                 "tarball_sha256": digest,
+                                 "wat2wasm_sha256": sha256_file(staging / "wat2wasm")})
     return target
 
 
