@@ -83,17 +83,10 @@ class PrivateNet:
     def wrapper(self, path: Path, program: str) -> Path:
         """An executable at `path` that runs `program` with its arguments inside the namespace
         (what Playwright launches as the browser; the pipes it talks over are inherited)."""
-        path.write_text(f"#!/bin/sh\nexec ip netns exec {shlex.quote(self.name)} "
-                        f"{shlex.quote(program)} \"$@\"\n")
-        path.chmod(0o755)
-        return path
+        return _wrapper(path, self.name, program)
 
     def close(self) -> None:
-        for proc in self._procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        self._procs.clear()
+        _kill(self._procs)
         if self._made:
             subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
             self._made = False
@@ -101,6 +94,23 @@ class PrivateNet:
     def exists(self) -> bool:
         listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         return any(line.split()[0] == self.name for line in listed.splitlines() if line.strip())
+
+
+def _wrapper(path: Path, namespace: str, program: str) -> Path:
+    """An executable at `path` that runs `program` with its arguments in `namespace`."""
+    path.write_text(f"#!/bin/sh\nexec ip netns exec {shlex.quote(namespace)} "
+                    f"{shlex.quote(program)} \"$@\"\n")
+    path.chmod(0o755)
+    return path
+
+
+def _kill(procs: list[subprocess.Popen]) -> None:
+    """Kill and reap every process of `procs` still running; empty it."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    procs.clear()
 
 
 def _ip(*args: str) -> None:
@@ -183,17 +193,10 @@ class SeparateNets:
 
     def wrapper(self, spoke: int, path: Path, program: str) -> Path:
         """An executable at `path` that runs `program` in spoke `spoke` (see PrivateNet)."""
-        path.write_text(f"#!/bin/sh\nexec ip netns exec {shlex.quote(self.spokes[spoke])} "
-                        f"{shlex.quote(program)} \"$@\"\n")
-        path.chmod(0o755)
-        return path
+        return _wrapper(path, self.spokes[spoke], program)
 
     def close(self) -> None:
-        for proc in self._procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        self._procs.clear()
+        _kill(self._procs)
         for name in reversed(self._made):
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
         self._made.clear()
