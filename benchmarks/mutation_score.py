@@ -9,8 +9,10 @@ recomputes a flagged product on the next gated backend), whether the check alone
 with no gate in front, would have, and what the cross-peer check alone does with it: three
 tabs' room protocol (pynode.run.protocol over the in-memory mesh) trains a small GPT with
 every microbatch cross-checked, one tab computing with the mutant and no gate or check.
-`caught`: the others name it and end on the clean run's hashes; `harmless`: it never made
-a wrong product this model uses, and nobody's hashes moved; `MISSED` otherwise. It exits 1
+`caught`: the others name it and end on the clean run's hashes; `stopped`: the agreement
+check saw its GEMM probe differ and stopped the room before any step past the fork (no
+wrong step reported, no clean end either); `harmless`: it never made a wrong product this
+model uses, and nobody's hashes moved; `MISSED` otherwise. It exits 1
 if gate + check misses any mutant. About a minute (`--no-cross-peer`: a few seconds); the
 sampled audit is off throughout, so it is not what is measured.
 """
@@ -57,7 +59,8 @@ class _Named(logging.Handler):
 
 def cross_peer(cls: type, units: Any, reference: list[str]) -> str:
     """The cross-peer check alone against one mutant: three tabs, the last computing with
-    the mutant (no gate, no per-call check, no audit); `caught`, `harmless` or `MISSED`."""
+    the mutant (no gate, no per-call check, no audit); `caught`, `stopped`, `harmless` or
+    `MISSED`."""
     def make(mutant: bool):
         def make_trainer(config, collective, resume):
             gemm = select_gemm(units, order=["numpy_int"], audit_every=NEVER, check=False)
@@ -101,9 +104,12 @@ def cross_peer(cls: type, units: Any, reference: list[str]) -> str:
     finally:
         logger.removeHandler(named)
     honest = [{f["step"]: f["hash"] for k, f in r if k == "step"} for r in reports[:2]]
-    clean = all(h == {s + 1: x for s, x in enumerate(reference)} for h in honest)
-    if not clean:
-        return "MISSED"
+    if any(h.get(s + 1, x) != x for h in honest for s, x in enumerate(reference)):
+        return "MISSED"  # a wrong step was reported
+    if not all(len(h) == len(reference) for h in honest):
+        forked = all(any(k == "failed" and "fork detected" in f.get("error", "") for k, f in r)
+                     for r in reports[:2])
+        return "stopped" if forked else "MISSED"
     if any("computed it wrong" in line for line in named.lines):
         return "caught"
     return "harmless"
@@ -151,8 +157,8 @@ def report(args: argparse.Namespace) -> int:
     }
     if rooms:
         harmful = [name for name, seen in rooms.items() if seen != "harmless"]
-        shares["cross-peer check alone (of those wrong at the room's shapes)"] = sum(
-            rooms[name] == "caught" for name in harmful)
+        shares["cross-peer check alone (caught or stopped, of those the room notices)"] = sum(
+            rooms[name] in ("caught", "stopped") for name in harmful)
     if args.json:
         for r in results:
             print(json.dumps({**dataclasses.asdict(r), **(
@@ -160,7 +166,7 @@ def report(args: argparse.Namespace) -> int:
         summary = {"mutants": total, **{k: v / total for k, v in shares.items()}}
         if rooms:
             harmful = sum(seen != "harmless" for seen in rooms.values())
-            key = "cross-peer check alone (of those wrong at the room's shapes)"
+            key = "cross-peer check alone (caught or stopped, of those the room notices)"
             summary[key] = shares[key] / max(1, harmful)
             summary["wrong at the room's shapes"] = harmful
         print(json.dumps(summary))

@@ -139,10 +139,12 @@ def test_the_benchmark_prints_every_share(capsys):
 
 
 @pytest.mark.full  # 26 three-tab room runs, about a minute
-def test_the_cross_peer_check_alone_names_every_mutant_that_changes_a_room():
-    """Three tabs, one computing with the mutant and no gate, check or audit: every mutant
-    wrong at the room's shapes is named by the recomputed digests and
-    the others end on the clean hashes; one that is never wrong there moves no hash."""
+def test_the_cross_peer_check_alone_lets_no_mutant_change_a_reported_step():
+    """Three tabs, one computing with the mutant and no gate, check or audit. No honest tab
+    ever reports a step hash other than the clean run's: a mutant wrong at the model's
+    shapes is named by the recomputed digests and the others end on the clean hashes; one
+    wrong only at the GEMM probe's shape stops the room at the fork; one never wrong there
+    moves no hash."""
     import importlib.util
     from pathlib import Path
 
