@@ -57,17 +57,29 @@ def post_json(url: str, body: dict, token: str | None = None) -> bytes:
         return response.read()
 
 
+def refusal(exc: urllib.error.HTTPError) -> str:
+    """One line for an HTTP error: a DaisyChain server's own message, else the status and
+    what --dashboard expects (never the page it sent)."""
+    try:
+        said = json.loads(exc.read())
+        return f"HTTP {exc.code}: {said['message']}"
+    except (ValueError, KeyError, TypeError, OSError):
+        return (f"HTTP {exc.code}, not a DaisyChain server's answer; --dashboard takes the "
+                "server's own address, http(s)://HOST:PORT")
+
+
 def register(url: str, command: str, world: int, name: str = "") -> DashboardRun:
     """A new run on the server at `url`; DashboardError naming what the server said."""
     if not url.startswith(("http://", "https://")):
         raise DashboardError(f"--dashboard must be a server URL http(s)://HOST:PORT, got {url!r}")
     base = url.rstrip("/")
+    if base.endswith("/dashboard"):  # the address the browser shows: the server is above it
+        base = base[: -len("/dashboard")]
     try:
         reply = json.loads(post_json(f"{base}/api/runs",
                                      {"name": name, "command": command, "world": world}))
     except urllib.error.HTTPError as exc:
-        raise DashboardError(f"--dashboard {url} refused the run: {exc.code} "
-                             f"{exc.read().decode('utf-8', 'replace')[:200]}") from exc
+        raise DashboardError(f"--dashboard {url} refused the run: {refusal(exc)}") from exc
     except (OSError, ValueError) as exc:
         raise DashboardError(f"--dashboard {url}: no DaisyChain server answered ({exc})") from exc
     return DashboardRun(base, reply["run"], reply["token"])

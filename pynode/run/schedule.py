@@ -76,7 +76,10 @@ def read_schedule(path: str) -> list[Change]:
         raise ScheduleError(f"--schedule {path}: {exc}") from None
     if not isinstance(data, list):
         raise ScheduleError(f"--schedule {path}: a JSON list of changes, got {type(data).__name__}")
-    changes = [change_from_dict(item) for item in data]
+    try:
+        changes = [change_from_dict(item) for item in data]
+    except ScheduleError as exc:
+        raise ScheduleError(f"--schedule {path}: {exc}") from None
     steps = [c.step for c in changes]
     if steps != sorted(set(steps)):
         raise ScheduleError(f"--schedule {path}: changes must be in step order, one per step; "

@@ -62,12 +62,14 @@ def test_a_schedule_replays_the_resume_chain_it_stands_for(tmp_path):
     ('[{"step": 4, "steps": 2}]', "steps must be an integer >= 4"),
     ('[{"step": 1, "seed": 2}]', "only lr and steps"),
     ('[{"step": 3, "lr": 0.1}, {"step": 1, "lr": 0.2}]', "step order"),
+    ('[{"step": "x", "lr": 0.1}]', "step must be an integer"),
 ])
 def test_bad_schedules_are_refused_by_name(tmp_path, content, match):
     path = tmp_path / "s.json"
     path.write_text(content)
-    with pytest.raises(ScheduleError, match=match):
+    with pytest.raises(ScheduleError, match=match) as refused:
         read_schedule(str(path))
+    assert str(refused.value).startswith(f"--schedule {path}: ")  # every refusal names the file
 
 
 def test_a_schedule_with_several_local_peers_is_refused_before_anything_starts(tmp_path):

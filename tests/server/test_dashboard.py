@@ -206,3 +206,28 @@ def test_uplot_is_served_from_the_fetched_copy_or_named_missing(make_config, mon
     assert missing.status_code == 503
     assert "python -m server.chartlib fetch" in missing.json["message"]
     assert f"uPlot {UPLOT_VERSION} is not fetched" in missing.json["message"]
+
+
+def test_an_http_refusal_is_one_line_and_the_dashboard_address_means_its_server(monkeypatch):
+    """The address the browser shows (…/dashboard) is taken for the server's; another
+    server's error page is never printed, a DaisyChain refusal is given in its own words."""
+    import io
+    import urllib.error
+
+    from pynode.cli import dashboard
+
+    def error(code: int, body: bytes) -> urllib.error.HTTPError:
+        return urllib.error.HTTPError("http://x/api/runs", code, "x", {}, io.BytesIO(body))
+
+    page = error(404, b"<!doctype html>\n<title>404 Not Found</title>\n<h1>Not Found</h1>")
+    said = dashboard.refusal(page)
+    assert "\n" not in said and "doctype" not in said and "http(s)://HOST:PORT" in said
+    ours = error(400, b'{"error": "bad_world", "message": "world must be 1 to 4096"}')
+    assert dashboard.refusal(ours) == "HTTP 400: world must be 1 to 4096"
+
+    posted = []
+    monkeypatch.setattr(dashboard, "post_json",
+                        lambda url, body, token=None: posted.append(url) or
+                        b'{"run": "r", "token": "t"}')
+    run = dashboard.register("http://127.0.0.1:8000/dashboard/", "train", 1)
+    assert posted == ["http://127.0.0.1:8000/api/runs"] and run.url == "http://127.0.0.1:8000"
