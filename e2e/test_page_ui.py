@@ -94,6 +94,8 @@ def test_errors_show_next_to_the_action_and_download_waits_for_a_run(
         page.fill("#config-form [name=width]", "30")  # 4 heads do not divide 30
         page.click("#start")
         page.wait_for_selector("#form-error", state="visible")
+        # the text, not just the box: once (CI, 2f919c1) the box read empty here
+        page.wait_for_function("() => document.querySelector('#form-error').innerText.trim()")
         refused = page.inner_text("#form-error")
         alert = page.inner_text("#alert-text")
         gap = top(page, "#form-error") - top(page, "#start")
