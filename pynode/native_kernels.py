@@ -292,13 +292,16 @@ if numba is not None:
         return True
 
 
-    # Freivalds' identity in float64. Every partial sum is an integer below 2**53 (the
-    # caller bounds them), so reassociating and fusing are exact: they only let the loops
-    # vectorise. Each product runs along memory: row- or column-major operands alike.
+    # Freivalds' identity: A @ (B @ r) in float64, whose partial sums are integers below
+    # 2**53 (the caller bounds r), so reassociating and fusing are exact: they only let the
+    # loops vectorise. C @ r in int64 with r as int32 (< 2**31): exact for any int32 C
+    # (the caller keeps bits + log2(N) <= 32), so no pass over C checks its bound, and
+    # int32 x int32 -> int64 products vectorise as widely as float64's. Each product runs
+    # along memory: row- or column-major operands alike.
     _FREIVALDS = dict(nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})
 
     @numba.njit(inline="always", **_FREIVALDS)
-    def _holds_2d(a, b, out, r, br, lhs, bound):
+    def _holds_2d(a, b, out, r, r32, br, lhs):
         m, k = a.shape
         n = b.shape[1]
         if b.shape[0] != k or out.shape[0] != m or out.shape[1] != n or r.shape[1] != n:
@@ -331,30 +334,52 @@ if numba is not None:
                     for i in range(m):
                         lhs[i] += a[i, kk] * bk
             for i in range(m):
-                s = 0.0
-                top = 0
+                t = np.int64(0)
                 for j in range(n):
-                    x = out[i, j]
-                    s += x * r[q, j]
-                    top = max(top, abs(np.int64(x)))  # in int64: |-2**31| fits
-                if s != lhs[i] or top > bound:
+                    t += np.int64(out[i, j]) * np.int64(r32[q, j])
+                if t != np.int64(lhs[i]):
                     return False
         return True
 
-    @numba.njit(cache=True, **_FREIVALDS)
-    def _product_holds_2d(a, b, out, r, bound):
-        br, lhs = np.empty(a.shape[1], np.float64), np.empty(a.shape[0], np.float64)
-        return _holds_2d(a, b, out, r, br, lhs, bound)
+    @numba.njit(inline="always", **_FREIVALDS)
+    def _int_vectors(r):
+        """r as int32, or an empty array where some vector leaves the int64 side inexact
+        for some int32 C (entries not integers in [0, 2**31), or summing to 2**32 or
+        more): the caller then takes the reference's path."""
+        r32 = np.empty(r.shape, np.int32)
+        for q in range(r.shape[0]):
+            total = 0.0
+            for j in range(r.shape[1]):
+                x = r[q, j]
+                if not (0.0 <= x < 2.0**31) or x != np.floor(x):
+                    return np.empty((0, 0), np.int32)
+                r32[q, j] = np.int32(x)
+                total += x
+            if total >= 2.0**32:
+                return np.empty((0, 0), np.int32)
+        return r32
 
     @numba.njit(cache=True, **_FREIVALDS)
-    def _product_holds_3d(a, b, out, r, bound):
-        br, lhs = np.empty(a.shape[2], np.float64), np.empty(a.shape[1], np.float64)
+    def _product_holds_2d(a, b, out, r):
+        """1: out == a @ b; 0: not; -1: r outside the integer side's range."""
+        r32 = _int_vectors(r)
+        if r32.size != r.size:
+            return -1
+        br, lhs = np.empty(a.shape[1], np.float64), np.empty(a.shape[0], np.float64)
+        return 1 if _holds_2d(a, b, out, r, r32, br, lhs) else 0
+
+    @numba.njit(cache=True, **_FREIVALDS)
+    def _product_holds_3d(a, b, out, r):
         if b.shape[0] != a.shape[0] or out.shape[0] != a.shape[0]:
             raise ValueError("product check: batch sizes do not match")
+        r32 = _int_vectors(r)
+        if r32.size != r.size:
+            return -1
+        br, lhs = np.empty(a.shape[2], np.float64), np.empty(a.shape[1], np.float64)
         for t in range(a.shape[0]):
-            if not _holds_2d(a[t], b[t], out[t], r, br, lhs, bound):
-                return False
-        return True
+            if not _holds_2d(a[t], b[t], out[t], r, r32, br, lhs):
+                return 0
+        return 1
 
 
 _INT8, _INT32, _FLOAT64 = np.dtype(np.int8), np.dtype(np.int32), np.dtype(np.float64)
@@ -452,14 +477,13 @@ class NumbaKernels(Kernels):
         # called for every GEMM product: identity tests of the dtypes, no more
         if not (type(a) is type(b) is type(out) is type(r) is np.ndarray
                 and a.dtype is _INT8 and b.dtype is _INT8 and out.dtype is _INT32
-                and r.dtype is _FLOAT64 and r.ndim == 2 and a.ndim == b.ndim == out.ndim):
+                and r.dtype is _FLOAT64 and r.ndim == 2 and a.ndim == b.ndim == out.ndim
+                and 2 <= a.ndim <= 3):
             return super().product_holds(a, b, out, r)
-        bound = (1 << 14) * a.shape[-1]
-        if a.ndim == 2:
-            return _product_holds_2d(a, b, out, r, bound)
-        if a.ndim == 3:
-            return _product_holds_3d(a, b, out, r, bound)
-        return super().product_holds(a, b, out, r)
+        held = (_product_holds_2d if a.ndim == 2 else _product_holds_3d)(a, b, out, r)
+        if held < 0:
+            return super().product_holds(a, b, out, r)
+        return held == 1
 
     def psum_rows(self, x):
         if not (isinstance(x, np.ndarray) and x.dtype in (np.float32, np.float64)

@@ -583,21 +583,56 @@ def test_a_wrong_routed_backend_loses_its_routes_not_the_selected_one(units):
     assert gemm.routes == {} and gemm.backend_name == "numpy_int"
 
 
+def _check_kernels():
+    from pynode.core.kernels import REFERENCE
+
+    try:
+        from pynode.native_kernels import NumbaKernels, available
+    except ImportError:
+        return [REFERENCE]
+    return [REFERENCE, NumbaKernels()] if available() else [REFERENCE]
+
+
+@pytest.mark.parametrize("kernels", _check_kernels(), ids=lambda k: k.name)
 @pytest.mark.parametrize("m,k,n", [(1, 1, 1), (3, 7, 5), (64, 200, 33), (2, 4096, 3)])
-def test_the_check_finds_any_single_wrong_cell(m, k, n):
+def test_the_check_finds_any_single_wrong_cell(m, k, n, kernels):
     from pynode.core.gemm.check import ProductCheck
 
-    check = ProductCheck(seed=3)
+    check = ProductCheck(kernels, seed=3)
     a, b = int8((m, k), 11), int8((k, n), 12)
     out = exact(a, b).astype(np.int32)
     assert check.holds(a, b, out)
     cells = np.random.default_rng(5).integers(0, [m, n], size=(25, 2))  # test data only
     for i, j in cells:
-        for delta in (1, -1, 1 << 16, -(1 << 30)):
+        for delta in (1, -1, 1 << 16, 1 << 22, -(1 << 30)):
             wrong = out.copy()
             wrong[i, j] += delta
             assert not check.holds(a, b, wrong), (i, j, delta)
+        for extreme in (2**31 - 1, -(2**31)):  # far outside the bound: numba's int64 side
+            wrong = out.copy()
+            wrong[i, j] = extreme
+            assert not check.holds(a, b, wrong), (i, j, extreme)
     assert check.holds(a, b, out)
+
+
+@pytest.mark.skipif(len(_check_kernels()) < 2, reason="numba not installed")
+def test_numba_product_holds_takes_the_reference_path_for_vectors_beyond_its_int_side():
+    """The numba kernel multiplies out (int32) by r as int32 in int64; r entries of 2**31
+    or more, or a vector summing to 2**32 or more, would not be exact there."""
+    from pynode.core.kernels import REFERENCE
+
+    fast = _check_kernels()[1]
+    a, b = int8((5, 9), 31), int8((9, 70), 32)
+    right = exact(a, b).astype(np.int32)
+    wrong = right.copy()
+    wrong[2, 3] += 1
+    wide = np.full((1, 70), float(2**31))  # each entry too large for int32
+    heavy = np.full((1, 70), float(2**27))  # entries fit, the sum does not
+    small = np.arange(70, dtype=np.float64)[None] * 7 + 1
+    for r in (wide, heavy, small):
+        for out in (right, wrong):
+            assert fast.product_holds(a, b, out, r) == REFERENCE.product_holds(a, b, out, r)
+    assert fast.product_holds(a, b, right, small) and not fast.product_holds(a, b, wrong, small)
 
 
 def test_the_wrapping_path_for_shapes_beyond_float64():

@@ -9,11 +9,13 @@ place of d) fixed, d . r == 0 for at most one value of that entry, so a wrong re
 with probability at most 2**-(bits * V). V is the fewest vectors with bits * V >=
 SECURITY_BITS (one for the shapes of the default model: 21 to 27 bits).
 
-The arithmetic is float64 (Kernels.product_holds: numpy's matmul, or a fused numba loop),
-exact whatever the order of summation when every partial sum stays below 2**53: |a|, |b|
-<= 2**7, so |A @ (B @ r)| and |C @ r| stay below 2**(14 + bits) * K * N once C itself is
-checked to lie within the exact product's bound 2**14 * K; `bits` is chosen per shape for
-that. Shapes too large for float64 fall back to wrapping uint64 arithmetic: mod 2**64 the
+The arithmetic is exact whatever the order of summation (Kernels.product_holds: numpy's
+matmul, or a fused numba loop). A @ (B @ r) is float64, whose partial sums stay integers
+below 2**53: |a|, |b| <= 2**7, so they stay below 2**(14 + bits) * K * N. C @ r is float64
+too once C is checked to lie within the exact product's bound 2**14 * K (numpy), or int64
+for any int32 C, below 2**(31 + bits) * N <= 2**63 (numba: no pass for the bound, and
+int32 x int32 -> int64 products as wide as float64's). `bits` is chosen per shape for
+both. Shapes too large for float64 fall back to wrapping uint64 arithmetic: mod 2**64 the
 same identity holds, and a wrong cell (|d| < 2**32) passes with probability <= 2**-32.
 
 Legend: B batch, M rows, K reduction length, N columns, V random vectors.
@@ -30,7 +32,10 @@ from pynode.core.kernels import REFERENCE, Kernels
 
 CHECK_PURPOSE = 0xF4E1
 SECURITY_BITS = 20  # a wrong product passes its call's check with probability <= 2**-20
-MAX_BITS = 32  # random bits per vector entry (the float64 bound allows fewer for large K, N)
+LANE_BITS = 32  # bits of one rng lane; an entry takes the top `bits` of its lane
+# random bits per vector entry, at most: entries fit int32, and out @ r stays exact in
+# int64 for any int32 `out` when bits + log2(N) <= 32 (the numba kernel's integer side)
+MAX_BITS = 31
 DRAW_BLOCK = 64  # calls whose vectors one rng call draws (an rng call costs ~10 us)
 # 32-bit lanes a call takes from such a block: N * V up to this (every product of the
 # default model); a wider product draws its own. Drawing 4096 lanes a call made the draws
@@ -44,7 +49,7 @@ def _log2_ceil(x: int) -> int:
 
 def entry_bits(k: int, n: int) -> int:
     """Random bits per entry of R that keep the float64 products exact for K, N (0: none)."""
-    return max(0, min(MAX_BITS, 53 - 14 - _log2_ceil(k) - _log2_ceil(n)))
+    return max(0, min(MAX_BITS, 53 - 14 - _log2_ceil(k) - _log2_ceil(n), 32 - _log2_ceil(n)))
 
 
 class ProductCheck:
@@ -73,7 +78,7 @@ class ProductCheck:
         if size > DRAW_LANES:  # a very wide product: its own draw
             words = rng.raw64((CHECK_PURPOSE, self.seed, 1, call), -(-size // 2))
             lanes = words.astype("<u8", copy=False).view("<u4")[:size]
-            return (lanes >> np.uint32(MAX_BITS - bits)).reshape(count, n).astype(np.float64)
+            return (lanes >> np.uint32(LANE_BITS - bits)).reshape(count, n).astype(np.float64)
         if self._block != block:
             self._draw(block)
         return self._lanes(bits)[i, :size].reshape(count, n)
@@ -86,7 +91,7 @@ class ProductCheck:
     def _lanes(self, bits: int) -> np.ndarray:
         scaled = self._scaled.get(bits)
         if scaled is None:  # each width of entries once a block, not once a call
-            scaled = (self._pool >> np.uint32(MAX_BITS - bits)).astype(np.float64)
+            scaled = (self._pool >> np.uint32(LANE_BITS - bits)).astype(np.float64)
             self._scaled[bits] = scaled
         return scaled
 
