@@ -382,6 +382,48 @@ if numba is not None:
         return 1
 
 
+    # numpy's Philox4x64-10 (rng.raw64: counter [i, 0, c2, c3] for blocks i = 1, 2, ...),
+    # TILE blocks at a time in four word columns, so the ten rounds vectorise across
+    # blocks (numpy's C generator makes one block at a time). 64x64 -> 128-bit products
+    # from 32-bit limbs as in rng._mulhi64; uint64 arithmetic wraps as Philox needs.
+    _TILE = 256
+    _PM0, _PM1 = (np.uint64(m) for m in rng._PHILOX64_M)
+    _PW0, _PW1 = (np.uint64(w) for w in rng._PHILOX64_W)
+
+    @numba.njit(inline="always", error_model="numpy")
+    def _mulhi64(x, high, low):
+        m32, s32 = np.uint64(0xFFFFFFFF), np.uint64(32)
+        xh, xl = x >> s32, x & m32
+        mid1 = xh * low + ((xl * low) >> s32)
+        mid2 = xl * high + (mid1 & m32)
+        return xh * high + (mid1 >> s32) + (mid2 >> s32)
+
+    @jit
+    def _philox_blocks(k0, k1, c2, c3, out):
+        m32, s32 = np.uint64(0xFFFFFFFF), np.uint64(32)
+        h0, l0 = _PM0 >> s32, _PM0 & m32
+        h1, l1 = _PM1 >> s32, _PM1 & m32
+        x0, x1 = np.empty(_TILE, np.uint64), np.empty(_TILE, np.uint64)
+        x2, x3 = np.empty(_TILE, np.uint64), np.empty(_TILE, np.uint64)
+        blocks = out.shape[0] // 4
+        for start in range(0, blocks, _TILE):
+            t = min(_TILE, blocks - start)
+            for i in range(t):
+                x0[i], x1[i], x2[i], x3[i] = np.uint64(start + i + 1), np.uint64(0), c2, c3
+            ka, kb = k0, k1
+            for _ in range(10):
+                for i in range(t):
+                    a0, a2 = x0[i], x2[i]
+                    x0[i] = _mulhi64(a2, h1, l1) ^ x1[i] ^ ka
+                    x2[i] = _mulhi64(a0, h0, l0) ^ x3[i] ^ kb
+                    x1[i] = a2 * _PM1
+                    x3[i] = a0 * _PM0
+                ka, kb = ka + _PW0, kb + _PW1
+            for i in range(t):
+                j = 4 * (start + i)
+                out[j], out[j + 1], out[j + 2], out[j + 3] = x0[i], x1[i], x2[i], x3[i]
+
+
 _INT8, _INT32, _FLOAT64 = np.dtype(np.int8), np.dtype(np.int32), np.dtype(np.float64)
 _NO_LANES = np.zeros((1, 1, 1), np.uint16)  # what the kernels get when rounding to nearest
 
@@ -400,7 +442,7 @@ class NumbaKernels(Kernels):
             lanes = _NO_LANES
         else:
             n = x.size
-            words = rng.raw64(key, (n + 3) // 4).astype("<u8", copy=False)
+            words = self.raw64(key, (n + 3) // 4).astype("<u8", copy=False)
             lanes = words.view("<u2")[:n].reshape(xb.shape)  # (B, R, C) u16, C order
         # A transposed view (x.T, p.transpose(0, 2, 1)) walks memory down its rows: scale
         # its rows as the columns of the untransposed array instead (the same numbers).
@@ -484,6 +526,14 @@ class NumbaKernels(Kernels):
         if held < 0:
             return super().product_holds(a, b, out, r)
         return held == 1
+
+    def raw64(self, key, n):
+        k, c = rng.key_words64(key)
+        if not 0 <= n < 2**62:
+            return super().raw64(key, n)  # the reference's errors
+        out = np.empty(-(-n // 4) * 4, np.uint64)
+        _philox_blocks(np.uint64(k[0]), np.uint64(k[1]), np.uint64(c[2]), np.uint64(c[3]), out)
+        return out[:n]
 
     def psum_rows(self, x):
         if not (isinstance(x, np.ndarray) and x.dtype in (np.float32, np.float64)

@@ -1,7 +1,8 @@
 """The step's hot non-GEMM kernels behind one small interface, and their exact gate.
 
 `Kernels` is the numpy reference: quantize (quant.py), the GEMM epilogue, GELU with
-its gradient and the softmaxes (fastmath.py), pinned row sums (detmath.py). It runs
+its gradient and the softmaxes (fastmath.py), pinned row sums (detmath.py), the Freivalds
+product check and the Philox draws behind stochastic rounding (rng.raw64). It runs
 everywhere, Pyodide included. A faster implementation (pynode/native_kernels.py, numba)
 subclasses it and overrides what it accelerates; before a peer uses one, `gate_kernels`
 runs every kernel on discriminating inputs (ties, zero and subnormal rows, strided and
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import detmath, fastmath, quant
+from . import detmath, fastmath, quant, rng
 
 
 class Kernels:
@@ -51,6 +52,10 @@ class Kernels:
     def psum_rows(self, x: np.ndarray) -> np.ndarray:
         """detmath.psum over the last axis."""
         return detmath.psum(x, axis=-1)
+
+    def raw64(self, key: tuple[int, ...], n: int) -> np.ndarray:
+        """rng.raw64: the first n words of the key's Philox4x64 stream, (n,) uint64."""
+        return rng.raw64(key, n)
 
     def product_holds(self, a: np.ndarray, b: np.ndarray, out: np.ndarray,
                       r: np.ndarray) -> bool:
@@ -110,6 +115,8 @@ def _cases(seed: int = 0x6A7E):
     yield "softmax.masked", "softmax_rows", (scores, np.tri(33, dtype=bool))
     yield "log_softmax", "log_softmax_parts", (normal(45, 257),)
     yield "psum_rows", "psum_rows", (normal(7, 9, 129),)
+    for n in (1, 3, 4, 5, 1031, 4 * 700 + 2):  # whole and partial Philox blocks, many tiles
+        yield f"raw64.{n}", "raw64", ((7, 3, n, 2**40 + n), n)
     for name, (bs, m, k, n) in {"mm": (1, 45, 131, 29), "bmm": (5, 17, 33, 63),
                                 "tall": (1, 300, 8, 3), "wide": (2, 3, 257, 90)}.items():
         a = g.integers(-128, 128, (bs, m, k), dtype=np.int64).astype(np.int8)

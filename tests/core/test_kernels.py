@@ -82,6 +82,28 @@ def test_numba_kernels_pass_the_gate():
 
 
 @needs_numba
+def test_numba_raw64_is_numpys_philox_stream_across_tiles():
+    """The numba generator makes 256 blocks (1024 words) a tile: every cut of a tile and
+    of a block gives numpy's words, and a wrong word fails the gate."""
+    from pynode.core import rng
+
+    fast = numba_kernels.NumbaKernels()
+    for n in (0, 1, 2, 3, 4, 1023, 1024, 1025, 3 * 1024 + 5):
+        for key in ((n,), (1, 2**63 + n), (0xF4E1, 5, 0, n)):
+            assert np.array_equal(fast.raw64(key, n), rng.raw64(key, n)), (key, n)
+
+    class OneWordOff(numba_kernels.NumbaKernels):
+        def raw64(self, key, n):
+            words = super().raw64(key, n).copy()
+            if n > 1030:
+                words[1030] ^= np.uint64(1 << 40)
+            return words
+
+    report = gate_kernels(OneWordOff())
+    assert not report.passed and report.failing_case.startswith("raw64."), report
+
+
+@needs_numba
 @pytest.mark.parametrize("seed", range(6))
 def test_numba_quantize_equals_reference_on_random_shapes(seed):
     g = np.random.default_rng(seed)

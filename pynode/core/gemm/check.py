@@ -27,7 +27,6 @@ import time
 
 import numpy as np
 
-from pynode.core import rng
 from pynode.core.kernels import REFERENCE, Kernels
 
 CHECK_PURPOSE = 0xF4E1
@@ -76,7 +75,7 @@ class ProductCheck:
         size = n * count
         block, i = divmod(call, DRAW_BLOCK)
         if size > DRAW_LANES:  # a very wide product: its own draw
-            words = rng.raw64((CHECK_PURPOSE, self.seed, 1, call), -(-size // 2))
+            words = self.kernels.raw64((CHECK_PURPOSE, self.seed, 1, call), -(-size // 2))
             lanes = words.astype("<u8", copy=False).view("<u4")[:size]
             return (lanes >> np.uint32(LANE_BITS - bits)).reshape(count, n).astype(np.float64)
         if self._block != block:
@@ -84,7 +83,8 @@ class ProductCheck:
         return self._lanes(bits)[i, :size].reshape(count, n)
 
     def _draw(self, block: int) -> None:
-        words = rng.raw64((CHECK_PURPOSE, self.seed, 0, block), DRAW_BLOCK * DRAW_LANES // 2)
+        key = (CHECK_PURPOSE, self.seed, 0, block)
+        words = self.kernels.raw64(key, DRAW_BLOCK * DRAW_LANES // 2)
         self._pool = words.astype("<u8", copy=False).view("<u4").reshape(DRAW_BLOCK, -1)
         self._block, self._scaled, self._views = block, {}, {}
 
@@ -152,7 +152,7 @@ class ProductCheck:
     def _holds_mod64(self, call: int, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
         count = -(-SECURITY_BITS // 32)
         n = b.shape[-1]
-        r = rng.raw64((CHECK_PURPOSE, self.seed, 2, call), n * count).reshape(n, count)
+        r = self.kernels.raw64((CHECK_PURPOSE, self.seed, 2, call), n * count).reshape(n, count)
         wrap = np.uint64
         br = np.matmul(b.astype(np.int64).view(wrap), r)  # (..., K, V) mod 2**64
         lhs = np.matmul(a.astype(np.int64).view(wrap), br)
