@@ -3,7 +3,9 @@
 Rank 0 is the leader: it prints the plan, the per-step progress and the final hash, writes
 --log and --save. Other ranks are quiet. When a gloo member dies the group cannot go on:
 the survivors stop within the collective's deadline and rank 0 (or the lowest surviving
-rank) writes a checkpoint of the last step everybody agreed on.
+rank) writes a checkpoint of the last step everybody agreed on. Under torchrun's elastic
+agent (`cluster --elastic`, pynode.cli.elastic) the agent restarts the group instead and
+it resumes from the last checkpoint the ranks agreed on.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 
 from pynode import platform
 from pynode.cli.dashboard import DashboardRun, StatusReporter, register, share_run
+from pynode.cli.elastic import ElasticRank, check_elastic_flags, launch
 from pynode.cli.faults import install_fault
 from pynode.cli.flags import (
     capacity_note,
@@ -42,26 +45,30 @@ from pynode.comm import CommError, make_collective
 from pynode.config import ConfigError, RunConfig
 from pynode.core.errors import DaisyError
 from pynode.extras import require
-from pynode.run.assemble import load_resume
+from pynode.run.assemble import read_resume
 from pynode.run.group import run_member
 from pynode.run.trainer import ForkError, StepResult, Trainer, VerificationError
 from pynode.tasks import load_task
 
 
 async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities,
-               dashboard: DashboardRun | None = None) -> int:
+               dashboard: DashboardRun | None = None, elastic: ElasticRank | None = None,
+               ) -> int:
     """Rank 0's side: everything the user sees. `dashboard`: the run registered for
-    --dashboard, shared with every rank here."""
+    --dashboard, shared with every rank here; `elastic`: this rank under torchrun's agent
+    (resume from the checkpoint the ranks agree on)."""
     pin_to_core(0)
     if collective.world_size > 1:
         name_rank_in_logs(0)
     await share_run(collective, dashboard)
     status = StatusReporter(dashboard, 0, collective) if dashboard else None
-    resume = None
-    if args.resume:
+    if elastic is not None:  # its --resume, or a newer checkpoint after a restart
+        resume = await elastic.agree(cfg)
+    else:
+        resume = Path(args.resume).read_bytes() if args.resume else None
+    if resume is not None:
         given = explicit_config(args)  # --data FILE: its sha256, computed once
-        cfg, ckpt = load_resume(args.resume, given)
-        resume = Path(args.resume).read_bytes()
+        cfg, ckpt = read_resume(resume, given)
         for note in resume_notes(ckpt.config, ckpt.step, given):
             print(note, file=sys.stderr)
     note = capacity_note(cfg.microbatches, capacities)
@@ -78,6 +85,8 @@ async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities,
         print(run_header(trainer), file=sys.stderr)
         reporter = StepReporter(trainer, trainer.cfg.steps, args.log, not args.no_progress)
         hooks.extend([reporter, saver.hook(trainer), last.append])
+        if elastic is not None:
+            hooks.extend(elastic.hooks(trainer))
         if status is not None:
             status.attach(trainer)
             hooks.append(status)
@@ -124,10 +133,11 @@ def pin_to_core(rank: int) -> None:
         os.sched_setaffinity(0, {cores[rank % len(cores)]})
 
 
-async def follow(collective, args: argparse.Namespace, capacities) -> int:
+async def follow(collective, args: argparse.Namespace, capacities,
+                 elastic: ElasticRank | None = None) -> int:
     """A rank > 0. A cluster's ranks (each on its own terminal) say that they follow and
     how their run ended; local peers (train --peers) only when they stop, rank 0 speaks
-    for the rest."""
+    for the rest. `elastic`: this rank under torchrun's agent."""
     rank = collective.rank
     announce = args.command == "cluster"
     pin_to_core(rank)
@@ -137,20 +147,26 @@ async def follow(collective, args: argparse.Namespace, capacities) -> int:
         say(f"rank {rank} of {collective.world_size}: in the group, following rank 0's run")
     dashboard = await share_run(collective, None)
     status = StatusReporter(dashboard, rank, collective) if dashboard else None
+    if elastic is not None:
+        await elastic.agree(None)
     built: list[Trainer] = []
+    hooks: list = []  # the loop's on_step hooks, filled once the trainer exists
 
     def prepare(trainer: Trainer) -> None:
         install_fault(trainer, rank)
         built.append(trainer)
         if status is not None:
             status.attach(trainer)
+            hooks.append(status)
+        if elastic is not None:
+            hooks.extend(elastic.hooks(trainer))
 
     try:
         trainer, _ = await run_member(collective, None, backend=args.backend,
                                       kernels=args.kernels, options=options,
                                       check_products=args.check_products,
                                       report=lambda line: None, prepare=prepare,
-                                      on_step=(status,) if status is not None else ())
+                                      on_step=hooks)
     except DaisyError as exc:
         end_status(status, rank, built[-1] if built else None, "stopped",
                    f"{type(exc).__name__}: {exc}", collective)
@@ -236,8 +252,12 @@ async def peer_command(args) -> int:
         await collective.close()
 
 
-async def cluster_command(args, cfg: RunConfig) -> int:
-    """gloo group from MASTER_ADDR / MASTER_PORT / WORLD_SIZE / RANK."""
+async def cluster_command(args, cfg: RunConfig, argv: list[str] | None = None) -> int:
+    """gloo group from MASTER_ADDR / MASTER_PORT / WORLD_SIZE / RANK; with --elastic (outside
+    torchrun's agent) the agent that starts this machine's ranks from `argv`."""
+    check_elastic_flags(args)
+    if args.elastic and not os.environ.get("TORCHELASTIC_RUN_ID"):
+        return launch(args, argv if argv is not None else sys.argv[1:])  # its signal handlers
     require("cluster (the gloo transport)", "torch")
     check_output_flags(args)
     load_task(cfg.task)  # a task's own extras (a resumed checkpoint's task: by its reading)
@@ -245,10 +265,18 @@ async def cluster_command(args, cfg: RunConfig) -> int:
     if args.dashboard and os.environ.get("RANK") == "0":  # refused before the group forms
         dashboard = register(args.dashboard, "cluster", int(os.environ.get("WORLD_SIZE", "1")))
     collective = await make_collective("gloo", timeout=args.timeout)
+    elastic = ElasticRank(collective, args) if collective.restartable else None
     capacities = parse_capacity(args.capacity, collective.world_size)
+    rc = 1
     try:
+        if elastic is not None:
+            elastic.install()
         if collective.rank == 0:
-            return await lead(args, cfg, collective, capacities, dashboard)
-        return await follow(collective, args, capacities)
+            rc = await lead(args, cfg, collective, capacities, dashboard, elastic)
+        else:
+            rc = await follow(collective, args, capacities, elastic)
+        return rc
     finally:
+        if elastic is not None:
+            elastic.farewell(f"exited ({rc})")
         await asyncio.shield(collective.close())

@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 
+from pynode.cli.elastic import add_elastic_flags
 from pynode.cli.flags import (
     add_arithmetic_flags,
     add_config_flags,
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "(default 60)")
     cluster.add_argument("--summary", help="(rank 0) write a JSON summary here")
     add_dashboard_flag(cluster, who="(rank 0; the other ranks learn it from rank 0) ")
+    add_elastic_flags(cluster)
 
     peer = sub.add_parser("_peer")  # internal: a loopback follower spawned by train --peers
     peer.add_argument("--rank", type=int, required=True)
@@ -99,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "cluster":
             from pynode.cli.group import cluster_command
 
-            return asyncio.run(cluster_command(args, config_from_args(args)))
+            return asyncio.run(cluster_command(args, config_from_args(args), argv))
         if args.command == "_peer":
             from pynode.cli.group import peer_command
 

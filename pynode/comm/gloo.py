@@ -8,6 +8,11 @@ point-to-point sends, each exchange after a small all-reduce of the chunks' byte
 gloo cannot drop a member in place: any failure breaks the group and every later call
 raises the same PeerLost; the caller re-forms a group from the survivors.
 
+Under torchrun the agent's store outlives the workers, and each restart of the group is an
+*attempt*: its ranks agree on a fresh key prefix first (`_agree_attempt`), and may leave
+notes in the store (`note`) that the next attempt reads (`previous_notes`), e.g. who left
+in good order and who vanished.
+
 torch is imported inside functions only, so `import pynode` never needs it.
 """
 
@@ -16,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import socket
 import time
 from datetime import timedelta
@@ -45,6 +51,9 @@ log = logging.getLogger(__name__)
 _ALLREDUCE, _BROADCAST, _ALLGATHER, _BARRIER = 1, 2, 3, 4
 _GUARD_S = 5.0  # beyond gloo's own per-op timeouts, in case a thread wedges
 _POLL_S = 0.05
+# Under torchrun's agent with restarts left, a broken group is restarted whatever the roll
+# call finds: it only names the lost for the error line, so it does not wait `timeout`.
+_RESTARTABLE_ROLL_CALL_S = 1.0
 
 
 class _GlooFailed(Exception):
@@ -56,7 +65,8 @@ class GlooCollective(Collective):
 
     name = "gloo"
 
-    def __init__(self, pg: Any, store: Any, rank: int, world_size: int, keys: str) -> None:
+    def __init__(self, pg: Any, store: Any, rank: int, world_size: int, keys: str,
+                 previous: str | None = None) -> None:
         self.rank = rank
         self.world_size = world_size
         self.bytes_sent = 0
@@ -64,6 +74,10 @@ class GlooCollective(Collective):
         self._pg = pg
         self._store = store
         self._keys = keys  # store key prefix of this group
+        self._previous = previous  # key prefix of the attempt before this one, if any
+        # torchrun's agent restarts this group if it breaks
+        self.restartable = (os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+                            and os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") != "0")
         self._members = tuple(range(world_size))
         self._lock = asyncio.Lock()
         self._broken: CommError | None = None
@@ -94,6 +108,31 @@ class GlooCollective(Collective):
     async def barrier(self, *, timeout: float) -> None:
         await self._run(self._agree, _BARRIER, 0, 0, timeout=timeout, ops=1)
 
+    @property
+    def restarted(self) -> bool:
+        """True when an earlier attempt of this group ran under the same torchrun agent."""
+        return self._previous is not None
+
+    def note(self, name: str, value: str) -> None:
+        """Leave `value` in the store as this rank's note `name`, for the next attempt.
+        Best effort: a store that is gone loses the note."""
+        store = self._store
+        if store is not None:
+            try:
+                store.set(f"{self._keys}notes/{name}/{self.rank}", value.encode())
+            except RuntimeError:
+                pass
+
+    def previous_notes(self, name: str) -> tuple[int, dict[int, str]]:
+        """The previous attempt's world size and its ranks' notes `name` ({rank: value},
+        ranks without one left out); (0, {}) for a first attempt."""
+        if self._previous is None or self._store is None:
+            return 0, {}
+        world = int(self._store.get(f"{self._previous}world"))
+        keys = [f"{self._previous}notes/{name}/{r}" for r in range(world)]
+        return world, {r: self._store.get(k).decode() for r, k in enumerate(keys)
+                       if self._store.check([k])}
+
     async def close(self) -> None:
         if self._broken is None:
             self._broken = CommError(f"rank {self.rank}: this collective is closed")
@@ -112,6 +151,8 @@ class GlooCollective(Collective):
             except asyncio.CancelledError:
                 self._broken = CommError(f"rank {self.rank}: a collective was cancelled midway")
                 raise
+            if self.restartable:
+                timeout = min(timeout, _RESTARTABLE_ROLL_CALL_S)
             lost = await asyncio.to_thread(self._roll_call, timeout)
             self._members = tuple(r for r in range(self.world_size) if r not in lost)
             self._broken = PeerLost(
@@ -327,15 +368,14 @@ async def connect(
     if not 0 < master_port < 65536:
         raise CollectiveUsageError(f"MASTER_PORT must be in 1..65535, got {master_port}")
     timeout = check_timeout(timeout)
-    # torchrun restarts workers against the same agent store: keep each attempt's keys apart
-    keys = f"daisychain/{group}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
     return await asyncio.to_thread(
-        _connect_blocking, rank, world_size, master_addr, master_port, timeout, keys
+        _connect_blocking, rank, world_size, master_addr, master_port, timeout,
+        f"daisychain/{group}/"
     )
 
 
 def _connect_blocking(
-    rank: int, world_size: int, addr: str, port: int, timeout: float, keys: str
+    rank: int, world_size: int, addr: str, port: int, timeout: float, base: str
 ) -> GlooCollective:
     import torch.distributed as dist
 
@@ -356,6 +396,9 @@ def _connect_blocking(
         first = str(exc).splitlines()[0]
         message = f"no gloo store at {addr}:{port} within {timeout:g} s: {first}"
         raise PeerLost([0], message) from None
+    keys, previous = f"{base}0/", None
+    if not hosts_store and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        keys, previous = _agree_attempt(store, base, rank, world_size, deadline, addr, port)
     joined = [f"{keys}joined/{r}" for r in range(world_size)]
     try:
         store.set(joined[rank], b"1")
@@ -369,7 +412,57 @@ def _connect_blocking(
         raise PeerLost(missing, f"gloo group did not form within {timeout:g} s at "
                        f"{addr}:{port}: {who}") from None
     log.info("gloo: rank %d of %d joined via %s:%d", rank, world_size, addr, port)
-    return GlooCollective(pg, store, rank, world_size, keys)
+    return GlooCollective(pg, store, rank, world_size, keys, previous)
+
+
+def _agree_attempt(store: Any, base: str, rank: int, world_size: int, deadline: float,
+                   addr: str, port: int) -> tuple[str, str | None]:
+    """(key prefix of this attempt, of the previous one or None) in a store that outlives
+    attempts (torchrun's agent store).
+
+    torchrun's own TORCHELASTIC_RESTART_COUNT differs between machines (a machine whose
+    workers failed counts a restart, one restarted for a membership change does not), and
+    old keys stay in the store. So rank 0 draws a fresh attempt id and hands it to each rank
+    in answer to that rank's own fresh nonce: a stale question or answer can never match.
+    """
+    nonce = secrets.token_hex(8)
+    current = f"{base}attempt"
+    try:
+        if rank != 0:
+            store.set(f"{base}ask/{rank}", nonce.encode())
+            store.wait([f"{base}answer/{nonce}"], _left(deadline))
+            attempt, _, previous = store.get(f"{base}answer/{nonce}").decode().partition(" ")
+            store.set(f"{base}{attempt}/confirmed/{rank}", b"1")
+            return f"{base}{attempt}/", (f"{base}{previous}/" if previous else None)
+        previous = store.get(current).decode() if store.check([current]) else ""
+        store.set(f"{base}{nonce}/world", str(world_size).encode())
+        answer = f"{nonce} {previous}".encode()
+        answered: dict[int, bytes] = {}
+        waiting = set(range(1, world_size))
+        while waiting:
+            for r in sorted(waiting):
+                if store.check([f"{base}{nonce}/confirmed/{r}"]):
+                    waiting.discard(r)
+                elif store.check([f"{base}ask/{r}"]):
+                    asked = store.get(f"{base}ask/{r}")
+                    if answered.get(r) != asked:  # stale questions get answers nobody reads
+                        store.set(f"{base}answer/{asked.decode()}", answer)
+                        answered[r] = asked
+            if waiting and time.monotonic() > deadline:
+                raise PeerLost(sorted(waiting), f"gloo group did not form at {addr}:{port}: "
+                               f"rank {', '.join(map(str, sorted(waiting)))} of {world_size} "
+                               "did not join")
+            if waiting:
+                time.sleep(_POLL_S)
+        store.set(current, nonce.encode())
+        return f"{base}{nonce}/", (f"{base}{previous}/" if previous else None)
+    except RuntimeError as exc:  # the store's own timeout, or the store went away
+        first = str(exc).splitlines()[0]
+        raise PeerLost([0], f"gloo group did not form at {addr}:{port}: {first}") from None
+
+
+def _left(deadline: float) -> timedelta:
+    return timedelta(seconds=max(deadline - time.monotonic(), _POLL_S))
 
 
 def _wait_for_port(addr: str, port: int, deadline: float, timeout: float) -> None:

@@ -6,6 +6,7 @@ assemble.py   the one place a Trainer is built (verified units, gated GEMM, chec
 protocol.py   the run protocol (go / sync / stop ...) and a room peer's part in it
 group.py      a group's run (loopback or gloo): rank 0's config reaches all, all train
 cluster.py    a gloo cluster behind one rank of a room (bridge and followers)
+elastic.py    a restarted gloo cluster: the checkpoint its ranks agree to resume from
 generate.py   text from a trained GPT: the int8 forward with a KV cache, keyed sampling
 kit.py        the one-file HTML inference kit of a checkpoint (JS forward: data/kit.js)
 
