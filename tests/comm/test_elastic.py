@@ -8,6 +8,7 @@ one rendezvous, the first agent hosting its store), SIGKILL one rank, later the 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -20,13 +21,20 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from comm_helpers import free_port
+from comm_helpers import free_port, loopback_group
 from pynode_runs import ONE_THREAD, REPO, Launched
 
 from pynode.cli.elastic import worker_argv
 from pynode.cli.main import main
 from pynode.config import RunConfig
-from pynode.run.elastic import Offer, ResumeDisagreement, choose, config_digest, describe_previous
+from pynode.run.elastic import (
+    Offer,
+    ResumeDisagreement,
+    agree_on_resume,
+    choose,
+    config_digest,
+    describe_previous,
+)
 
 CONFIG = ["--width", "32", "--layers", "1", "--heads", "2", "--seq", "16",
           "--microbatch-size", "2", "--microbatches", "8", "--no-progress", "--kernels", "numpy"]
@@ -52,6 +60,22 @@ def test_the_newest_checkpoint_of_the_run_wins_sent_by_its_lowest_holder() -> No
 def test_holders_of_one_step_with_different_states_resume_nothing() -> None:
     with pytest.raises(ResumeDisagreement, match="rank 0: x8.*rank 1: h8"):
         choose([offer(8, state_hash="x"), offer(8)], RUN)
+
+
+def test_the_group_gets_the_newest_checkpoint_from_the_rank_that_holds_it(tmp_path) -> None:
+    async def agree(offers: list) -> list:
+        group = await loopback_group(3, tmp_path)
+        try:
+            return await asyncio.gather(*(
+                agree_on_resume(c, o, o and f"bytes of {o.state_hash}".encode(), RUN)
+                for c, o in zip(group, offers, strict=True)), return_exceptions=True)
+        finally:
+            await asyncio.gather(*(c.close() for c in group))
+
+    got = asyncio.run(agree([offer(4), None, offer(8)]))
+    assert [(r.step, r.holders, r.data) for r in got] == [(8, (2,), b"bytes of h8")] * 3
+    forked = asyncio.run(agree([offer(8, state_hash="x"), None, offer(8)]))
+    assert all(isinstance(r, ResumeDisagreement) for r in forked), forked
 
 
 def test_the_rank_without_a_farewell_is_named_lost() -> None:
