@@ -22,6 +22,7 @@ from typing import Any
 from pynode.cli.flags import check_output_flags, explicit_config
 from pynode.cli.report import Saver, say
 from pynode.config import ConfigError, RunConfig
+from pynode.core.checkpoint import CheckpointState
 from pynode.core.errors import DaisyError
 from pynode.extras import require
 from pynode.run.assemble import load_resume, read_resume
@@ -167,10 +168,10 @@ class ElasticRank:
         choice."""
         given = explicit_config(self.args)
         run = cfg
-        offers: list[tuple[int, bytes]] = []
+        offers: list[tuple[CheckpointState, bytes]] = []
         if self.rank == 0 and self.args.resume:
             run, ckpt = load_resume(self.args.resume, given)
-            offers.append((ckpt.step, Path(self.args.resume).read_bytes()))
+            offers.append((ckpt, Path(self.args.resume).read_bytes()))
         if self.rank == 0 and not (self.args.save and self.args.save_every):
             say("torchrun may restart this group: without --save and --save-every a restart "
                 "begins again from the start (or --resume)")
@@ -179,15 +180,12 @@ class ElasticRank:
             data = save.read_bytes()
             try:
                 _, ckpt = read_resume(data, given)
-                offers.append((ckpt.step, data))
+                offers.append((ckpt, data))
             except (DaisyError, ValueError) as exc:  # a damaged or foreign file: not offered
                 say(f"rank {self.rank}: not offering {save}: {type(exc).__name__}: {exc}")
-        held = max(offers, key=lambda o: o[0])[1] if offers else None
-        offer = None
-        if held is not None:
-            from pynode.core.checkpoint import load_checkpoint
-
-            ckpt = load_checkpoint(held)
+        offer, held = None, None
+        if offers:
+            ckpt, held = max(offers, key=lambda o: o[0].step)
             offer = Offer(ckpt.step, ckpt.state_hash, config_digest(ckpt.config))
         resume = await agree_on_resume(self.collective, offer, held, run)
         if self.rank == 0:
