@@ -91,13 +91,17 @@ def test_errors_show_next_to_the_action_and_download_waits_for_a_run(
         assert page.is_disabled("#download")
         assert page.is_hidden("#alert") and page.is_hidden("#form-error")
 
+        # What the top says at the moment the error shows beside the button: the same, at once
+        # (read a moment later, it once said nothing while the page waited for a frame).
+        page.evaluate("""() => { window.topWhenShown = null; const box = document.querySelector('#form-error');
+            new MutationObserver(() => { if (box.textContent) window.topWhenShown ??=
+              document.querySelector('#alert-text').textContent; }).observe(box, { childList: true }); }""")
         page.fill("#config-form [name=width]", "30")  # 4 heads do not divide 30
         page.click("#start")
         page.wait_for_selector("#form-error", state="visible")
-        # the text, not just the box: once (CI, 2f919c1) the box read empty here
-        page.wait_for_function("() => document.querySelector('#form-error').innerText.trim()")
         refused = page.inner_text("#form-error")
         alert = page.inner_text("#alert-text")
+        top_when_shown = page.evaluate("window.topWhenShown")
         gap = top(page, "#form-error") - top(page, "#start")
         assert status(page)["state"] == "ready" and page.is_disabled("#download")
 
@@ -116,7 +120,7 @@ def test_errors_show_next_to_the_action_and_download_waits_for_a_run(
     finally:
         server.close()
     assert refused == "could not start: ConfigError: heads (4) must divide width (30)"
-    assert alert == refused
+    assert alert == refused and top_when_shown == refused, (alert, top_when_shown)
     assert 0 < gap < 120, f"the error is {gap} px below the Start button"
     assert s["state"] == "done" and s["step"] == 2, s["error"]
     assert after_run["form_error"], "a started run clears the last action's error"

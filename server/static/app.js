@@ -95,11 +95,15 @@ function renderAlert(s) {
   $("alert-text").textContent = shown ? shown.text : "";
 }
 
-// An action's failure, next to the action's buttons (and at the top, with the others).
+// An action's failure, next to the action's buttons and at the top (with the others), both
+// at once: render() waits for the next animation frame, which a busy or hidden tab delays,
+// and the top would say nothing (or an older error) while the text beside the button shows.
 function actionError(text) {
   $("form-error").textContent = text;
   $("form-error").hidden = !text;
-  if (text) node.say("error", text);
+  if (!text) return;
+  node.say("error", text);
+  renderAlert(node.status());
 }
 
 // The form shows the config of the run this page trains, whoever leads it: filled in when
