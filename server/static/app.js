@@ -29,6 +29,9 @@ const SLIDERS = { width: [8, 512, 8], layers: [1, 12, 1], heads: [1, 16, 1], seq
   microbatch_size: [1, 64, 1], microbatches: [1, 64, 1], steps: [1, 5000, 1],
   lr: [0.0001, 0.02, 0.0001] };
 let filledRun = null; // the run whose config the form shows
+// True from a click on Start until that start (and its upload) is settled: one start
+// at a time, whatever renders in between.
+let starting = false;
 let dismissedError = null; // "at text" of the error the user dismissed from the top
 
 window.daisychain = {
@@ -274,7 +277,7 @@ function renderProgress(s) {
   $("pause").disabled ||= s.paused;
   $("resume-run").disabled ||= !s.paused;
   // A verified page may lead again after a run ended, even one that failed (fork, lost leader).
-  $("start").disabled = !s.verified || !s.approved || s.state === "training";
+  $("start").disabled = starting || !s.verified || !s.approved || s.state === "training";
 }
 
 // The loss chart (uPlot, fetched at set-up and served by this server): the training loss of
@@ -369,17 +372,20 @@ $("peers").addEventListener("click", timed((event) => {
 
 $("config-form").addEventListener("submit", timed((event) => {
   event.preventDefault();
+  if (starting) return;
   const data = new FormData(event.target);
   const config = { task: data.get("task") };
   // The server's /data serves the same bytes to every peer that asks (pynode.datasource).
   if (data.get("data") === "server") config.data = location.origin;
   for (const [name, parse] of Object.entries(NUMBER_FIELDS)) config[name] = parse(data.get(name));
+  starting = true;
   $("start").disabled = true;
   actionError("");
   (async () => {
     if (data.get("data") === "upload") config.data = await uploadText($("data-file").files[0]);
     return node.start(config);
-  })().catch((err) => actionError(`could not start: ${err.message}`));
+  })().catch((err) => actionError(`could not start: ${err.message}`))
+    .finally(() => { starting = false; render(); });
 }));
 
 $("log-scale").addEventListener("change", timed(() => render()));
