@@ -252,12 +252,17 @@ class NativePeer:
             self.on_end(kind, fields)
         elif kind == "event":
             say(fields["text"])
+        elif kind == "leader":
+            self.shown["leader"] = fields["leader"]
+            who = "this peer" if fields["leader"] == self.room.id else fields["leader"]
+            say(f"the run goes on from step {fields['step']} led by {who}, with "
+                f"{len(fields['ranks'])} peer(s)")
         elif kind == "control":
             change = {k: v for k, v in (fields.get("change") or {}).items() if k != "step"}
             say(f"from step {fields['step']}: " + ", ".join(f"{k} {v}" for k, v in change.items())
                 if change else f"{'paused' if fields['paused'] else 'resumed'} at step "
                 f"{fields['step']} by the leader")
-        if kind in ("run", "step", "done", "failed") and self.mesh is not None:
+        if kind in ("run", "step", "done", "failed", "leader") and self.mesh is not None:
             self.mesh.show(self.shown)
 
     async def print_matrix(self) -> None:

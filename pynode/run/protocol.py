@@ -21,6 +21,16 @@ broadcast before each step; the step's hash and probe check stops any peer that 
     join    {run, open}             idle ready peer -> leader (`open`: peers it reaches)
     sync    {run, config, ranks, members, seq, group, hash, capacities, distrusted}
             + checkpoint
+    survivor  {run, lost, held, words}   a member that lost the leader `lost` -> the next
+                                    member in rank order it reaches (pynode.run.failover)
+    takeover  {run, ranks, group, step, hash, capacities, distrusted}   the new leader ->
+                                    each survivor it takes: rewind to `step`, go on
+    decline   {run, leader}         -> a survivor: not taking over; `leader` (or null) leads
+                                    the run now: ask it to join, else try the next member
+
+When the leader vanishes mid-run, the survivors go on without it (RoomPeer.fail_over): the
+next member in rank order takes over from the last step boundary they all agreed on, with
+the old leader's steering of that boundary, and the run ends on the same hashes.
 
 In a group (pynode.run.group), rank 0 broadcasts `go {config}` (+ checkpoint when resuming).
 Behind a cluster bridge (pynode.run.cluster), rank 0 broadcasts to its ranks `go {config}`
@@ -48,6 +58,8 @@ from pynode.comm.wire import MessageError, pack_message, unpack_message
 from pynode.config import ConfigError, RunConfig
 from pynode.core import checkpoint
 from pynode.core.errors import DaisyError
+from pynode.run import failover
+from pynode.run.failover import Agreed
 from pynode.run.loop import BeforeStep, train
 from pynode.run.schedule import change_from_dict
 from pynode.run.trainer import ForkError, StepResult, Trainer
@@ -71,6 +83,11 @@ RESUME_WAIT_S = 10.0  # a resumed run waits this long for the ready peers to ask
 
 class RoomError(DaisyError):
     """A room action that cannot be done now (a run is going, no peer is ready, ...)."""
+
+
+class LeftRun(DaisyError):
+    """This peer leaves its run without a fault of its own (another peer took it over
+    without it): it asks the run's leader to join it again."""
 
 
 def encode(kind: str, blob: bytes = b"", **fields: Any) -> bytes:
@@ -125,6 +142,21 @@ class Run:
     trainer: Trainer
     coll: webrtc.MeshCollective
     joins: dict[str, set[str]] = field(default_factory=dict)  # leader: joiner -> peers it reaches
+    agreed: list[Agreed] = field(default_factory=list)  # the last failover.KEEP boundaries
+    words: list[list] = field(default_factory=list)  # [boundary, change, pause] received since
+
+    def hear(self, step: int, ctl: dict[str, Any]) -> None:
+        """A control word at boundary `step`, for a failover (a pause's repeats once)."""
+        word = [step, ctl.get("change"), bool(ctl.get("pause"))]
+        if word[1] is not None or not self.words or self.words[-1][0::2] != word[0::2]:
+            self.words.append(word)
+
+    def keep(self) -> None:
+        """The trainer's state is one every member agreed on: keep it for a failover."""
+        t = self.trainer
+        self.agreed = [*self.agreed, Agreed(t.state.step, t.state, t.cfg, list(t.schedule))]
+        self.agreed = self.agreed[-failover.KEEP:]
+        self.words = [w for w in self.words if w[0] >= self.agreed[0].step]
 
 
 class RoomPeer:
@@ -134,7 +166,9 @@ class RoomPeer:
       run     {run, leader, ranks, config, joined_at}   training started or joined
       step    {step, loss, hash, probe, members, seconds}
       done    {step, hash}                              the run reached its last step
-      failed  {error}                                   this peer stopped (fork, lost leader)
+      failed  {error}                                   this peer stopped (fork, lost group)
+      leader  {leader, lost, step, ranks}               the leader `lost` vanished; the run
+                                                        goes on from `step` under `leader`
       event   {level, text}                             peer lost, peer joined, ...
       peers   {peer id: "ready" | "training"}           peers whose Python said hello
       bench   {size, members, seconds, bytes_sent, exact}   an all-reduce benchmark's timing
@@ -163,6 +197,10 @@ class RoomPeer:
         self.requested: dict[str, Any] | None = None
         self.paused = False
         self.stopping = False
+        # Failover: survivors' reports to this peer as the next leader (run -> peer -> report)
+        # and the answer of the member this peer reported to (run -> (peer, message)).
+        self.survivors: dict[str, dict[str, dict[str, Any]]] = {}
+        self.takeovers: dict[str, tuple[str, dict[str, Any]]] = {}
 
     # ----------------------------------------------------------------- messages
     async def serve(self) -> None:
@@ -228,6 +266,10 @@ class RoomPeer:
         elif kind == "sync" and self.run is None and self.pending and self.pending[1] == peer:
             self.pending = None
             await self.on_sync(peer, head, blob)
+        elif kind == "survivor":
+            self.on_survivor(peer, head)
+        elif kind in ("takeover", "decline") and self.run and self.run.id == run_id:
+            self.takeovers[run_id] = (peer, head)
 
     # ----------------------------------------------------------------- starting
     async def start(self, config: dict[str, Any]) -> list[str]:
@@ -398,6 +440,7 @@ class RoomPeer:
     # ----------------------------------------------------------------- training
     def launch(self, run: Run, joined: bool = False) -> None:
         self.run = run
+        run.keep()  # a fresh start (same seed), a verified checkpoint or sync
         self.report("run", {"run": run.id, "leader": run.leader, "ranks": list(run.coll.ranks),
                             "config": json.loads(run.cfg.to_json()),
                             "joined_at": run.trainer.state.step if joined else None})
@@ -406,9 +449,10 @@ class RoomPeer:
 
     async def train(self, run: Run, skip_control: bool = False) -> None:
         """Every member: the one loop, with the leader's control broadcast before each step
-        (a joiner synced between steps skips its first: the others had it already)."""
-        trainer, coll = run.trainer, run.coll
-        before = set(coll.member_ids())
+        (a joiner synced between steps skips its first: the others had it already). A lost
+        leader is replaced (fail_over) and the loop goes on from the boundary agreed on."""
+        trainer = run.trainer
+        before = set(run.coll.member_ids())
 
         async def control(_: Trainer) -> None:
             nonlocal skip_control
@@ -419,23 +463,146 @@ class RoomPeer:
         def report_step(result: StepResult) -> None:
             nonlocal before
             before = self.report_step(run, result, before)
+            run.keep()  # check_agreement passed: every member holds this state
 
+        rejoin = False
         try:
-            await train(trainer, before_step=(control, *self.before_step),
-                        on_step=(report_step,))
+            while True:
+                try:
+                    await train(trainer, before_step=(control, *self.before_step),
+                                on_step=(report_step,))
+                    break
+                except PeerLost as exc:
+                    if not await self.fail_over(run, exc):
+                        raise
+                    skip_control, before = False, set(run.coll.member_ids())
             self.report("done", {"step": trainer.state.step, "hash": trainer.state.hash()})
         except ForkError as exc:
             self.report("failed", {"error": f"fork detected: {exc}"})
         except PeerLost as exc:
             who = "the leader" if 0 in exc.ranks else "the group"
             self.report("failed", {"error": f"lost {who}: {exc}"})
+        except LeftRun as exc:
+            self.report("event", {"level": "warn", "text": str(exc)})
+            rejoin = True
         except DaisyError as exc:
             self.report("failed", {"error": f"{type(exc).__name__}: {exc}"})
         finally:
-            await coll.close()
+            await run.coll.close()
             self.last_trainer = trainer
             self.run = None
             self.announce()
+        if rejoin:
+            self.maybe_join()
+
+    # ----------------------------------------------------------------- failover
+    async def fail_over(self, run: Run, lost: PeerLost) -> bool:
+        """After `lost`: if it lost the leader, find the member that leads now (the next in
+        rank order that answers, or this peer) and rewind to where it continues. False when
+        this is no failover (the leader lost others, or a trainer behind a cluster bridge,
+        whose ranks could not rewind with it); LeftRun when the run went on without us."""
+        coll = run.coll
+        if run.leader == self.id or 0 not in lost.ranks or run.trainer.collective is not coll:
+            return False
+        gone, step = run.leader, run.trainer.state.step
+        order = [coll.ranks[r] for r in sorted(coll.members) if r != 0]
+        await coll.close()
+        self.report("event", {"level": "warn", "text": f"lost the leader {gone} after step "
+                                                       f"{step}: failing over"})
+        tried: set[str] = set()
+        while True:
+            leader = failover.next_leader(order, self.id, self.chan.peers, tried)
+            if leader == self.id:
+                await self.take_over(run, gone, order)
+                return True
+            self.takeovers.pop(run.id, None)
+            self.send(leader, "survivor", run=run.id, lost=gone,
+                      **failover.report_of(run.agreed, run.words))
+            answer = await self.answer_of(run, leader)
+            if answer is not None and answer["t"] == "takeover":
+                await self.follow(run, leader, answer, gone)
+                return True
+            if answer is not None and answer.get("leader"):
+                raise LeftRun(f"the run goes on under {answer['leader']} without this peer: "
+                              "asking to join it again")
+            tried.add(leader)  # gone, silent or not in the run: the next one
+
+    async def answer_of(self, run: Run, peer: str) -> dict[str, Any] | None:
+        """`peer`'s takeover or decline; None if it vanished or said nothing in time."""
+        until = time.monotonic() + run.trainer.deadline()
+        while time.monotonic() < until and peer in self.chan.peers:
+            answer = self.takeovers.get(run.id)
+            if answer is not None and answer[0] == peer:
+                del self.takeovers[run.id]
+                return answer[1]
+            await asyncio.sleep(0.02)
+        return None
+
+    def on_survivor(self, peer: str, head: dict[str, Any]) -> None:
+        """A survivor's report: kept while this peer may still take over (it has not seen
+        the loss yet, or is gathering reports), else declined with who leads now."""
+        run = self.run
+        if run is not None and run.id == head["run"] and run.leader == head["lost"]:
+            self.survivors.setdefault(run.id, {})[peer] = head
+            return
+        leader = run.leader if run is not None and run.id == head["run"] else None
+        self.send(peer, "decline", run=head["run"], leader=leader)
+
+    async def take_over(self, run: Run, gone: str, order: list[str]) -> None:
+        """Lead the run from here: wait for the survivors' reports (each one that this peer
+        still reaches, at most a step deadline), decide where to continue, tell them."""
+        expected = {p for p in order if p != self.id}
+        until = time.monotonic() + run.trainer.deadline()
+        while time.monotonic() < until:
+            reports = self.survivors.get(run.id, {})
+            if not {p for p in expected if p in self.chan.peers} - set(reports):
+                break
+            await asyncio.sleep(0.02)
+        reports = {p: r for p, r in self.survivors.pop(run.id, {}).items() if r["lost"] == gone}
+        plan = failover.plan_takeover(
+            self.id, failover.report_of(run.agreed, run.words), reports, order)
+        old, trainer = run.coll.ranks, run.trainer
+        capacities = failover.remap(trainer.capacities, old, plan.ranks)
+        distrusted = sorted(failover.remap({r: 0 for r in trainer.distrusted}, old, plan.ranks))
+        group = secrets.randbits(32)
+        run.leader = self.id
+        self.announce()  # those left out find the run's new leader in our hello
+        for peer in plan.ranks[1:]:
+            self.send(peer, "takeover", run=run.id, ranks=plan.ranks, group=group,
+                      step=plan.step, hash=plan.hash, capacities=capacities,
+                      distrusted=distrusted)
+        for peer in plan.left_out:
+            self.send(peer, "decline", run=run.id, leader=self.id)
+        coll = await webrtc.connect(self.coll_chan, plan.ranks, group=group)
+        self.requested, self.paused, self.stopping = plan.change, plan.pause, False
+        self.rewind(run, plan.step, coll, capacities, distrusted, gone)
+
+    async def follow(self, run: Run, leader: str, head: dict[str, Any], gone: str) -> None:
+        """The new leader's takeover: rewind to its step and go on in its group."""
+        step = int(head["step"])
+        if not any(a.step == step and a.hash == head["hash"] for a in run.agreed):
+            raise LeftRun(f"{leader} took over from step {step}, whose state this peer does "
+                          "not hold: asking to join the run again")
+        coll = await webrtc.connect(self.coll_chan, head["ranks"], group=head["group"])
+        run.leader = leader
+        self.rewind(run, step, coll, {int(r): c for r, c in head["capacities"].items()},
+                    head["distrusted"], gone)
+        self.announce()
+
+    def rewind(self, run: Run, step: int, coll: webrtc.MeshCollective,
+               capacities: dict[int, float], distrusted: Sequence[int], gone: str) -> None:
+        """Continue `run` from its agreed boundary `step` in the group of `coll`."""
+        agreed = next(a for a in run.agreed if a.step == step)
+        trainer = run.trainer
+        trainer.rewind(agreed.state, agreed.cfg, agreed.schedule)
+        trainer.collective = coll
+        trainer.adopt_capacities(capacities)
+        trainer.distrusted = set(distrusted)
+        run.coll, run.cfg, run.joins = coll, trainer.cfg, {}
+        run.agreed = [a for a in run.agreed if a.step <= step]
+        run.words = [w for w in run.words if w[0] < step]
+        self.report("leader", {"leader": run.leader, "lost": gone, "step": step,
+                               "ranks": list(coll.ranks)})
 
     async def control(self, run: Run) -> None:
         """The leader's control word before each step, on every member alike: joiners to
@@ -446,6 +613,7 @@ class RoomPeer:
         while True:
             blob = self.control_word(run) if leader else None
             ctl = json.loads(await run.coll.broadcast_bytes(blob, timeout=run.trainer.deadline()))
+            run.hear(run.trainer.state.step, ctl)
             for peer in ctl.get("admit", []):
                 if leader:
                     self.send_sync(run, peer)

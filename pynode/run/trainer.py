@@ -420,6 +420,13 @@ class Trainer:
         await self.check_agreement(result)
         return result
 
+    def rewind(self, state: TrainState, cfg: RunConfig, schedule: list[dict]) -> None:
+        """Back to a step boundary the group agreed on (a room's leader failover): its
+        state, and the config and schedule it was computed under; nothing of the step
+        under way is kept."""
+        self.state, self.cfg, self.schedule = state, cfg, list(schedule)
+        self._change, self._sample = None, None
+
     def apply_change(self, change: Any) -> None:
         """A schedule change (pynode.run.schedule.Change) at this step boundary: from the
         next step on, this is the run of the changed config, on every peer alike."""

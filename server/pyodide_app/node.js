@@ -32,6 +32,7 @@ export class PageNode extends EventTarget {
       room: null, peerId: null, role: null, approved: false, private: false,
       state: "booting", step: 0, loss: null, hash: null, probe: null, leader: null,
       run: null, steps: null, config: null, members: [], error: null, checks: [], history: [], messages: [],
+      failovers: [],
       uiLatencyMs: [], bench: null, verified: false, backend: null, gemm: null, kernels: null,
       webgpu: null,
       // What the dashboards show of this peer (a native peer tells the same: pynode/cli/peer.py)
@@ -282,6 +283,14 @@ export class PageNode extends EventTarget {
       return;
     } else if (kind === "event") {
       this.say(f.level, f.text);
+    } else if (kind === "leader") {
+      // The leader vanished: the run goes on from step f.step (steps past it are computed
+      // again, to the same hashes), led by f.leader.
+      Object.assign(s, { leader: f.leader, step: f.step,
+        history: s.history.filter(h => h.step <= f.step) });
+      s.failovers.push({ lost: f.lost, leader: f.leader, step: f.step });
+      this.say("warn", `the run goes on from step ${f.step} led by ` +
+        `${f.leader === s.peerId ? "this page" : f.leader}, with ${f.ranks.length} peer(s)`);
     } else if (kind === "control") {
       s.paused = f.paused;
       if (f.change) {
