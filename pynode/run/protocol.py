@@ -551,11 +551,15 @@ class RoomPeer:
     async def take_over(self, run: Run, gone: str, order: list[str]) -> None:
         """Lead the run from here: wait for the survivors' reports (each one that this peer
         still reaches, at most a step deadline), decide where to continue, tell them."""
+        def awaited(peer: str) -> bool:  # reachable, and its hello still says it is in
+            said = self.hellos.get(peer, {}).get("run") or {}
+            return peer in self.chan.peers and said.get("id") == run.id
+
         expected = {p for p in order if p != self.id}
         until = time.monotonic() + run.trainer.deadline()
         while time.monotonic() < until:
             reports = self.survivors.get(run.id, {})
-            if not {p for p in expected if p in self.chan.peers} - set(reports):
+            if not {p for p in expected if awaited(p)} - set(reports):
                 break
             await asyncio.sleep(0.02)
         reports = {p: r for p, r in self.survivors.pop(run.id, {}).items() if r["lost"] == gone}
@@ -585,6 +589,8 @@ class RoomPeer:
                           "not hold: asking to join the run again")
         coll = await webrtc.connect(self.coll_chan, head["ranks"], group=head["group"])
         run.leader = leader
+        for peer in self.survivors.pop(run.id, {}):  # reported here: the run is `leader`'s
+            self.send(peer, "decline", run=run.id, leader=leader)
         self.rewind(run, step, coll, {int(r): c for r, c in head["capacities"].items()},
                     head["distrusted"], gone)
         self.announce()

@@ -162,6 +162,27 @@ def test_a_lost_leader_is_replaced_by_the_next_peer_and_no_bit_changes(checks, r
     run(body())
 
 
+def test_the_new_leader_lost_too_is_replaced_by_the_next(checks, reference):
+    async def body():
+        net = MemoryNetwork()
+        pages = [Page(net, f"tab{i}", checks) for i in range(4)]
+        await asyncio.sleep(0.05)
+        await pages[0].peer.start({**CONFIG, "steps": 8})
+        await wait_for_step(pages[1], 2)
+        net.cut("tab0")
+        await wait_for_step(pages[2], max(pages[2].hashes()) + 2)
+        net.cut("tab1")
+        await settle(pages[2:])
+        for page in pages[:2]:
+            page.peer.task.cancel()
+        for page in pages[2:]:
+            assert page.hashes() == {s + 1: h for s, h in enumerate(reference[:8])}
+            assert [(f["lost"], f["leader"]) for f in page.kinds("leader")] == [
+                ("tab0", "tab1"), ("tab1", "tab2")]
+            assert page.kinds("leader")[-1]["ranks"] == ["tab2", "tab3"]
+    run(body())
+
+
 class CutAtFirstCheckResult(Mesh):
     """The leader's end of the network, cut right after it sent the first result of step
     `step`'s hash check: one member passed that step's agreement, the others did not."""
