@@ -4,6 +4,7 @@ trainer.py    one step: compute the own microbatches, reduce exactly, apply, agr
 loop.py       the one training loop (hooks around each step)
 assemble.py   the one place a Trainer is built (verified units, gated GEMM, checkpoints)
 protocol.py   the run protocol (go / sync / stop ...) and a room peer's part in it
+failover.py   a room's lost leader: who takes over, from which agreed step (decisions)
 group.py      a group's run (loopback or gloo): rank 0's config reaches all, all train
 cluster.py    a gloo cluster behind one rank of a room (bridge and followers)
 elastic.py    a restarted gloo cluster: the checkpoint its ranks agree to resume from
