@@ -620,17 +620,18 @@ class RoomPeer:
             blob = self.control_word(run) if leader else None
             ctl = json.loads(await run.coll.broadcast_bytes(blob, timeout=run.trainer.deadline()))
             run.hear(run.trainer.state.step, ctl)
-            for peer in ctl.get("admit", []):
-                if leader:
-                    self.send_sync(run, peer)
-                self.report("event", {"level": "info", "text": f"peer {peer} joined the run "
-                                                               f"at step {run.trainer.state.step}"})
             if ctl.get("change"):
                 run.trainer.apply_change(change_from_dict(ctl["change"]))
                 run.cfg = run.trainer.cfg
                 self.report("control", {"step": run.trainer.state.step,
                                         "paused": bool(ctl.get("pause")),
                                         "change": ctl["change"]})
+            # after the change: a joiner skips this word, its sync carries the changed run
+            for peer in ctl.get("admit", []):
+                if leader:
+                    self.send_sync(run, peer)
+                self.report("event", {"level": "info", "text": f"peer {peer} joined the run "
+                                                               f"at step {run.trainer.state.step}"})
             if not ctl.get("pause"):
                 if shown_pause:
                     self.report("control", {"step": run.trainer.state.step, "paused": False})

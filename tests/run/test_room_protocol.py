@@ -280,6 +280,50 @@ def test_the_leaders_change_and_pause_carry_over_to_the_next_leader(checks):
     run(body())
 
 
+def test_a_joiner_admitted_with_a_change_syncs_into_the_changed_run(checks):
+    """The leader resumes a pause with a new lr while a peer waits to join: one control word
+    admits it and carries the change. The joiner skips that word, so its sync must carry the
+    changed run (it used to carry the old lr: a fork at the next step)."""
+    from pynode.config import RunConfig
+    from pynode.core.checkpoint import load_checkpoint
+    from pynode.run.loop import train
+    from pynode.run.schedule import change_from_dict, replay
+
+    async def yielding(_trainer) -> None:
+        await asyncio.sleep(0.01)  # alone, the leader's loop would never let the test in
+
+    async def body():
+        net = MemoryNetwork()
+        page = Page(net, "tab0", checks, before_step=(yielding,))
+        await asyncio.sleep(0.05)
+        leader = page.peer
+        await leader.start({**CONFIG, "steps": 400})
+        await wait_for_step(page, 2)
+        leader.steer(pause=True)
+        while not page.kinds("control"):
+            await asyncio.sleep(0.01)
+        late = Page(net, "late", checks)
+        while not leader.run.joins:
+            await asyncio.sleep(0.01)
+        leader.steer(pause=False, lr=0.001)
+        while len(late.hashes()) < 2 and not late.kinds("failed"):
+            await asyncio.sleep(0.01)
+        leader.steer(stop=True)
+        await settle([page, late])
+        assert not page.kinds("failed") and not late.kinds("failed")
+        joined = late.kinds("run")[0]["joined_at"]
+        assert [c["change"] for c in page.kinds("control") if c.get("change")][0] == {
+            "step": joined, "lr": 0.001}, "admitted with the change, in one word"
+        schedule = load_checkpoint(late.peer.checkpoint()).config["schedule"]
+        alone = checks.make_trainer(RunConfig.from_dict({**CONFIG, "steps": 400}), None, None)
+        got = {}
+        await train(alone, before_step=(replay([change_from_dict(c) for c in schedule]),),
+                    on_step=(lambda r: got.__setitem__(r.step, r.hash),))
+        assert late.hashes() and all(got[s] == h for s, h in late.hashes().items())
+        assert page.hashes() == got
+    run(body())
+
+
 class LateToHear(Mesh):
     """A peer's end of the network that learns of `peer`'s loss `delay` seconds late (as a
     busy or throttled peer would)."""
