@@ -2,6 +2,7 @@
 
     python benchmarks/int8_ablation.py --steps 150 --seeds 3 [--config JSON] [--json]
     python benchmarks/int8_ablation.py --steps 150 --seeds 1 2 3 --only none all qk av
+    python benchmarks/int8_ablation.py --steps 600 --seeds 1 --gradient-error --only none qkv2 fwd
 
 Every matrix product of the int8 GPT (pynode/core/layers.py) is an int8 GEMM. This script
 trains the default task with one product (or one group) computed as a float32 matmul of the
@@ -25,12 +26,18 @@ Candidate fix, still exact integer GEMMs: `fwd2` gives every forward operand a s
 int8 slice, x ~= s1 q1 + s2 q2 (q1 round-to-nearest, q2 the rounded residual, its own
 per-row/column scale), and computes each forward product as hi.hi + hi.lo + lo.hi: three
 exact int8 GEMMs and epilogues, summed in that order (p v: four, p being rescaled by each
-slice of v); `av2` does so for p v only.
+slice of v); `av2` does so for p v only; `qkv2` for the qkv projection only (three int8
+GEMMs where the model has one: the product whose rounding the gradient error points at).
+
+--gradient-error measures without the noise of whole runs: it trains the model as shipped
+once per seed, then compares each variant's gradient at those final parameters, on the
+batches of the last steps, with a float64 oracle's (pynode.float_gpt), per parameter group.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import time
@@ -148,10 +155,100 @@ def float_products(names: set[str]):
             int8_matmul, int8_bmm, attend_values)
 
 
+@contextlib.contextmanager
+def two_slice_qkv():
+    """Within the block, the qkv projection's forward (the linear layer whose weight is
+    (D, 3D)) takes both operands in two int8 slices, as `fwd2` does for every product."""
+    linear_forward = layers.linear_forward
+
+    def patched(gemm, x, w, b=None):
+        if w.ndim == 2 and w.shape[1] == 3 * w.shape[0]:
+            y = _two_slice(gemm, x, w, gemm.matmul)
+            return (y if b is None else y + b), layers.LinearCache(x, w, b is not None)
+        return linear_forward(gemm, x, w, b)
+
+    layers.linear_forward = patched
+    try:
+        yield
+    finally:
+        layers.linear_forward = linear_forward
+
+
+def patch_of(name: str, switched: set[str]):
+    if name in TWO_SLICE:
+        return two_slice_forward(TWO_SLICE[name])
+    if name == "qkv2":
+        return two_slice_qkv()
+    return float_products(switched)
+
+
+# Parameter groups of the gradient-error table (gpt.gpt_param_shapes names).
+PARAM_GROUPS = {"wte": ("wte",), "wpe": ("wpe",), "qkv": ("attn.qkv",), "attn.proj": ("attn.proj",),
+                "mlp.fc": ("mlp.fc",), "mlp.proj": ("mlp.proj",), "gains": (".g",)}
+
+
+def gradient_errors(cfg: RunConfig, table: dict[str, set[str]], last: int = 40,
+                    every: int = 5) -> tuple[dict, list[dict]]:
+    """Train cfg's int8 model as shipped, then at its final parameters compare each variant's
+    step gradient (the mean over the step's microbatches, on the batches of every `every`-th
+    of the `last` steps) with a float64 oracle's (pynode.float_gpt in float64).
+
+    Returns (noise, rows): noise[group] is the step-to-step variance of the oracle's
+    gradient over those steps, relative to its mean square; a row's error[group] is the
+    mean squared error of the variant relative to that variance (0: float64's gradient;
+    a few % is a bias a step's own noise does not hide)."""
+    import torch
+
+    from pynode.float_gpt import float_loss_and_grads
+    from pynode.run.assemble import build_trainer
+    from pynode.tasks.gpt import gpt_config
+
+    trainer = build_trainer(cfg)
+    asyncio.run(_train(trainer, cfg.steps))
+    params, model, task = trainer.state.params, trainer.model, trainer.task
+    steps = range(cfg.steps - last, cfg.steps, every)
+
+    def step_grad(loss_and_grads, step):
+        grads = [loss_and_grads(task.sample(cfg, step, i), (cfg.seed, step, i))
+                 for i in range(cfg.microbatches)]
+        return {name: sum(g[name] for g in grads) / len(grads) for name in grads[0]}
+
+    oracle = {s: step_grad(lambda b, k: float_loss_and_grads(params, b, gpt_config(cfg),
+                                                            torch.float64)[1], s)
+              for s in steps}
+    names = {group: [n for n in params if any(n.endswith(e) for e in ends)]
+             for group, ends in PARAM_GROUPS.items()}
+
+    def total(per_name, group):
+        return sum(per_name[n] for n in names[group])
+
+    mean = {n: np.mean([oracle[s][n] for s in steps], axis=0) for n in params}
+    variance = {n: np.mean([np.sum((oracle[s][n] - mean[n]) ** 2) for s in steps])
+                for n in params}
+    square = {n: np.mean([np.sum(oracle[s][n] ** 2) for s in steps]) for n in params}
+    noise = {g: total(variance, g) / total(square, g) for g in names}
+    rows = []
+    for name, switched in table.items():
+        with patch_of(name, switched):
+            got = {s: step_grad(lambda b, k: model.loss_and_grads(params, b, k)[1], s)
+                   for s in steps}
+        error = {n: np.mean([np.sum((got[s][n] - oracle[s][n]) ** 2) for s in steps])
+                 for n in params}
+        rows.append({"variant": name, "error": {g: total(error, g) / total(variance, g)
+                                                for g in names}})
+    return noise, rows
+
+
+async def _train(trainer, steps: int) -> None:
+    while trainer.state.step < steps:
+        await trainer.step()
+
+
 def variants(only: list[str] | None) -> dict[str, set[str]]:
     table = {name: set(group) for name, group in GROUPS.items()}
     table.update({name: {name} for name in PRODUCTS})
     table.update({name: {name} for name in TWO_SLICE})
+    table["qkv2"] = set()
     if only is None:
         return table
     unknown = sorted(set(only) - set(table))
@@ -166,11 +263,16 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[3])
     parser.add_argument("--config", default="{}", help="RunConfig overrides as JSON")
     parser.add_argument("--only", nargs="+", help="variants to run (default: every one)")
+    parser.add_argument("--gradient-error", action="store_true",
+                        help="train once per seed, then each variant's gradient error there")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     one_thread()
     base = RunConfig.from_dict({**json.loads(args.config), "steps": args.steps})
     table = variants(args.only)
+    if args.gradient_error:
+        print_gradient_errors(base, args.seeds, table, args.json)
+        return
     rows = []
     for seed in args.seeds:
         started = time.perf_counter()
@@ -180,11 +282,9 @@ def main() -> None:
                   f"({time.perf_counter() - started:.0f}s)", flush=True)
         for name, switched in table.items():
             started = time.perf_counter()
-            patch = (two_slice_forward(TWO_SLICE[name]) if name in TWO_SLICE
-                     else float_products(switched))
-            with patch:
+            with patch_of(name, switched):
                 losses = run_losses(base.with_(task="gpt", seed=seed))
-            floats = [] if name in TWO_SLICE else sorted(switched)
+            floats = sorted(switched)
             row = {"seed": seed, "variant": name, "float_products": floats,
                    "loss": tail_mean(losses), "float_task": reference,
                    "ratio": tail_mean(losses) / reference,
@@ -197,6 +297,25 @@ def main() -> None:
                       f"({row['seconds']:.0f}s)", flush=True)
     if args.json:
         print(json.dumps({"config": json.loads(base.to_json()), "rows": rows}, sort_keys=True))
+
+
+def print_gradient_errors(base: RunConfig, seeds, table, as_json: bool) -> None:
+    out = []
+    for seed in seeds:
+        noise, rows = gradient_errors(base.with_(task="gpt", seed=seed), table)
+        out.append({"seed": seed, "noise": noise, "rows": rows})
+        if as_json:
+            continue
+        print(f"seed {seed}, {base.steps} steps: error^2 / step-to-step variance, per group")
+        print("| variant | " + " | ".join(noise) + " |")
+        print("|---|" + "---|" * len(noise))
+        print("| (variance / mean square) | " + " | ".join(f"{v:.3f}" for v in noise.values())
+              + " |")
+        for row in rows:
+            print(f"| {row['variant']} | "
+                  + " | ".join(f"{row['error'][g]:.3f}" for g in noise) + " |", flush=True)
+    if as_json:
+        print(json.dumps({"config": json.loads(base.to_json()), "seeds": out}, sort_keys=True))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
     python benchmarks/parity_grid.py                       # the issue #19 grid, 2 workers
     python benchmarks/parity_grid.py --steps 150 --widths 64 --seeds 1 2 3 --jobs 1
     python benchmarks/parity_grid.py --json > grid.json    # every run, then the cells
+    python benchmarks/parity_grid.py --float-runs float.json    # reuse the float task's runs
 
 One cell is (steps, width): the default task (`gpt`, int8) and the plain-float task
 (`float`, torch) train the same config, seed and data; the measure is the mean loss of the
@@ -11,12 +12,16 @@ Everything but `steps`, `width` and `seed` is the default RunConfig (or --config
 
 Runs are independent processes (--jobs at a time), each on one thread: this measures
 loss, not speed, and a shared machine gives the same losses whatever its load.
+The float task's losses do not depend on the int8 numerics: with --float-runs FILE its runs
+are read from FILE when there (same steps, width, seed and overrides) and written to it
+when new, so a change of the int8 model re-runs only the int8 half of the grid.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -82,16 +87,49 @@ def cells(runs: list[dict]) -> list[dict]:
     return out
 
 
-def grid(steps, widths, seeds, overrides="{}", jobs=2) -> tuple[list[dict], list[dict]]:
-    """Train every (task, steps, width, seed), `jobs` processes at a time; (runs, cells)."""
+def grid(steps, widths, seeds, overrides="{}", jobs=2,
+         float_runs: str | None = None, tasks=("gpt", "float")) -> tuple[list[dict], list[dict]]:
+    """Train every (task, steps, width, seed), `jobs` processes at a time; (runs, cells).
+
+    float_runs: a JSON file of float-task runs to reuse and extend (None: run them all);
+    tasks: ("float",) only fills that file (no cells then)."""
+    cached = _read_float_runs(float_runs, overrides)
     work = [(task, s, w, seed, overrides) for w in sorted(widths, reverse=True)
-            for s in sorted(steps, reverse=True) for seed in seeds for task in ("gpt", "float")]
-    if jobs == 1:
-        runs = [run_cell(job) for job in work]
-    else:
-        with ProcessPoolExecutor(jobs, initializer=one_thread) as pool:  # longest first
-            runs = list(pool.map(run_cell, work))
-    return runs, cells(runs)
+            for s in sorted(steps, reverse=True) for seed in seeds for task in tasks
+            if (task, s, w, seed) not in cached]
+    runs: list[dict] = []
+    with contextlib.ExitStack() as stack:
+        if jobs == 1:
+            results = map(run_cell, work)
+        else:  # longest first
+            pool = stack.enter_context(ProcessPoolExecutor(jobs, initializer=one_thread))
+            results = pool.map(run_cell, work)
+        for run in results:
+            runs.append(run)
+            if float_runs is not None and run["task"] == "float":
+                _add_float_run(float_runs, overrides, run)  # kept as soon as it is done
+    wanted = {(s, w, seed) for s in steps for w in widths for seed in seeds}
+    runs += [r for key, r in cached.items() if key[1:] in wanted]
+    return runs, cells(runs) if "gpt" in tasks else []
+
+
+def _read_float_runs(path: str | None, overrides: str) -> dict[tuple, dict]:
+    if path is None or not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        stored = json.load(f)
+    return {("float", r["steps"], r["width"], r["seed"]): r for r in stored["runs"]
+            if r["task"] == "float" and r["config"] == json.loads(overrides)}
+
+
+def _add_float_run(path: str, overrides: str, run: dict) -> None:
+    stored = {"runs": []}
+    if os.path.exists(path):
+        with open(path) as f:
+            stored = json.load(f)
+    stored["runs"].append({**run, "config": json.loads(overrides)})
+    with open(path, "w") as f:
+        json.dump(stored, f, sort_keys=True, indent=1)
 
 
 def main() -> None:
@@ -101,11 +139,19 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
     parser.add_argument("--config", default="{}", help="other RunConfig overrides as JSON")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
+    parser.add_argument("--float-runs", metavar="FILE",
+                        help="float-task runs to reuse, and to add the new ones to (JSON)")
+    parser.add_argument("--float-only", action="store_true",
+                        help="only fill --float-runs FILE with the float task's runs")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     one_thread()
     started = time.perf_counter()
-    runs, table = grid(args.steps, args.widths, args.seeds, args.config, args.jobs)
+    runs, table = grid(args.steps, args.widths, args.seeds, args.config, args.jobs,
+                       args.float_runs, ("float",) if args.float_only else ("gpt", "float"))
+    if args.float_only:
+        print(f"{len(runs)} float runs in {args.float_runs or '(not kept)'}")
+        return
     if args.json:
         print(json.dumps({"config": json.loads(args.config), "runs": runs, "cells": table},
                          sort_keys=True))

@@ -44,6 +44,38 @@ def test_cells_are_the_mean_of_per_seed_ratios():
     assert cell["mean"] == pytest.approx(1.0) and cell["max"] == 1.2
 
 
+def test_float_runs_are_kept_and_reused_but_int8_runs_never(tmp_path, monkeypatch):
+    grid = load_parity_grid()
+    calls = []
+
+    def fake_run(job):  # (task, steps, width, seed, overrides): a loss that names the job
+        task, steps, width, seed, overrides = job
+        calls.append((task, steps, seed, overrides))
+        loss = 2.0 + steps / 1000 + seed / 100 + (0.5 if task == "float" else 0.0)
+        return {"task": task, "steps": steps, "width": width, "seed": seed, "loss": loss,
+                "seconds": 0.0}
+
+    monkeypatch.setattr(grid, "run_cell", fake_run)
+    kept = tmp_path / "float.json"
+    runs, cells = grid.grid((100, 150), (64,), (1, 2), jobs=1, float_runs=str(kept))
+    assert sorted(calls) == sorted((t, s, seed, "{}") for t in ("gpt", "float")
+                                   for s in (100, 150) for seed in (1, 2))
+    calls.clear()
+    again, cells_again = grid.grid((150,), (64,), (1, 2), jobs=1, float_runs=str(kept))
+    assert calls == [("gpt", 150, 1, "{}"), ("gpt", 150, 2, "{}")]  # float read back
+    assert cells_again == [c for c in cells if c["steps"] == 150]
+    calls.clear()
+    other = json.dumps({"lr": 0.001})  # another config: its float runs are its own
+    grid.grid((150,), (64,), (1,), other, jobs=1, float_runs=str(kept))
+    assert sorted(calls) == [("float", 150, 1, other), ("gpt", 150, 1, other)]
+    calls.clear()
+    floats, none = grid.grid((300,), (64,), (1,), jobs=1, float_runs=str(kept),
+                             tasks=("float",))
+    assert calls == [("float", 300, 1, "{}")] and none == []
+    stored = json.loads(kept.read_text())["runs"]
+    assert len(stored) == 6 and all(r["task"] == "float" for r in stored)
+
+
 # Measured (seeds 1-3): 60 steps 1.0004 (width 16), 1.0000 (32); 150 steps 0.9997, 1.0008.
 @pytest.mark.full  # 24 short runs: 20 s of CPU, a minute or more on a shared machine
 def test_int8_learns_as_well_as_float_over_a_small_grid(one_torch_thread):
