@@ -38,6 +38,14 @@ class RunConfig:
     #                              the last 1/32 of a builtin or file text is held out of training
     cross_check: int = 32        # each microbatch recomputed by another peer with chance 1/N
     #                              (pynode/run/crosscheck.py, docs/VERIFICATION.md); 0: never
+    # Low-communication training (pynode/run/outer.py, docs/SYNC_EVERY.md). H > 1: the run
+    # has `replicas` virtual replicas, each takes H AdamW steps on microbatches/replicas of
+    # every step's microbatches, then their pseudo-gradients are summed exactly and the outer
+    # Nesterov step updates the shared weights. 1: the whole gradient is reduced every step.
+    sync_every: int = 1          # H: inner steps between two exact reductions
+    replicas: int = 1            # R: virtual replicas (fixed here, not by the number of peers)
+    outer_lr: float = 0.7        # outer Nesterov learning rate (DiLoCo's 0.7)
+    outer_momentum: float = 0.9  # outer Nesterov momentum (DiLoCo's 0.9)
 
     def __post_init__(self) -> None:
         positive = ("steps", "width", "layers", "heads", "seq", "microbatch_size", "microbatches")
@@ -67,11 +75,40 @@ class RunConfig:
         if not isinstance(self.eval_every, int) or self.eval_every < 0:
             raise ConfigError(f"eval_every must be an integer >= 0 (0: never), got "
                               f"{self.eval_every!r}")
+        self._check_sync_every()
         if not 16 <= self.frac_bits <= 40:
             raise ConfigError(f"frac_bits must be in 16..40, got {self.frac_bits}")
 
+    def _check_sync_every(self) -> None:
+        for name in ("sync_every", "replicas"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.replicas > 1 and self.sync_every == 1:
+            raise ConfigError(f"replicas {self.replicas} needs sync_every H > 1 (with 1 the "
+                              "whole batch is reduced every step: there are no replicas)")
+        if self.microbatches % self.replicas:
+            raise ConfigError(f"replicas ({self.replicas}) must divide microbatches "
+                              f"({self.microbatches}): each replica takes microbatches/replicas "
+                              "of every step's microbatches")
+        if not 0 < self.outer_lr <= 2:
+            raise ConfigError(f"outer_lr must be in (0, 2], got {self.outer_lr!r}")
+        if not 0 <= self.outer_momentum < 1:
+            raise ConfigError(f"outer_momentum must be in [0, 1), got {self.outer_momentum!r}")
+
+    @property
+    def outer(self) -> bool:
+        """Whether this run syncs every sync_every steps (pynode.run.outer)."""
+        return self.sync_every > 1
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        # The fields of --sync-every are written only when set, so a per-step run's config
+        # (and its checkpoints) keep the bytes they had before those fields existed.
+        data = asdict(self)
+        for name in OUTER_FIELDS:
+            if data[name] == _DEFAULTS[name]:
+                del data[name]
+        return json.dumps(data, sort_keys=True)
 
     @classmethod
     def from_dict(cls, data: dict) -> RunConfig:
@@ -83,3 +120,7 @@ class RunConfig:
 
     def with_(self, **changes) -> RunConfig:
         return replace(self, **changes)
+
+
+OUTER_FIELDS = ("sync_every", "replicas", "outer_lr", "outer_momentum")
+_DEFAULTS = {f.name: f.default for f in fields(RunConfig)}

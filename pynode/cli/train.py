@@ -26,6 +26,21 @@ from pynode.run.schedule import read_schedule, replay
 from pynode.tasks import load_task
 
 
+def check_sync_every_flags(args: argparse.Namespace, cfg: RunConfig, changes: list) -> None:
+    """ConfigError for what a --sync-every H run never reaches: states (checkpoints,
+    schedule changes) exist only at outer-step boundaries, multiples of H."""
+    every = cfg.sync_every
+    if every == 1:
+        return
+    if args.save_every is not None and args.save_every % every:
+        raise ConfigError(f"--save-every {args.save_every}: a --sync-every {every} run has "
+                          f"states only every {every} steps; give a multiple of {every}")
+    off = [c.step for c in changes if c.step % every]
+    if off:
+        raise ConfigError(f"--schedule: a --sync-every {every} run changes only at multiples "
+                          f"of {every}; steps {off} are not")
+
+
 async def train_command(args: argparse.Namespace, cfg: RunConfig) -> int:
     check_output_flags(args)
     load_task(cfg.task)  # a task's own extras, before any peer starts
@@ -34,6 +49,7 @@ async def train_command(args: argparse.Namespace, cfg: RunConfig) -> int:
         raise ConfigError("--capacity sets the relative speeds of local peers: it needs "
                           "--peers N with N > 1 (one peer computes every microbatch)")
     changes = read_schedule(args.schedule) if args.schedule else []
+    check_sync_every_flags(args, cfg, changes)
     if args.peers != 1:
         if changes:
             raise ConfigError("--schedule replays a run's changes on one peer (the same bits "

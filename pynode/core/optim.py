@@ -131,6 +131,44 @@ def adam_update(
     return new_params, AdamState(m=new_m, v=new_v, step=t)
 
 
+def nesterov_update(
+    params: dict[str, np.ndarray],
+    delta: dict[str, np.ndarray],
+    momentum: dict[str, np.ndarray],
+    lr: float,
+    mu: float,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """One outer step of --sync-every (DiLoCo): SGD with Nesterov momentum on the mean
+    pseudo-gradient `delta` (start weights minus the replicas' end weights). Pure.
+
+    As torch.optim.SGD(nesterov=True), one float32 op at a time in this order:
+    u = u*mu + delta,  p' = p - (u*mu + delta)*lr. Returns (new params, new momentum u).
+    ShapeError for mismatched tensors, NonFiniteError for a non-finite result.
+    """
+    if not (_is_real(lr) and lr > 0.0):
+        raise OptimConfigError(f"outer lr must be a finite number > 0, got {lr!r}")
+    if not (_is_real(mu) and 0.0 <= mu < 1.0):
+        raise OptimConfigError(f"outer momentum must be in [0, 1), got {mu!r}")
+    _check_tensors(params, delta, AdamState(m=momentum, v=momentum, step=0))
+    lr32, mu32 = np.float32(lr), np.float32(mu)
+    new_params, new_momentum = {}, {}
+    with np.errstate(over="ignore", invalid="ignore"):  # checked below
+        for name, p in params.items():
+            d = delta[name]  # (...) float32
+            u = np.asarray(momentum[name] * mu32)
+            u += d
+            step = np.asarray(u * mu32)
+            step += d
+            step *= lr32
+            new_params[name] = np.asarray(p - step)
+            new_momentum[name] = u
+    for name in sorted(new_params):
+        if not np.isfinite(new_params[name]).all():
+            raise NonFiniteError(f"the outer step would make parameter {name!r} non-finite; "
+                                 "refused")
+    return new_params, new_momentum
+
+
 def _step_scalars(cfg: AdamConfig, lr: float, t: int) -> tuple[np.float32, ...]:
     """The per-step float32 constants of the update, each rounded once from float64."""
     bias1 = 1.0 - _powi(cfg.beta1, t)

@@ -32,3 +32,12 @@ def microbatch_plan(count: int, capacities: dict[int, float]) -> dict[int, list[
         plan[r] = list(range(start, start + shares[r]))
         start += shares[r]
     return plan
+
+
+def replica_microbatches(replica: int, microbatches: int, replicas: int) -> list[int]:
+    """The microbatch indices replica `replica` of `replicas` takes in each of its inner
+    steps (--sync-every): the replica-th contiguous block of microbatches/replicas."""
+    if replicas < 1 or microbatches % replicas or not 0 <= replica < replicas:
+        raise ValueError(f"replica {replica} of {replicas} over {microbatches} microbatches")
+    per = microbatches // replicas
+    return list(range(replica * per, (replica + 1) * per))

@@ -72,7 +72,10 @@ def build_trainer(
             tune = backend is None
         units, gemm = arithmetic
     state = None if resume is None else state_from_checkpoint(resume)
-    trainer = Trainer(cfg, task, gemm, collective, state, units=units, options=options)
+    kind = Trainer
+    if cfg.outer:  # --sync-every H > 1
+        from pynode.run.outer import OuterTrainer as kind
+    trainer = kind(cfg, task, gemm, collective, state, units=units, options=options)
     if resume is not None:
         trainer.schedule = list(resume.config.get("schedule", []))
     if tune:
@@ -109,6 +112,12 @@ def read_resume(
     except ValueError as exc:
         raise checkpoint.CheckpointError(f"checkpoint config cannot be resumed: {exc}") from exc
     ckpt = checkpoint.load_checkpoint(data, expect=checkpoint_expectations(cfg))
+    stored_outer = RunConfig.from_dict(config).outer
+    if cfg.outer != stored_outer:  # Adam's moments are not an outer momentum, nor back
+        raise ConfigError(
+            f"the checkpoint is of a {'--sync-every' if stored_outer else 'per-step'} run and "
+            f"cannot continue as a {'--sync-every' if cfg.outer else 'per-step'} run (its "
+            "optimizer state is of the other kind); resume it with its own --sync-every")
     if cfg.steps <= ckpt.step:  # checked once the file is known to fit the model
         raise ConfigError(f"the checkpoint is at step {ckpt.step} and the run ends at step "
                           f"{cfg.steps}: nothing to train (give --steps above {ckpt.step})")

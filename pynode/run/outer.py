@@ -1,0 +1,158 @@
+"""--sync-every H: low-communication training over virtual replicas, the same bits anywhere.
+
+A run of `replicas` R virtual replicas (fixed by the config, never by the number of peers)
+advances in outer steps of H inner steps. In each, every replica starts from the shared
+weights with fresh AdamW moments and takes H inner steps of the run's AdamW (the run's
+learning-rate schedule, clip and weight decay) on its own microbatches: at global step s,
+replica r takes microbatches r*M/R .. (r+1)*M/R - 1 of step s, the very microbatches (and
+stochastic-rounding keys) a per-step run has at step s, so R replicas together read the
+tokens a per-step run reads. Then each replica's pseudo-gradient (start minus end weights)
+becomes int64 fixed point and the collective sums them exactly, as a per-step run sums
+gradients; the mean updates the shared weights by SGD with Nesterov momentum (DiLoCo:
+outer lr 0.7, momentum 0.9; pynode.core.optim.nesterov_update).
+
+The capacity plan assigns whole replicas to peers; a replica's owner that is lost has its
+replica recomputed by another peer from the last boundary (Trainer.reduce re-plans it), so
+the result is the same for 1 peer, N peers of any capacities, gloo, rooms and mixed groups.
+State, hashes, checkpoints and joins are at outer-step boundaries: TrainState.step counts
+inner steps (a multiple of H, or the run's last step), and its optimizer state holds the
+outer momentum in `m` (`v` stays zero; `step` counts outer steps), so checkpoints, state
+hashes and re-syncs take it unchanged.
+
+Not (yet) in this mode: the cross-peer recomputation of sampled microbatches (cross_check).
+
+Legend: P = parameters (flattened in the model's declared order), R = replicas.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from pynode.core import fixedpoint, optim
+from pynode.core.errors import NonFiniteError
+from pynode.core.plan import microbatch_plan, replica_microbatches
+from pynode.core.probe import probe_hash
+from pynode.run.trainer import LOSS_FRAC_BITS, StepResult, Trainer, TrainState
+
+
+class OuterTrainer(Trainer):
+    """A Trainer whose step() is one outer step of --sync-every (cfg.sync_every > 1).
+
+    Built by pynode.run.assemble.build_trainer for such a config, and driven by the same
+    loop, hooks, agreement check and re-sync as a per-step trainer.
+    """
+
+    def initial_state(self) -> TrainState:
+        params = self.model.init_params(self.cfg.seed)
+        return TrainState(step=0, params=params, opt=optim.AdamState.zeros(params))
+
+    def inner_steps(self) -> int:
+        """Inner steps of the next outer step: H, or what is left of the run."""
+        return min(self.cfg.sync_every, self.cfg.steps - self.state.step)
+
+    # --- who computes which replica ------------------------------------------------------
+    def replica_plan(self) -> dict[int, list[int]]:
+        """rank -> the replicas it computes in the next outer step (capacity-weighted)."""
+        caps = {r: self.capacities.get(r, 1.0) for r in self.workers()}
+        return microbatch_plan(self.cfg.replicas, caps)
+
+    def plan(self) -> dict[int, list[int]]:
+        """rank -> the microbatch indices (of every inner step) of its replicas."""
+        cfg = self.cfg
+        return {rank: [i for r in replicas
+                       for i in replica_microbatches(r, cfg.microbatches, cfg.replicas)]
+                for rank, replicas in self.replica_plan().items()}
+
+    def deadline(self) -> float:
+        expected = self.microbatch_seconds * self.cfg.microbatches * self.inner_steps()
+        return max(self.options.min_deadline, 4.0 * expected)
+
+    def counts(self, total: np.ndarray) -> np.ndarray:
+        """The coverage count of each replica in a reduced vector, (R,)."""
+        return total[self.size + 1 : self.size + 1 + self.cfg.replicas]
+
+    # --- one replica ---------------------------------------------------------------------
+    def microbatch_partial(self, indices: list[int]) -> np.ndarray:
+        """Fixed-point pseudo-gradients, losses and coverage counts of the replicas `indices`
+        over the next outer step: (P + 1 + R,) int64 (the layout Trainer.reduce expects).
+        With a `share` of (i, c) only every c-th of them from the i-th is computed here."""
+        index, count = self.options.share
+        indices = indices[index::count]
+        for hook in self.before_compute:
+            hook(self.state.step + 1, indices)
+        size = self.size
+        partial = np.zeros(size + 1 + self.cfg.replicas, dtype=np.int64)
+        started = time.perf_counter()
+        for replica in indices:
+            delta, loss = self.replica_delta(replica)
+            partial[:size] += delta
+            partial[size] += loss
+            partial[size + 1 + replica] += 1
+        if indices:
+            done = len(indices) * self.inner_steps() * self.cfg.microbatches // self.cfg.replicas
+            self.microbatch_seconds = (time.perf_counter() - started) / done
+        return partial
+
+    def replica_delta(self, replica: int) -> tuple[np.ndarray, int]:
+        """Replica `replica`'s inner steps from the shared state: its (P,) int64 fixed-point
+        pseudo-gradient (start minus end weights) and the fixed-point sum of its
+        microbatches' mean losses."""
+        cfg, start = self.cfg, self.state.step
+        picks = replica_microbatches(replica, cfg.microbatches, cfg.replicas)
+        params = self.state.params
+        adam = optim.AdamState.zeros(params)
+        loss_sum = 0
+        for step in range(start, start + self.inner_steps()):
+            total = np.zeros(self.size, dtype=np.int64)  # (P,) int64
+            for index in picks:
+                batch = self.task.sample(cfg, step, index)
+                loss, grads = self.task.loss(self.model, params, batch, (cfg.seed, step, index))
+                total += fixedpoint.to_fixed(self.flatten(grads), cfg.frac_bits)
+                loss_sum += int(fixedpoint.to_fixed(np.asarray([loss], np.float32),
+                                                    LOSS_FRAC_BITS)[0])
+            grads = self.unflatten(fixedpoint.from_fixed(total, cfg.frac_bits, len(picks)))
+            lr = optim.lr_schedule(step, cfg.lr, cfg.warmup, cfg.steps)
+            params, adam = optim.adam_update(params, grads, adam, lr,
+                                             weight_decay=cfg.weight_decay, clip=cfg.clip)
+        delta = np.asarray(self.flatten(self.state.params) - self.flatten(params))  # (P,) f32
+        return fixedpoint.to_fixed(delta, cfg.frac_bits), loss_sum
+
+    # --- one outer step ------------------------------------------------------------------
+    async def step(self) -> StepResult:
+        """Compute this peer's replicas, reduce the pseudo-gradients exactly, apply the
+        outer step; returns what every peer must agree on (at the outer boundary)."""
+        started = time.perf_counter()
+        cfg, inner = self.cfg, self.inner_steps()
+        replicas = self.replica_plan()
+        plan = self.plan()
+        partial = self.microbatch_partial(replicas.get(self.rank(), []))
+        total, _, _ = await self.reduce(partial, replicas)
+        size = self.size
+        delta = self.unflatten(fixedpoint.from_fixed(total[:size], cfg.frac_bits, cfg.replicas))
+        loss = float(fixedpoint.from_fixed(total[size : size + 1], LOSS_FRAC_BITS,
+                                           inner * cfg.microbatches)[0])
+        if not np.isfinite(loss):
+            raise NonFiniteError(f"step {self.state.step + inner}: the reduced loss is {loss}")
+        params, momentum = optim.nesterov_update(self.state.params, delta, self.state.opt.m,
+                                                 cfg.outer_lr, cfg.outer_momentum)
+        opt = optim.AdamState(m=momentum, v=self.state.opt.v, step=self.state.opt.step + 1)
+        self.state = TrainState(step=self.state.step + inner, params=params, opt=opt)
+        for hook in self.after_update:
+            hook(self)
+        result = StepResult(
+            step=self.state.step, loss=loss, hash=self.state.hash(),
+            probe=probe_hash(self.gemm), plan=plan, seconds=time.perf_counter() - started,
+            heldout=self.heldout_loss() if self.evaluates_outer(inner) else None,
+            change=self._change,
+        )
+        self._change = None
+        await self.check_agreement(result)
+        return result
+
+    def evaluates_outer(self, inner: int) -> bool:
+        """Whether the held-out loss is measured after the outer step of `inner` steps just
+        applied: it passed a multiple of eval_every, or ended the run."""
+        every, step = self.cfg.eval_every, self.state.step
+        return every > 0 and (step // every > (step - inner) // every or step == self.cfg.steps)

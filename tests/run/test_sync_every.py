@@ -1,0 +1,214 @@
+"""--sync-every H over R virtual replicas: the same bits at every outer step whoever computes.
+
+One trainer alone is the reference; `train --peers 3 --capacity 1,2,5` (loopback group), a
+2-rank gloo cluster and a room of three peers over the in-memory mesh (one of them joining
+late, at an outer boundary) must publish its hashes at every outer step. The run has a
+short last outer step (7 steps, H = 3) and replicas of two microbatches each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pynode.browser import Checks, run_checks
+from pynode.cli.main import main
+from pynode.comm.mesh import MemoryNetwork
+from pynode.config import ConfigError, RunConfig
+from pynode.core import optim
+from pynode.core.plan import replica_microbatches
+from pynode.run.outer import OuterTrainer
+from pynode.run.protocol import RoomPeer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the run harness
+from pynode_runs import Launched  # noqa: E402
+
+CONFIG = {"task": "gpt", "width": 32, "layers": 1, "heads": 2, "seq": 16, "microbatch_size": 2,
+          "microbatches": 8, "steps": 7, "lr": 0.003, "seed": 5, "sync_every": 3,
+          "replicas": 4}
+FLAGS = ["--width", "32", "--layers", "1", "--heads", "2", "--seq", "16", "--microbatch-size",
+         "2", "--microbatches", "8", "--steps", "7", "--lr", "0.003", "--seed", "5",
+         "--sync-every", "3", "--replicas", "4", "--no-progress", "--kernels", "numpy"]
+OUTER_STEPS = [3, 6, 7]
+
+
+@pytest.fixture(scope="module")
+def checks() -> Checks:
+    result = run_checks()
+    assert result.ready, result.rows
+    return result
+
+
+@pytest.fixture(scope="module")
+def reference(checks) -> dict[int, str]:
+    """outer boundary step -> state hash, of one trainer alone."""
+    trainer = checks.make_trainer(RunConfig.from_dict(CONFIG), None, None)
+    assert isinstance(trainer, OuterTrainer)
+
+    async def steps():
+        return {(r := await trainer.step()).step: r.hash for _ in OUTER_STEPS}
+
+    return asyncio.run(steps())
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory, full_suite) -> dict[str, Launched]:
+    """The multi-process runs, started together (the gloo pair in the full suite only)."""
+    folder = tmp_path_factory.mktemp("syncevery")
+    runs = {"peers3": Launched(folder, "peers3", ["train", *FLAGS, "--peers", "3",
+                                                  "--capacity", "1,2,5"])}
+    if full_suite:
+        with socket.socket() as s:  # a free port for gloo's store
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
+        for rank in (0, 1):
+            runs[f"gloo{rank}"] = Launched(folder, f"gloo{rank}", ["cluster", *FLAGS[:-2]],
+                                           {**base, "RANK": str(rank)})
+    return runs
+
+
+def test_the_reference_reads_the_per_step_runs_microbatches_and_learns(reference):
+    assert list(reference) == OUTER_STEPS
+    # R replicas of M/R microbatches cover each step's M microbatches once
+    covered = sorted(i for r in range(4) for i in replica_microbatches(r, 8, 4))
+    assert covered == list(range(8))
+
+
+def test_one_peer_learns_and_its_hashes_do_not_depend_on_the_replica_count(checks):
+    cfg = RunConfig.from_dict({**CONFIG, "steps": 30, "sync_every": 10})
+
+    async def losses(c: RunConfig) -> list:
+        trainer = checks.make_trainer(c, None, None)
+        return [await trainer.step() for _ in range(3)]
+
+    four = asyncio.run(losses(cfg))
+    assert four[-1].loss < four[0].loss - 0.3, [r.loss for r in four]
+    two = asyncio.run(losses(cfg.with_(replicas=2)))
+    assert two[-1].hash != four[-1].hash  # the replica count is part of the run
+
+
+def test_peers_3_with_capacities_1_2_5_publish_the_reference_hashes(launched, reference):
+    done = launched["peers3"].wait()
+    assert done.rc == 0, done.err[-2000:]
+    assert {row["step"]: row["hash"] for row in done.log} == reference
+    assert done.final_hash == reference[7]
+
+
+@pytest.mark.full  # two more interpreters with torch: the full suite's
+def test_a_gloo_pair_publishes_the_reference_hashes(launched, reference):
+    for rank in (0, 1):
+        done = launched[f"gloo{rank}"].wait()
+        assert done.rc == 0, done.err[-2000:]
+    assert {row["step"]: row["hash"] for row in launched["gloo0"].wait().log} == reference
+
+
+class Page:
+    def __init__(self, net: MemoryNetwork, peer_id: str, checks: Checks) -> None:
+        self.steps: dict[int, str] = {}
+        self.failed = ""
+        self.peer = RoomPeer(net.join(peer_id), checks.make_trainer, self.record)
+        self.task = asyncio.ensure_future(self.peer.serve())
+        self.finished = asyncio.Event()
+
+    def record(self, kind: str, fields: dict) -> None:
+        if kind == "step":
+            self.steps[fields["step"]] = fields["hash"]
+        elif kind in ("done", "failed"):
+            self.failed = fields.get("error", "")
+            self.finished.set()
+
+
+def test_a_room_with_a_late_joiner_publishes_the_reference_hashes(checks, reference):
+    async def scenario():
+        net = MemoryNetwork()
+        a, b = Page(net, "a", checks), Page(net, "b", checks)
+        while len(a.peer.hellos) < 1:
+            await asyncio.sleep(0.01)
+        await a.peer.start(CONFIG)
+        while 3 not in a.steps:
+            await asyncio.sleep(0.01)
+        c = Page(net, "c", checks)  # joins at an outer boundary, synced from the leader
+        pages = (a, b, c)
+        await asyncio.wait_for(asyncio.gather(*(p.finished.wait() for p in pages)), 90)
+        for page in pages:
+            page.peer.router.stop()
+            page.task.cancel()
+        return pages
+
+    a, b, c = asyncio.run(asyncio.wait_for(scenario(), 120))
+    assert not (a.failed or b.failed or c.failed), (a.failed, b.failed, c.failed)
+    assert a.steps == b.steps == reference
+    assert c.steps and all(reference[s] == h for s, h in c.steps.items())
+    assert max(c.steps) == 7
+
+
+def test_the_outer_step_is_torchs_nesterov_sgd():
+    """torch.optim.SGD(nesterov=True) is the oracle: the same momentum bits, and weights
+    within the float32 rounding of the step term (torch may fuse its multiply-adds)."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    p = rng.standard_normal(1000).astype(np.float32)
+    u = rng.standard_normal(1000).astype(np.float32) * np.float32(0.01)
+    d = rng.standard_normal(1000).astype(np.float32) * np.float32(0.01)
+    params, momentum = optim.nesterov_update({"w": p}, {"w": d}, {"w": u}, 0.7, 0.9)
+    tp = torch.nn.Parameter(torch.from_numpy(p.copy()))
+    sgd = torch.optim.SGD([tp], lr=0.7, momentum=0.9, nesterov=True)
+    sgd.state[tp]["momentum_buffer"] = torch.from_numpy(u.copy())
+    tp.grad = torch.from_numpy(d.copy())
+    sgd.step()
+    assert np.array_equal(momentum["w"], sgd.state[tp]["momentum_buffer"].numpy())
+    step = (d.astype(np.float64) + np.float32(0.9) * momentum["w"].astype(np.float64)) \
+        * np.float32(0.7)
+    bound = np.spacing(np.abs(params["w"])) / 2 + 4 * np.finfo(np.float32).eps * np.abs(step)
+    for got in (params["w"], tp.detach().numpy()):
+        assert np.all(np.abs(got.astype(np.float64) - (p.astype(np.float64) - step)) <= bound)
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"sync_every": 0}, "sync_every must be a positive integer, got 0"),
+    ({"replicas": 0}, "replicas must be a positive integer, got 0"),
+    ({"replicas": 3}, "replicas (3) must divide microbatches (8)"),
+    ({"sync_every": 1}, "replicas 4 needs sync_every H > 1"),
+    ({"outer_lr": 0.0}, "outer_lr must be in (0, 2]"),
+    ({"outer_momentum": 1.0}, "outer_momentum must be in [0, 1)"),
+])
+def test_bad_values_are_named(changes, message):
+    with pytest.raises(ConfigError) as caught:
+        RunConfig.from_dict({**CONFIG, **changes})
+    assert message in str(caught.value)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--sync-every", "0"], "ConfigError: sync_every must be a positive integer, got 0"),
+    (["--sync-every", "5", "--replicas", "3"], "ConfigError: replicas (3) must divide "
+                                              "microbatches (4)"),
+    (["--sync-every", "5", "--save-every", "7", "--save", "x.pt"],
+     "ConfigError: --save-every 7: a --sync-every 5 run has states only every 5 steps"),
+])
+def test_the_command_line_refuses_bad_values_in_one_line(flags, message, capsys, tmp_path,
+                                                        monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--steps", "10", "--no-progress", *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_per_step_config_keeps_its_bytes_and_a_resume_cannot_switch_kinds(tmp_path):
+    assert "sync_every" not in RunConfig().to_json()  # old configs and checkpoints unchanged
+    outer = RunConfig.from_dict(CONFIG)
+    assert RunConfig.from_dict(json.loads(outer.to_json())) == outer
+    from pynode.run.assemble import read_resume
+    from pynode.run.trainer import Trainer
+    from pynode.tasks.gpt import GPTTask
+
+    per_step = Trainer(RunConfig(width=32, layers=1, heads=2, seq=16, microbatches=8), GPTTask(),
+                       None)
+    with pytest.raises(ConfigError, match="per-step run and cannot continue as a --sync-every"):
+        read_resume(per_step.state_bytes(), {"sync_every": 3, "replicas": 4})
