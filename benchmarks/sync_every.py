@@ -1,6 +1,7 @@
 """--sync-every H vs per-step training at equal tokens: final held-out loss, bytes per token.
 
-    python benchmarks/sync_every.py --steps 600 --sync-every 50 --replicas 4 --seeds 1 2 3
+    python benchmarks/sync_every.py --steps 400 --sync-every 50 --replicas 1 2 4 \
+        --outer-lr 1.0 --outer-momentum 0.0 --seeds 1 2 3
 
 For each seed both runs train the same config on the same data (the same microbatches of
 every step: R replicas of --sync-every together read what the per-step run reads) and are
@@ -48,9 +49,12 @@ def bytes_per_token(cfg: RunConfig, peers: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--sync-every", type=int, default=50)
-    parser.add_argument("--replicas", type=int, default=4)
+    parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2, 4],
+                        help="replica counts to compare (each against the same per-step run)")
+    parser.add_argument("--outer-lr", type=float, default=1.0)
+    parser.add_argument("--outer-momentum", type=float, default=0.0)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--config", default='{"microbatches": 8}',
                         help="RunConfig overrides as JSON (both modes)")
@@ -60,34 +64,39 @@ def main() -> None:
     args = parser.parse_args()
     base = RunConfig.from_dict({**json.loads(args.config), "steps": args.steps,
                                 "eval_every": args.steps})
-    outer = base.with_(sync_every=args.sync_every, replicas=args.replicas)
+    outers = {r: base.with_(sync_every=args.sync_every, replicas=r, outer_lr=args.outer_lr,
+                            outer_momentum=args.outer_momentum) for r in args.replicas}
     rows = []
     for seed in args.seeds:
         step_loss, t_step = final_heldout(base.with_(seed=seed))
-        outer_loss, t_outer = final_heldout(outer.with_(seed=seed))
-        rows.append({"seed": seed, "per_step_loss": step_loss, "sync_every_loss": outer_loss,
-                     "ratio": outer_loss / step_loss, "per_step_seconds": t_step,
-                     "sync_every_seconds": t_outer})
+        row = {"seed": seed, "per_step_loss": step_loss, "per_step_seconds": t_step}
+        for r, outer in outers.items():
+            loss, seconds = final_heldout(outer.with_(seed=seed))
+            row[f"R{r}"] = {"loss": loss, "ratio": loss / step_loss, "seconds": seconds}
+        rows.append(row)
         if not args.json:
-            print(f"seed {seed}: per-step {step_loss:.4f}  sync-every {outer_loss:.4f}  ratio "
-                  f"{outer_loss / step_loss:.4f}  ({t_step:.0f}s vs {t_outer:.0f}s)", flush=True)
+            print(f"seed {seed}: per-step {step_loss:.4f} ({t_step:.0f}s)" + "".join(
+                f"  R={r}: {row[f'R{r}']['loss']:.4f} (x{row[f'R{r}']['ratio']:.4f})"
+                for r in outers), flush=True)
     short = args.bytes_steps or 2 * args.sync_every
     per_step_bytes = bytes_per_token(base.with_(steps=short, eval_every=0), 2)
-    outer_bytes = bytes_per_token(outer.with_(steps=short, eval_every=0), 2)
-    ratios = [r["ratio"] for r in rows]
-    summary = {"config": json.loads(outer.to_json()), "rows": rows,
-               "ratio_min": min(ratios), "ratio_max": max(ratios),
-               "ratio_mean": sum(ratios) / len(ratios),
-               "bytes_per_token_per_step": per_step_bytes,
-               "bytes_per_token_sync_every": outer_bytes,
-               "bytes_reduction": per_step_bytes / outer_bytes}
+    summary = {"config": json.loads(base.to_json()), "sync_every": args.sync_every,
+               "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum,
+               "rows": rows, "bytes_per_token_per_step": per_step_bytes, "replicas": {}}
+    for r, outer in outers.items():
+        ratios = [row[f"R{r}"]["ratio"] for row in rows]
+        used = bytes_per_token(outer.with_(steps=short, eval_every=0), 2)
+        summary["replicas"][r] = {"ratio_mean": sum(ratios) / len(ratios),
+                                  "ratio_min": min(ratios), "ratio_max": max(ratios),
+                                  "bytes_per_token": used, "fewer_bytes": per_step_bytes / used}
     if args.json:
         print(json.dumps(summary, sort_keys=True))
         return
-    print(f"loss ratio sync-every/per-step: mean {summary['ratio_mean']:.4f}, range "
-          f"{summary['ratio_min']:.4f}-{summary['ratio_max']:.4f}")
-    print(f"bytes per token per peer (2 peers, {short} steps): per-step {per_step_bytes:.2f}, "
-          f"sync-every {outer_bytes:.3f}: {summary['bytes_reduction']:.1f}x fewer")
+    print(f"per-step: {per_step_bytes:.3f} bytes per token per peer (2 peers)")
+    for r, got in summary["replicas"].items():
+        print(f"--sync-every {args.sync_every} --replicas {r}: loss x{got['ratio_mean']:.4f} "
+              f"({got['ratio_min']:.4f}-{got['ratio_max']:.4f}), {got['bytes_per_token']:.4f} "
+              f"bytes per token: {got['fewer_bytes']:.1f}x fewer")
 
 
 if __name__ == "__main__":

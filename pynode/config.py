@@ -38,7 +38,7 @@ class RunConfig:
     #                              the last 1/32 of a builtin or file text is held out of training
     cross_check: int = 32        # each microbatch recomputed by another peer with chance 1/N
     #                              (pynode/run/crosscheck.py, docs/VERIFICATION.md); 0: never
-    # Low-communication training (pynode/run/outer.py, docs/SYNC_EVERY.md). H > 1: the run
+    # Low-communication training (pynode/run/outer.py, docs/QUICKSTART.md). H > 1: the run
     # has `replicas` virtual replicas, each takes H AdamW steps on microbatches/replicas of
     # every step's microbatches, then their pseudo-gradients are summed exactly and the outer
     # Nesterov step updates the shared weights. 1: the whole gradient is reduced every step.

@@ -20,6 +20,12 @@ CONFIG_HELP = {
             "file ",
     "data_fallback": "what a --data server that cannot read its shards may send instead: none "
                      "(the run stops) or builtin ",
+    "sync_every": "H: reduce exactly once every H steps (outer steps over --replicas virtual "
+                  "replicas, each H AdamW steps); 1: every step ",
+    "replicas": "R: virtual replicas of a --sync-every run, each on microbatches/R of every "
+                "step's microbatches (fixed by the run, not by the number of peers) ",
+    "outer_lr": "learning rate of a --sync-every run's outer Nesterov step ",
+    "outer_momentum": "momentum of a --sync-every run's outer Nesterov step ",
 }
 
 

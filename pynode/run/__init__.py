@@ -1,6 +1,7 @@
 """The run layer: what starts, drives and joins training runs, on every kind of peer.
 
 trainer.py    one step: compute the own microbatches, reduce exactly, apply, agree
+outer.py      --sync-every: one outer step over virtual replicas (H inner steps, one reduce)
 loop.py       the one training loop (hooks around each step)
 assemble.py   the one place a Trainer is built (verified units, gated GEMM, checkpoints)
 protocol.py   the run protocol (go / sync / stop ...) and a room peer's part in it

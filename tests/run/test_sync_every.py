@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import sys
 from pathlib import Path
@@ -149,6 +150,33 @@ def test_a_room_with_a_late_joiner_publishes_the_reference_hashes(checks, refere
     assert max(c.steps) == 7
 
 
+def test_a_room_member_lost_inside_an_outer_step_costs_time_not_bits(checks, reference,
+                                                                     caplog):
+    """Its replicas are recomputed by the others from the last boundary."""
+    caplog.set_level(logging.WARNING, logger="pynode.run")
+
+    async def scenario():
+        net = MemoryNetwork()
+        pages = [Page(net, f"tab{i}", checks) for i in range(3)]
+        while len(pages[0].peer.hellos) < 2:
+            await asyncio.sleep(0.01)
+        await pages[0].peer.start(CONFIG)
+        while 3 not in pages[2].steps:
+            await asyncio.sleep(0.01)
+        net.cut("tab2")
+        await asyncio.wait_for(asyncio.gather(*(p.finished.wait() for p in pages)), 90)
+        for page in pages:
+            page.peer.router.stop()
+            page.task.cancel()
+        return pages
+
+    pages = asyncio.run(asyncio.wait_for(scenario(), 120))
+    for page in pages[:2]:
+        assert not page.failed and page.steps == reference
+    assert pages[2].failed and max(pages[2].steps) < 7
+    assert "re-planning lost microbatches" in caplog.text  # it held replicas
+
+
 def test_the_outer_step_is_torchs_nesterov_sgd():
     """torch.optim.SGD(nesterov=True) is the oracle: the same momentum bits, and weights
     within the float32 rounding of the step term (torch may fuse its multiply-adds)."""
@@ -212,3 +240,24 @@ def test_a_per_step_config_keeps_its_bytes_and_a_resume_cannot_switch_kinds(tmp_
                        None)
     with pytest.raises(ConfigError, match="per-step run and cannot continue as a --sync-every"):
         read_resume(per_step.state_bytes(), {"sync_every": 3, "replicas": 4})
+
+
+def test_mesh_sim_counts_a_sync_every_run_per_inner_step(checks):
+    """bench mesh-sim's --sync-every column: the one-peer bits, fewer bytes per step."""
+    from pynode.bench import mesh_sim
+
+    tiny = {**CONFIG, "microbatches": 4, "replicas": 2, "sync_every": 2, "steps": 4,
+            "cross_check": 0}
+    outer = RunConfig.from_dict(tiny)
+    per_step = outer.with_(sync_every=1, replicas=1)
+    alone = checks.make_trainer(outer, None, None)
+
+    async def last_hash():
+        return [(await alone.step()).hash for _ in range(2)][-1]
+
+    want = asyncio.run(last_hash())
+    rows = {c.sync_every: asyncio.run(mesh_sim.simulate(2, c, checks.make_trainer))
+            for c in (outer, per_step)}
+    assert rows[2]["same_hash_everywhere"] and rows[2]["final_hash"] == want
+    sent = {h: row["bytes_per_peer_per_step_mean"] for h, row in rows.items()}
+    assert 0 < sent[2] < 0.75 * sent[1], sent  # one reduction for two steps' tokens
