@@ -52,8 +52,11 @@ def gemm_summary(gemm: Any) -> str:
 def run_header(trainer: Trainer) -> str:
     """The first line a run prints: task, arithmetic, size and starting step."""
     params = sum(p.size for p in trainer.state.params.values())
-    return (f"task {trainer.cfg.task}  backend {gemm_summary(trainer.gemm)}  "
-            f"params {params:,}  from step {trainer.state.step}")
+    cfg = trainer.cfg
+    outer = (f"  sync every {cfg.sync_every} steps over {cfg.replicas} replicas"
+             if cfg.outer else "")
+    return (f"task {cfg.task}  backend {gemm_summary(trainer.gemm)}  "
+            f"params {params:,}  from step {trainer.state.step}{outer}")
 
 
 class StepReporter:
