@@ -169,6 +169,31 @@ def nesterov_update(
     return new_params, new_momentum
 
 
+# --sync-every shares the replicas' AdamW second moments as integer codes of log2(v): a
+# piecewise-linear log2 (exact from frexp) in steps of 2**-V_CODE_BITS of an octave (0.3 %
+# of v at most), so R codes sum exactly in int64 and their mean decodes to one float32 v.
+V_CODE_BITS = 8
+V_FLOOR = 2.0**-100  # zero second moments (bytes never seen) code as this: sqrt ~ 1e-15
+
+
+def second_moment_code(v: np.ndarray) -> np.ndarray:
+    """(...) float32 second moments >= 0 -> (...) int64 codes of their log2."""
+    v = np.asarray(v)
+    if v.dtype != np.float32 or not (np.isfinite(v).all() and (v >= 0).all()):
+        raise ShapeError("second moments must be finite float32 values >= 0")
+    mant, exp = np.frexp(np.maximum(v.astype(np.float64), V_FLOOR))  # mant in [0.5, 1)
+    log2 = (exp.astype(np.float64) - 2.0) + (mant * 2.0)  # exp - 1 + (2 mant - 1), exact
+    return np.rint(np.ldexp(log2, V_CODE_BITS)).astype(np.int64)
+
+
+def second_moment_from_codes(total: np.ndarray, count: int) -> np.ndarray:
+    """The float32 second moments of the mean of `count` codes summed in `total` (int64)."""
+    x = np.ldexp(np.asarray(total, np.int64).astype(np.float64), -V_CODE_BITS) / float(count)
+    octave = np.floor(x)
+    v = np.ldexp(1.0 + (x - octave), octave.astype(np.int64))
+    return np.asarray(v.astype(np.float32))
+
+
 def _step_scalars(cfg: AdamConfig, lr: float, t: int) -> tuple[np.float32, ...]:
     """The per-step float32 constants of the update, each rounded once from float64."""
     bias1 = 1.0 - _powi(cfg.beta1, t)

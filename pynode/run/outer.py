@@ -2,22 +2,26 @@
 
 A run of `replicas` R virtual replicas (fixed by the config, never by the number of peers)
 advances in outer steps of H inner steps. In each, every replica starts from the shared
-weights with fresh AdamW moments and takes H inner steps of the run's AdamW (the run's
-learning-rate schedule, clip and weight decay) on its own microbatches: at global step s,
+weights and the shared AdamW second moment v (its first moment m restarts at zero) and
+takes H inner steps of the run's AdamW (the run's learning-rate
+schedule, clip and weight decay) on its own microbatches: at global step s,
 replica r takes microbatches r*M/R .. (r+1)*M/R - 1 of step s, the very microbatches (and
 stochastic-rounding keys) a per-step run has at step s, so R replicas together read the
 tokens a per-step run reads. Then each replica's pseudo-gradient (start minus end weights)
-becomes int64 fixed point and the collective sums them exactly, as a per-step run sums
-gradients; the mean updates the shared weights by SGD with Nesterov momentum (DiLoCo:
-outer lr 0.7, momentum 0.9; pynode.core.optim.nesterov_update).
+becomes int64 fixed point, its end v integer log2 codes (optim.second_moment_code), and
+the collective sums both exactly, as a per-step run sums gradients; the mean
+pseudo-gradient updates the shared weights by SGD with Nesterov momentum (DiLoCo: outer
+lr 0.7, momentum 0.9; optim.nesterov_update) and the mean code is the next shared v.
+Restarting v too (fresh AdamW every outer step) cost 2-6 % of final loss in the runs of
+benchmarks/README.md; keeping it costs a second integer vector per outer step.
 
 The capacity plan assigns whole replicas to peers; a replica's owner that is lost has its
 replica recomputed by another peer from the last boundary (Trainer.reduce re-plans it), so
 the result is the same for 1 peer, N peers of any capacities, gloo, rooms and mixed groups.
 State, hashes, checkpoints and joins are at outer-step boundaries: TrainState.step counts
 inner steps (a multiple of H, or the run's last step), and its optimizer state holds the
-outer momentum in `m` (`v` stays zero; `step` counts outer steps), so checkpoints, state
-hashes and re-syncs take it unchanged.
+outer momentum in `m`, the shared second moment in `v` and the outer steps done in `step`,
+so checkpoints, state hashes and re-syncs take it unchanged.
 
 Not (yet) in this mode: the cross-peer recomputation of sampled microbatches (cross_check).
 
@@ -71,38 +75,43 @@ class OuterTrainer(Trainer):
 
     def counts(self, total: np.ndarray) -> np.ndarray:
         """The coverage count of each replica in a reduced vector, (R,)."""
-        return total[self.size + 1 : self.size + 1 + self.cfg.replicas]
+        return total[2 * self.size + 1 : 2 * self.size + 1 + self.cfg.replicas]
 
     # --- one replica ---------------------------------------------------------------------
     def microbatch_partial(self, indices: list[int]) -> np.ndarray:
-        """Fixed-point pseudo-gradients, losses and coverage counts of the replicas `indices`
-        over the next outer step: (P + 1 + R,) int64 (the layout Trainer.reduce expects).
+        """Fixed-point pseudo-gradients, second-moment codes, losses and coverage counts of
+        the replicas `indices` over the next outer step: (2P + 1 + R,) int64.
         With a `share` of (i, c) only every c-th of them from the i-th is computed here."""
         index, count = self.options.share
         indices = indices[index::count]
         for hook in self.before_compute:
             hook(self.state.step + 1, indices)
         size = self.size
-        partial = np.zeros(size + 1 + self.cfg.replicas, dtype=np.int64)
+        partial = np.zeros(2 * size + 1 + self.cfg.replicas, dtype=np.int64)
         started = time.perf_counter()
         for replica in indices:
-            delta, loss = self.replica_delta(replica)
+            delta, codes, loss = self.replica_delta(replica)
             partial[:size] += delta
-            partial[size] += loss
-            partial[size + 1 + replica] += 1
+            partial[size : 2 * size] += codes
+            partial[2 * size] += loss
+            partial[2 * size + 1 + replica] += 1
         if indices:
             done = len(indices) * self.inner_steps() * self.cfg.microbatches // self.cfg.replicas
             self.microbatch_seconds = (time.perf_counter() - started) / done
         return partial
 
-    def replica_delta(self, replica: int) -> tuple[np.ndarray, int]:
+    def replica_delta(self, replica: int) -> tuple[np.ndarray, np.ndarray, int]:
         """Replica `replica`'s inner steps from the shared state: its (P,) int64 fixed-point
-        pseudo-gradient (start minus end weights) and the fixed-point sum of its
-        microbatches' mean losses."""
+        pseudo-gradient (start minus end weights), (P,) int64 codes of its end second
+        moments and the fixed-point sum of its microbatches' mean losses."""
         cfg, start = self.cfg, self.state.step
         picks = replica_microbatches(replica, cfg.microbatches, cfg.replicas)
         params = self.state.params
-        adam = optim.AdamState.zeros(params)
+        # m restarts at zero, v is the replicas' shared second moment; both bias-corrected
+        # for the run's steps (a bias-corrected restart of m alone divides a single noisy
+        # gradient by a settled v: much worse, measured)
+        zeros = {name: np.zeros_like(p) for name, p in params.items()}
+        adam = optim.AdamState(m=zeros, v=self.state.opt.v, step=start)
         loss_sum = 0
         for step in range(start, start + self.inner_steps()):
             total = np.zeros(self.size, dtype=np.int64)  # (P,) int64
@@ -114,10 +123,11 @@ class OuterTrainer(Trainer):
                                                     LOSS_FRAC_BITS)[0])
             grads = self.unflatten(fixedpoint.from_fixed(total, cfg.frac_bits, len(picks)))
             lr = optim.lr_schedule(step, cfg.lr, cfg.warmup, cfg.steps)
-            params, adam = optim.adam_update(params, grads, adam, lr,
-                                             weight_decay=cfg.weight_decay, clip=cfg.clip)
+            params, adam = optim.adam_update(params, grads, adam, lr, weight_decay=cfg.weight_decay,
+                                             clip=cfg.clip)
         delta = np.asarray(self.flatten(self.state.params) - self.flatten(params))  # (P,) f32
-        return fixedpoint.to_fixed(delta, cfg.frac_bits), loss_sum
+        codes = optim.second_moment_code(self.flatten(adam.v))
+        return fixedpoint.to_fixed(delta, cfg.frac_bits), codes, loss_sum
 
     # --- one outer step ------------------------------------------------------------------
     async def step(self) -> StepResult:
@@ -131,13 +141,15 @@ class OuterTrainer(Trainer):
         total, _, _ = await self.reduce(partial, replicas)
         size = self.size
         delta = self.unflatten(fixedpoint.from_fixed(total[:size], cfg.frac_bits, cfg.replicas))
-        loss = float(fixedpoint.from_fixed(total[size : size + 1], LOSS_FRAC_BITS,
+        second = self.unflatten(optim.second_moment_from_codes(total[size : 2 * size],
+                                                                cfg.replicas))
+        loss = float(fixedpoint.from_fixed(total[2 * size : 2 * size + 1], LOSS_FRAC_BITS,
                                            inner * cfg.microbatches)[0])
         if not np.isfinite(loss):
             raise NonFiniteError(f"step {self.state.step + inner}: the reduced loss is {loss}")
         params, momentum = optim.nesterov_update(self.state.params, delta, self.state.opt.m,
                                                  cfg.outer_lr, cfg.outer_momentum)
-        opt = optim.AdamState(m=momentum, v=self.state.opt.v, step=self.state.opt.step + 1)
+        opt = optim.AdamState(m=momentum, v=second, step=self.state.opt.step + 1)
         self.state = TrainState(step=self.state.step + inner, params=params, opt=opt)
         for hook in self.after_update:
             hook(self)

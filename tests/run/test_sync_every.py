@@ -246,7 +246,7 @@ def test_mesh_sim_counts_a_sync_every_run_per_inner_step(checks):
     """bench mesh-sim's --sync-every column: the one-peer bits, fewer bytes per step."""
     from pynode.bench import mesh_sim
 
-    tiny = {**CONFIG, "microbatches": 4, "replicas": 2, "sync_every": 2, "steps": 4,
+    tiny = {**CONFIG, "microbatches": 4, "replicas": 2, "sync_every": 4, "steps": 8,
             "cross_check": 0}
     outer = RunConfig.from_dict(tiny)
     per_step = outer.with_(sync_every=1, replicas=1)
@@ -258,6 +258,36 @@ def test_mesh_sim_counts_a_sync_every_run_per_inner_step(checks):
     want = asyncio.run(last_hash())
     rows = {c.sync_every: asyncio.run(mesh_sim.simulate(2, c, checks.make_trainer))
             for c in (outer, per_step)}
-    assert rows[2]["same_hash_everywhere"] and rows[2]["final_hash"] == want
+    assert rows[4]["same_hash_everywhere"] and rows[4]["final_hash"] == want
     sent = {h: row["bytes_per_peer_per_step_mean"] for h, row in rows.items()}
-    assert 0 < sent[2] < 0.75 * sent[1], sent  # one reduction for two steps' tokens
+    # one reduction (pseudo-gradients and second-moment codes) for four steps' tokens
+    assert 0 < sent[4] < 0.6 * sent[1], sent
+
+
+def test_a_checkpoint_at_an_outer_boundary_resumes_to_the_same_bits(checks, reference):
+    from pynode.run.assemble import read_resume
+
+    trainer = checks.make_trainer(RunConfig.from_dict(CONFIG), None, None)
+
+    async def go(t, count):
+        return [(await t.step()).hash for _ in range(count)]
+
+    assert asyncio.run(go(trainer, 1)) == [reference[3]]
+    cfg, ckpt = read_resume(trainer.state_bytes(), {})
+    assert cfg.sync_every == 3 and ckpt.step == 3 and ckpt.adam_step == 1
+    resumed = checks.make_trainer(cfg, None, ckpt)
+    assert asyncio.run(go(resumed, 2)) == [reference[6], reference[7]]
+
+
+def test_second_moment_codes_round_trip_within_a_fifth_of_a_percent():
+    rng = np.random.default_rng(7)
+    v = np.ldexp(rng.random(4000) + 0.5, rng.integers(-60, 20, 4000)).astype(np.float32)
+    codes = optim.second_moment_code(v)
+    back = optim.second_moment_from_codes(codes, 1)
+    assert np.all(np.abs(back.astype(np.float64) / v - 1) <= 2.0**-9)
+    # the mean of R equal codes is the code itself: replicas that agree keep their v
+    assert np.array_equal(optim.second_moment_from_codes(3 * codes, 3), back)
+    assert optim.second_moment_from_codes(optim.second_moment_code(np.zeros(2, np.float32)),
+                                          1).max() < 1e-29
+    with pytest.raises(Exception, match="finite float32 values >= 0"):
+        optim.second_moment_code(np.float32([-1.0]))
