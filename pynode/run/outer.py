@@ -79,7 +79,7 @@ class OuterTrainer(Trainer):
 
     # --- one replica ---------------------------------------------------------------------
     def microbatch_partial(self, indices: list[int]) -> np.ndarray:
-        """Fixed-point pseudo-gradients, second-moment codes, losses and coverage counts of
+        """Fixed-point pseudo-gradients, second-moment code changes, losses and coverage counts of
         the replicas `indices` over the next outer step: (2P + 1 + R,) int64.
         With a `share` of (i, c) only every c-th of them from the i-th is computed here."""
         index, count = self.options.share
@@ -103,7 +103,8 @@ class OuterTrainer(Trainer):
     def replica_delta(self, replica: int) -> tuple[np.ndarray, np.ndarray, int]:
         """Replica `replica`'s inner steps from the shared state: its (P,) int64 fixed-point
         pseudo-gradient (start minus end weights), (P,) int64 codes of its end second
-        moments and the fixed-point sum of its microbatches' mean losses."""
+        moments (less the shared ones') and the fixed-point sum of its microbatches' mean
+        losses."""
         cfg, start = self.cfg, self.state.step
         picks = replica_microbatches(replica, cfg.microbatches, cfg.replicas)
         params = self.state.params
@@ -126,8 +127,13 @@ class OuterTrainer(Trainer):
             params, adam = optim.adam_update(params, grads, adam, lr, weight_decay=cfg.weight_decay,
                                              clip=cfg.clip)
         delta = np.asarray(self.flatten(self.state.params) - self.flatten(params))  # (P,) f32
-        codes = optim.second_moment_code(self.flatten(adam.v))
+        # relative to the shared v's codes: small integers, which pack to a few bits each
+        codes = optim.second_moment_code(self.flatten(adam.v)) - self.shared_codes()
         return fixedpoint.to_fixed(delta, cfg.frac_bits), codes, loss_sum
+
+    def shared_codes(self) -> np.ndarray:
+        """(P,) int64 codes of the shared second moment at the last boundary."""
+        return optim.second_moment_code(self.flatten(self.state.opt.v))
 
     # --- one outer step ------------------------------------------------------------------
     async def step(self) -> StepResult:
@@ -141,8 +147,8 @@ class OuterTrainer(Trainer):
         total, _, _ = await self.reduce(partial, replicas)
         size = self.size
         delta = self.unflatten(fixedpoint.from_fixed(total[:size], cfg.frac_bits, cfg.replicas))
-        second = self.unflatten(optim.second_moment_from_codes(total[size : 2 * size],
-                                                                cfg.replicas))
+        codes = total[size : 2 * size] + self.shared_codes() * cfg.replicas  # (P,) int64
+        second = self.unflatten(optim.second_moment_from_codes(codes, cfg.replicas))
         loss = float(fixedpoint.from_fixed(total[2 * size : 2 * size + 1], LOSS_FRAC_BITS,
                                            inner * cfg.microbatches)[0])
         if not np.isfinite(loss):
