@@ -82,7 +82,7 @@ def test_the_reference_reads_the_per_step_runs_microbatches_and_learns(reference
     assert covered == list(range(8))
 
 
-def test_one_peer_learns_and_its_hashes_do_not_depend_on_the_replica_count(checks):
+def test_one_peer_learns_and_the_replica_count_is_part_of_the_run(checks):
     cfg = RunConfig.from_dict({**CONFIG, "steps": 30, "sync_every": 10})
 
     async def losses(c: RunConfig) -> list:
