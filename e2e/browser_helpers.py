@@ -103,6 +103,18 @@ def approve(host: Any, *pages: Any) -> None:
         wait(page, "s => s.approved", 30_000)
 
 
+def approve_ids(host: Any, *peer_ids: str) -> None:
+    """The host approves peers by id once it sees them (native peers have no page)."""
+    for peer_id in peer_ids:
+        wait(host, "(s, id) => s.peers.some(p => p.id === id)", 30_000, peer_id)
+        host.evaluate("(id) => daisychain.approve(id)", peer_id)
+
+
+def history_hashes(page: Any) -> dict[int, str]:
+    """step -> state hash, from the page's history."""
+    return {h["step"]: h["hash"] for h in status(page)["history"]}
+
+
 def host_candidates(page: Any) -> list[str]:
     """The addresses of the host ICE candidates a tab gathers (a throwaway connection's):
     `NAME.local` names where Chromium hides them, as it does by default."""

@@ -13,6 +13,7 @@ import pytest
 from browser_helpers import (
     REPO,
     approve,
+    history_hashes,
     open_room,
     status,
     wait,
@@ -39,10 +40,6 @@ EVENT_LOOP_LAG = """() => new Promise(done => {
   };
   setTimeout(tick, 20);
 })"""
-
-
-def history_hashes(page) -> dict[int, str]:
-    return {h["step"]: h["hash"] for h in status(page)["history"]}
 
 
 def native_hashes(native_reference, config: dict) -> dict[int, str]:

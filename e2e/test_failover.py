@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from browser_helpers import status, wait, wait_booted, wait_trainable
+from browser_helpers import approve_ids, history_hashes, status, wait, wait_booted, wait_trainable
 from mixed_helpers import NativeJoin, config_flags
 
 pytestmark = [pytest.mark.slow]
@@ -35,16 +35,6 @@ def natives(net, server_url, tmp_path):
     yield start
     for peer in started:
         peer.kill()
-
-
-def approve(host, *peer_ids: str) -> None:
-    for peer_id in peer_ids:
-        wait(host, "(s, id) => s.peers.some(p => p.id === id)", 30_000, peer_id)
-        host.evaluate("(id) => daisychain.approve(id)", peer_id)
-
-
-def history_hashes(page) -> dict[int, str]:
-    return {h["step"]: h["hash"] for h in status(page)["history"]}
 
 
 def reference_hashes(native_reference, config) -> dict[int, str]:
@@ -70,7 +60,7 @@ def test_a_closed_leader_tab_is_replaced_and_no_bit_changes(tabs, natives, nativ
     leader = tabs.open(f"?room={status(host)['room']}")
     native = natives("native", "--room", status(host)["room"])
     host_id, leader_id = status(host)["peerId"], status(leader)["peerId"]
-    approve(host, leader_id, native.peer_id)
+    approve_ids(host, leader_id, native.peer_id)
     wait_booted(host, leader)
     wait_trainable(leader, [host_id, native.peer_id])
     ranks = leader.evaluate("(c) => daisychain.start(c)", config)["ranks"]
@@ -101,7 +91,7 @@ def test_a_killed_native_leader_is_replaced_and_no_bit_changes(tabs, natives, na
     leader = natives("leader", "--room", status(host)["room"], "--start", "--min-peers", "3",
                      *config_flags(config))
     leader_id = leader.peer_id
-    approve(host, status(tab)["peerId"], leader_id)
+    approve_ids(host, status(tab)["peerId"], leader_id)
     wait_booted(host, tab)
     leader.wait_for("leading the run with 3 peer", 120)
     leader.wait_step(3, 120)

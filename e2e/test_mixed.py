@@ -18,7 +18,16 @@ import sys
 import time
 
 import pytest
-from browser_helpers import Tabs, host_candidates, status, wait, wait_booted, wait_trainable
+from browser_helpers import (
+    Tabs,
+    approve_ids,
+    history_hashes,
+    host_candidates,
+    status,
+    wait,
+    wait_booted,
+    wait_trainable,
+)
 from mixed_helpers import REPO, NativeJoin, config_flags, reference_rows
 
 pytestmark = [pytest.mark.slow]
@@ -42,16 +51,6 @@ def natives(net, server_url, tmp_path):
     yield start
     for peer in started:
         peer.kill()
-
-
-def approve(host, *peer_ids: str) -> None:
-    for peer_id in peer_ids:
-        wait(host, "(s, id) => s.peers.some(p => p.id === id)", 30_000, peer_id)
-        host.evaluate("(id) => daisychain.approve(id)", peer_id)
-
-
-def history_hashes(page) -> dict[int, str]:
-    return {h["step"]: h["hash"] for h in status(page)["history"]}
 
 
 def hashes(rows: list[dict]) -> dict[int, str]:
@@ -115,7 +114,7 @@ def test_two_native_peers_and_two_tabs_then_a_resumed_run_and_refused_files(
     follower = natives("follower", "--room", code)
     saver = natives("saver", "--room", code, "--save", str(saved))
     ids = [status(tab)["peerId"], follower.peer_id, saver.peer_id]
-    approve(host, *ids)
+    approve_ids(host, *ids)
     wait_booted(host, tab)
     wait_trainable(host, ids)
     ranks = host.evaluate("(c) => daisychain.start(c)", config)["ranks"]
@@ -141,7 +140,7 @@ def test_two_native_peers_and_two_tabs_then_a_resumed_run_and_refused_files(
 
     resumer = natives("resumer", "--room", code, "--start", "--resume", str(saved),
                       f"--steps={steps}", "--min-peers", "3")
-    approve(host, resumer.peer_id)
+    approve_ids(host, resumer.peer_id)
     refused = {
         "nan": (["--resume", str(bad_value)], r"CheckpointError: .*(finite|NaN)"),
         "dims": (["--resume", str(saved), "--width=64"], r"CheckpointError: .*(shape|width)"),
@@ -172,7 +171,7 @@ def test_faults_across_the_mesh_cost_time_not_bits(tabs, natives, native_referen
     stalled = natives("stalled", "--room", code, env={"PYNODE_FAULT": "3:stall"})
     leader = natives("leader", "--room", code, "--start", "--min-peers", "5",
                      *config_flags(config))
-    approve(host, status(tab)["peerId"], killed.peer_id, stalled.peer_id, leader.peer_id)
+    approve_ids(host, status(tab)["peerId"], killed.peer_id, stalled.peer_id, leader.peer_id)
     wait_booted(host, tab)
     leader.wait_for("leading the run with 5 peer", 120)
     assert killed.finish(120) == -9

@@ -93,9 +93,15 @@ def test_errors_show_next_to_the_action_and_download_waits_for_a_run(
 
         # What the top says at the moment the error shows beside the button: the same, at once
         # (read a moment later, it once said nothing while the page waited for a frame).
-        page.evaluate("""() => { window.topWhenShown = null; const box = document.querySelector('#form-error');
-            new MutationObserver(() => { if (box.textContent) window.topWhenShown ??=
-              document.querySelector('#alert-text').textContent; }).observe(box, { childList: true }); }""")
+        page.evaluate("""() => {
+            window.topWhenShown = null;
+            const box = document.querySelector('#form-error');
+            new MutationObserver(() => {
+                if (box.textContent) {
+                    window.topWhenShown ??= document.querySelector('#alert-text').textContent;
+                }
+            }).observe(box, { childList: true });
+        }""")
         page.fill("#config-form [name=width]", "30")  # 4 heads do not divide 30
         page.click("#start")
         page.wait_for_selector("#form-error", state="visible")
