@@ -262,9 +262,13 @@ function renderReadiness(s) {
 
 function renderProgress(s) {
   const training = s.state === "training" || s.state === "done";
+  // What the group is doing now: a finished or paused run computes nothing.
+  const doing = s.state === "done" ? "finished"
+    : s.paused ? `paused by the leader (${s.members.length} peer(s) waiting)`
+    : `${s.members.length} peer(s) computing`;
   $("progress-line").innerHTML = training
     ? `Step ${s.step} of ${s.steps}, loss ${fmtLoss(s.loss)}, state hash ${short(s.hash)},
-       probe ${short(s.probe)}, ${s.members.length} peer(s) computing; leader ${escape(s.leader)}.`
+       probe ${short(s.probe)}; ${doing}; leader ${escape(s.leader)}.`
     : escape(s.state === "failed" ? `Stopped: ${s.error}` : "Not training.");
   $("history").tBodies[0].innerHTML = s.history.slice(-10).reverse().map((h) =>
     `<tr><td>${h.step}</td><td>${fmtLoss(h.loss)}</td><td>${short(h.hash)}</td></tr>`).join("");
