@@ -229,7 +229,8 @@ def test_a_killed_rank_and_then_a_lost_machine_resume_on_the_reference_hash(tmp_
         # 1. a rank of machine b dies after the checkpoint of step EVERY
         wait_for(lambda: len(rows(log)) > EVERY and len(b.ranks()) == 1)
         (rank, worker), = b.ranks().items()
-        before = len(rows(log))
+        rows_before = rows(log)
+        before = len(rows_before)
         worker.send_signal(signal.SIGKILL)
         killed = time.monotonic()
         wait_for(lambda: len(rows(log)) > before)
@@ -252,13 +253,18 @@ def test_a_killed_rank_and_then_a_lost_machine_resume_on_the_reference_hash(tmp_
     err = a.err.read_text() + b.err.read_text()
     assert a.out.read_text().strip().splitlines()[-1] == reference.final_hash
     done = rows(log)
-    assert first["step"] == EVERY + 1  # resumed from the checkpoint of step EVERY
+    # Resumed from the newest checkpoint both machines hold: the one of step EVERY, or the
+    # last agreed step when the survivors saved theirs as the agent stopped them (a kill
+    # just after a step was logged; CI saw it once).
+    again = re.search(r"resuming from step (\d+) \([^\n]*the group now has 2 rank\(s\)", err)
+    assert again, err[-3000:]
+    assert EVERY <= int(again[1]) <= rows_before[-1]["step"]
+    assert first["step"] == int(again[1]) + 1
     # every step, before, between and after the faults, has the one-peer hash
     for row in done:
         assert row["hash"] == reference.hashes[row["step"] - 1], row
     assert done[-1]["step"] == STEPS
     assert f"rank {rank} of 2 was lost" in err
-    assert f"resuming from step {EVERY} " in err
     alone = re.search(r"resuming from step (\d+) [^\n]*the group now has 1 rank\(s\)", err)
     assert alone, err[-3000:]  # a's own checkpoint: the last step both ranks agreed on
     assert 2 * EVERY <= int(alone[1]) < done[second_before]["step"] <= int(alone[1]) + 1
