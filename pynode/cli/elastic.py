@@ -76,8 +76,10 @@ def check_elastic_flags(args: argparse.Namespace) -> tuple[int, int]:
     host, _, port = (args.rdzv or DEFAULT_RDZV).rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"--rdzv must be HOST:PORT, got {args.rdzv!r}")
-    if (args.max_restarts or 0) < 0 or (args.nproc is not None and args.nproc < 1):
-        raise ConfigError("--max-restarts must be >= 0 and --nproc >= 1")
+    if (args.max_restarts or 0) < 0:
+        raise ConfigError(f"--max-restarts must be >= 0, got {args.max_restarts}")
+    if args.nproc is not None and args.nproc < 1:
+        raise ConfigError(f"--nproc (ranks on this machine) must be >= 1, got {args.nproc}")
     if args.rdzv_last_call is not None and not args.rdzv_last_call >= 0:
         raise ConfigError(f"--rdzv-last-call must be >= 0 seconds, got {args.rdzv_last_call}")
     if args.capacity and nodes[0] != nodes[1]:

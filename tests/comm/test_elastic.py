@@ -97,7 +97,8 @@ def test_the_ranks_command_line_drops_the_launcher_flags() -> None:
     (["--elastic", "2:1"], "--elastic needs 1 <= MIN <= MAX, got '2:1'"),
     (["--elastic", "two"], "--elastic must be MIN:MAX machines like 1:4, got 'two'"),
     (["--elastic", "1:2", "--rdzv", "nohost"], "--rdzv must be HOST:PORT, got 'nohost'"),
-    (["--elastic", "1:2", "--nproc", "0"], "--max-restarts must be >= 0 and --nproc >= 1"),
+    (["--elastic", "1:2", "--nproc", "0"], "--nproc (ranks on this machine) must be >= 1, got 0"),
+    (["--elastic", "1:2", "--max-restarts", "-1"], "--max-restarts must be >= 0, got -1"),
     (["--nproc", "2"], "--nproc works with --elastic MIN:MAX only"),
     (["--elastic", "1:2", "--capacity", "1,2"], "--capacity gives each rank's speed, and with "
                                                 "--elastic MIN:MAX the number of ranks may change"),
