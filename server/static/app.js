@@ -186,8 +186,18 @@ function addSliders() {
     const slider = Object.assign(document.createElement("input"),
       { type: "range", min, max, step, value: field.value, name: `${name}-slider` });
     slider.setAttribute("aria-label", `${name} slider`);
-    slider.addEventListener("input", timed(() => { field.value = slider.value; render(); }));
-    field.addEventListener("input", () => { slider.value = field.value; render(); });
+    // The estimate under the sliders changes with the value, not a frame later (render()
+    // waits for the next animation frame: a slow or hidden tab would show stale numbers).
+    slider.addEventListener("input", timed(() => {
+      field.value = slider.value;
+      renderEstimate(node.status());
+      render();
+    }));
+    field.addEventListener("input", () => {
+      slider.value = field.value;
+      renderEstimate(node.status());
+      render();
+    });
     field.after(slider);
   }
 }
