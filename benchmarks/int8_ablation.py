@@ -98,6 +98,17 @@ def _two_slice_values(gemm, p, v):
 
 
 @contextlib.contextmanager
+def _products(matmul, bmm, values):
+    """Within the block, pynode.core.layers' int8_matmul, int8_bmm and attend_values are
+    these (each variant wraps the shipped ones)."""
+    saved = layers.int8_matmul, layers.int8_bmm, layers.attend_values
+    layers.int8_matmul, layers.int8_bmm, layers.attend_values = matmul, bmm, values
+    try:
+        yield
+    finally:
+        layers.int8_matmul, layers.int8_bmm, layers.attend_values = saved
+
+
 def two_slice_forward(names: set[str]):
     """Within the block, the named forward products use two-slice int8 operands."""
     int8_matmul, int8_bmm, attend_values = (
@@ -116,15 +127,9 @@ def two_slice_forward(names: set[str]):
     def values(gemm, p, v):
         return _two_slice_values(gemm, p, v) if "av" in names else attend_values(gemm, p, v)
 
-    layers.int8_matmul, layers.int8_bmm, layers.attend_values = matmul, bmm, values
-    try:
-        yield
-    finally:
-        layers.int8_matmul, layers.int8_bmm, layers.attend_values = (
-            int8_matmul, int8_bmm, attend_values)
+    return _products(matmul, bmm, values)
 
 
-@contextlib.contextmanager
 def float_products(names: set[str]):
     """Within the block, the named products of pynode.core.layers are float32 matmuls."""
     int8_matmul, int8_bmm, attend_values = (
@@ -147,12 +152,7 @@ def float_products(names: set[str]):
     def values(gemm, p, v):
         return _float_product(p, v) if "av" in names else attend_values(gemm, p, v)
 
-    layers.int8_matmul, layers.int8_bmm, layers.attend_values = matmul, bmm, values
-    try:
-        yield
-    finally:
-        layers.int8_matmul, layers.int8_bmm, layers.attend_values = (
-            int8_matmul, int8_bmm, attend_values)
+    return _products(matmul, bmm, values)
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ import os
 import re
 
 import pytest
-from browser_helpers import status, wait, wait_booted, wait_trainable
+from browser_helpers import approve_ids, status, wait, wait_booted, wait_trainable
 from mixed_helpers import REPO, NativeJoin, reference_rows
 
 from pynode.config import RunConfig
@@ -45,9 +45,7 @@ def test_two_tabs_and_a_native_peer_on_the_dashboard_steered_by_the_leader(
                         "--dashboard", server_url)
     try:
         ids = [status(tab)["peerId"], native.peer_id]
-        for peer_id in ids:
-            wait(host, "(s, id) => s.peers.some(p => p.id === id)", 30_000, peer_id)
-            host.evaluate("(id) => daisychain.approve(id)", peer_id)
+        approve_ids(host, *ids)
         wait_booted(host, tab)
         wait_trainable(host, ids)
         banner = host.inner_text("#readiness")

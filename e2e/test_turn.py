@@ -29,6 +29,7 @@ import pytest
 from browser_helpers import (
     CHROMIUM_FLAGS,
     Tabs,
+    approve_ids,
     missing_browser_parts,
     status,
     unavailable,
@@ -176,9 +177,7 @@ def test_two_tabs_and_a_native_peer_on_separate_networks_train_through_turn(
         tab = tabs[1].open(f"?room={code}")
         native = NativeJoin(native_net, server_url, tmp_path, "native", "--room", code)
         ids = [status(tab)["peerId"], native.peer_id]
-        for peer_id in ids:
-            wait(host, "(s, id) => s.peers.some(p => p.id === id)", 30_000, peer_id)
-            host.evaluate("(id) => daisychain.approve(id)", peer_id)
+        approve_ids(host, *ids)
         wait_booted(host, tab)
         wait_trainable(host, ids)
         wait(tab, "(s, id) => s.peers.some(p => p.id === id && p.trainable)", 60_000, ids[1])

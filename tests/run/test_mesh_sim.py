@@ -8,18 +8,10 @@ import json
 import pytest
 
 from pynode.bench import mesh_sim
-from pynode.browser import Checks, run_checks
 from pynode.config import RunConfig
 
 TINY = {"task": "gpt", "width": 32, "layers": 1, "heads": 2, "seq": 16, "microbatch_size": 2,
         "microbatches": 4, "steps": 3, "seed": 2}
-
-
-@pytest.fixture(scope="module")
-def checks() -> Checks:
-    result = run_checks()
-    assert result.ready, result.rows
-    return result
 
 
 def test_every_peer_count_trains_the_one_peer_bits_and_is_counted(checks):

@@ -6,9 +6,6 @@ from __future__ import annotations
 import asyncio
 import threading
 
-import pytest
-
-from pynode.browser import Checks, run_checks
 from pynode.comm import webrtc
 from pynode.comm.mesh import MemoryNetwork
 from pynode.config import RunConfig
@@ -17,13 +14,6 @@ from pynode.config import RunConfig
 CFG = RunConfig.from_dict({"task": "gpt", "width": 32, "layers": 1, "heads": 2, "seq": 16,
                            "microbatch_size": 2, "microbatches": 4, "steps": 3, "seed": 4,
                            "cross_check": 1})
-
-
-@pytest.fixture(scope="module")
-def checks() -> Checks:
-    result = run_checks()
-    assert result.ready, result.rows
-    return result
 
 
 def test_rechecks_run_in_a_worker_thread_during_the_reduce_and_change_no_hash(checks):

@@ -10,20 +10,13 @@ import asyncio
 
 import pytest
 
-from pynode.browser import Checks, run_checks
+from pynode.browser import Checks
 from pynode.comm.mesh import MemoryNetwork, Mesh
 from pynode.config import ConfigError
 from pynode.run.protocol import RoomError, RoomPeer
 
 CONFIG = {"task": "gpt", "width": 32, "layers": 1, "heads": 2, "seq": 16, "microbatch_size": 2,
           "microbatches": 4, "steps": 4, "lr": 0.003, "seed": 5}
-
-
-@pytest.fixture(scope="module")
-def checks() -> Checks:
-    result = run_checks()
-    assert result.ready, result.rows
-    return result
 
 
 @pytest.fixture(scope="module")

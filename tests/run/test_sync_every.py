@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pynode.browser import Checks, run_checks
+from pynode.browser import Checks
 from pynode.cli.main import main
 from pynode.comm.mesh import MemoryNetwork
 from pynode.config import ConfigError, RunConfig
@@ -37,13 +37,6 @@ FLAGS = ["--width", "32", "--layers", "1", "--heads", "2", "--seq", "16", "--mic
          "2", "--microbatches", "8", "--steps", "7", "--lr", "0.003", "--seed", "5",
          "--sync-every", "3", "--replicas", "4", "--no-progress", "--kernels", "numpy"]
 OUTER_STEPS = [3, 6, 7]
-
-
-@pytest.fixture(scope="module")
-def checks() -> Checks:
-    result = run_checks()
-    assert result.ready, result.rows
-    return result
 
 
 @pytest.fixture(scope="module")
