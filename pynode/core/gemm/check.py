@@ -6,17 +6,20 @@ V random vectors r of integers in [0, 2**bits) from the project RNG (stream CHEC
 at a position fixed by the call number) and compares A @ (B @ r) with C @ r. If C is wrong
 anywhere, some row d of A @ B - C is nonzero; with every entry of r but one (at a nonzero
 place of d) fixed, d . r == 0 for at most one value of that entry, so a wrong result passes
-with probability at most 2**-(bits * V). V is the fewest vectors with bits * V >=
-SECURITY_BITS (one for the shapes of the default model: 21 to 27 bits).
+with probability at most 2**-(bits * V). Entries take min(entry_bits, SECURITY_BITS) bits
+and V is the fewest vectors with bits * V >= SECURITY_BITS (one vector of 20-bit entries
+for every shape of the default model: one width of lanes to fill per block of calls).
 
 The arithmetic is exact whatever the order of summation (Kernels.product_holds: numpy's
-matmul, or a fused numba loop). A @ (B @ r) is float64, whose partial sums stay integers
-below 2**53: |a|, |b| <= 2**7, so they stay below 2**(14 + bits) * K * N. C @ r is float64
-too once C is checked to lie within the exact product's bound 2**14 * K (numpy), or int64
-for any int32 C, below 2**(31 + bits) * N <= 2**63 (numba: no pass for the bound, and
-int32 x int32 -> int64 products as wide as float64's). `bits` is chosen per shape for
-both. Shapes too large for float64 fall back to wrapping uint64 arithmetic: mod 2**64 the
-same identity holds, and a wrong cell (|d| < 2**32) passes with probability <= 2**-32.
+matmul, or a fused numba loop). numpy: A @ (B @ r) is float64, whose partial sums stay
+integers below 2**53: |a|, |b| <= 2**7, so they stay below 2**(14 + bits) * K * N; C @ r
+is float64 too once C is checked to lie within the exact product's bound 2**14 * K.
+numba: each row's a_i . (B @ r) - c_i . r is one wrapping int64 sum, exact mod 2**64; its
+true value is -(D @ r)_i, below 2**(32 + bits) * N <= 2**64 in magnitude for any int32 C,
+so it is 0 mod 2**64 only when it is 0 (no pass for the bound, no float conversions).
+`bits` is chosen per shape for both. Shapes too large for float64 fall back to wrapping
+uint64 arithmetic: mod 2**64 the same identity holds, and a wrong cell (|d| < 2**32)
+passes with probability <= 2**-32.
 
 Legend: B batch, M rows, K reduction length, N columns, V random vectors.
 """
@@ -61,9 +64,10 @@ class ProductCheck:
         self.failures = 0
         self.seconds = 0.0  # spent checking
         self._block = -1  # which block of calls the views below serve
-        self._pool = np.empty((0, DRAW_LANES), np.uint32)
+        self._pool = np.empty((DRAW_BLOCK, DRAW_LANES), np.uint32)
+        self._shifted = np.empty((DRAW_BLOCK, DRAW_LANES), np.uint32)
         self._scaled: dict[int, np.ndarray] = {}  # bits -> the block's lanes, float64
-        # (K, N) -> the block's R for every call, (DRAW_BLOCK, V, N) views of self._scaled;
+        # (K, N) -> every block's R for each call, (DRAW_BLOCK, V, N) views of self._scaled;
         # False: that shape draws its own (too wide) or is checked mod 2**64 (too large)
         self._views: dict[tuple[int, int], np.ndarray | bool] = {}
 
@@ -83,21 +87,27 @@ class ProductCheck:
         return self._lanes(bits)[i, :size].reshape(count, n)
 
     def _draw(self, block: int) -> None:
+        """The block's lanes, and every width of entries in use refilled in place (so the
+        shapes' views stay valid from block to block)."""
         key = (CHECK_PURPOSE, self.seed, 0, block)
         words = self.kernels.raw64(key, DRAW_BLOCK * DRAW_LANES // 2)
         self._pool = words.astype("<u8", copy=False).view("<u4").reshape(DRAW_BLOCK, -1)
-        self._block, self._scaled, self._views = block, {}, {}
+        self._block = block
+        for bits, scaled in self._scaled.items():
+            np.right_shift(self._pool, np.uint32(LANE_BITS - bits), out=self._shifted)
+            scaled[...] = self._shifted
 
     def _lanes(self, bits: int) -> np.ndarray:
         scaled = self._scaled.get(bits)
-        if scaled is None:  # each width of entries once a block, not once a call
+        if scaled is None:  # a width of entries first used: from now on drawn every block
             scaled = (self._pool >> np.uint32(LANE_BITS - bits)).astype(np.float64)
             self._scaled[bits] = scaled
         return scaled
 
     def _view(self, k: int, n: int) -> np.ndarray | bool:
-        """(DRAW_BLOCK, V, N): row i is vectors(call, n, bits) for call i of this block."""
-        bits = entry_bits(k, n)
+        """(DRAW_BLOCK, V, N): row i is vectors(call, n, bits) for call i of a block; the
+        same view serves every block."""
+        bits = min(entry_bits(k, n), SECURITY_BITS)  # one width for most shapes: one fill
         count = -(-SECURITY_BITS // bits) if bits else 0
         if not bits or n * count > DRAW_LANES:
             view: np.ndarray | bool = False
@@ -113,10 +123,9 @@ class ProductCheck:
         block, i = divmod(call, DRAW_BLOCK)
         if block != self._block:
             self._draw(block)
-        k, n = a.shape[-1], b.shape[-1]
-        view = self._views.get((k, n))
+        view = self._views.get((a.shape[-1], b.shape[-1]))
         if view is None:
-            view = self._view(k, n)
+            view = self._view(a.shape[-1], b.shape[-1])
         return call, (None if view is False else view[i])  # type: ignore[index]
 
     def run(self, call: int, a: np.ndarray, b: np.ndarray, out: np.ndarray,
@@ -144,7 +153,7 @@ class ProductCheck:
             return True
         if a.shape[-1] == 0:
             return not np.any(out)
-        bits = entry_bits(a.shape[-1], b.shape[-1])
+        bits = min(entry_bits(a.shape[-1], b.shape[-1]), SECURITY_BITS)
         if not bits:
             return self._holds_mod64(call, a, b, out)
         return self.kernels.product_holds(a, b, out, self.vectors(call, b.shape[-1], bits))
