@@ -20,7 +20,7 @@ from pynode.bench.machine import machine_info, machine_line
 from pynode.config import RunConfig
 from pynode.extras import require
 
-BLOCK = 5  # steps per block of the check-on / check-off alternation
+BLOCK = 1  # steps per block of the check-on / check-off alternation
 
 
 def measure(task: str, cfg: RunConfig, steps: int) -> dict:
