@@ -2,6 +2,7 @@
 
     python benchmarks/int8_ablation.py --steps 150 --seeds 3 [--config JSON] [--json]
     python benchmarks/int8_ablation.py --steps 150 --seeds 1 2 3 --only none all qk av
+    python benchmarks/int8_ablation.py --steps 600 --seeds 1 2 3 --only qkv2_0 --float-runs F
     python benchmarks/int8_ablation.py --steps 600 --seeds 1 --gradient-error --only none qkv2 fwd
 
 Every matrix product of the int8 GPT (pynode/core/layers.py) is an int8 GEMM. This script
@@ -28,6 +29,13 @@ per-row/column scale), and computes each forward product as hi.hi + hi.lo + lo.h
 exact int8 GEMMs and epilogues, summed in that order (p v: four, p being rescaled by each
 slice of v); `av2` does so for p v only; `qkv2` for the qkv projection only (three int8
 GEMMs where the model has one: the product whose rounding the gradient error points at).
+Narrower and other forms of that fix (QKV_VARIANTS): `qkv2_0` block 0's qkv only,
+`qkv2a_0` / `qkv2w_0` only its activations / only its weight in two slices, `qkvsr_0` /
+`qkvsr` the qkv activations stochastically rounded (block 0 / every block), `qkv2_early` /
+`qkv2_late` qkv2 in the first / second half of the schedule only.
+
+--float-runs FILE takes the float task's losses from parity_grid.py's file of float runs
+(and adds the ones it trains): they do not depend on the int8 numerics.
 
 --gradient-error measures without the noise of whole runs: it trains the model as shipped
 once per seed, then compares each variant's gradient at those final parameters, on the
@@ -43,7 +51,7 @@ import json
 import time
 
 import numpy as np
-from parity_grid import one_thread, run_losses, tail_mean
+from parity_grid import _add_float_run, _read_float_runs, one_thread, run_losses, tail_mean
 
 from pynode.config import RunConfig
 from pynode.core import layers
@@ -174,11 +182,94 @@ def two_slice_qkv():
         layers.linear_forward = linear_forward
 
 
-def patch_of(name: str, switched: set[str]):
+# qkv projection variants (issue #19): which blocks (None: every one) and how its forward
+# rounds: "ab" both operands in two int8 slices (as qkv2), "a" / "b" only the activations /
+# only the weight in two slices, "sr" the activations stochastically rounded (keyed like the
+# backward's draws: the step's key, the layer id, then QKV_FORWARD), the weight to nearest;
+# a third element (start, end), the shares of the schedule between which the variant
+# applies, as shipped outside (the learning rate is half its peak about midway).
+QKV_FORWARD = 2  # product code of that draw, after LINEAR_DX and LINEAR_DW
+QKV_VARIANTS = {
+    "qkv2_0": ({0}, "ab"), "qkv2a_0": ({0}, "a"), "qkv2w_0": ({0}, "b"),
+    "qkvsr_0": ({0}, "sr"), "qkvsr": (None, "sr"),
+    "qkv2_late": (None, "ab", (0.5, 1.0)), "qkv2_early": (None, "ab", (0.0, 0.5)),
+}
+
+
+def _two_slice_some(gemm, a, b, a2: bool, b2: bool):
+    """a (M, K) times b (K, N), the operands flagged in two int8 slices (three or two
+    exact int8 GEMMs: hi.hi, hi.lo, lo.hi, in that order)."""
+    ops = layers.kernels_of(gemm)
+    sa = _slices(ops, a, -1) if a2 else [ops.quantize(a, -1, None)]
+    sb = _slices(ops, b, -2) if b2 else [ops.quantize(b, -2, None)]
+    (qa1, sa1), (qb1, sb1) = sa[0], sb[0]
+    y = ops.epilogue(gemm.matmul(qa1, qb1), sa1, sb1)
+    if b2:
+        y += ops.epilogue(gemm.matmul(qa1, sb[1][0]), sa1, sb[1][1])
+    if a2:
+        y += ops.epilogue(gemm.matmul(sa[1][0], qb1), sa[1][1], sb1)
+    return y
+
+
+@contextlib.contextmanager
+def qkv_variant(blocks: set[int] | None, mode: str, steps: range | None = None):
+    """Within the block, the qkv projection's forward of the given blocks rounds as `mode`
+    says (QKV_VARIANTS), in the training steps given (None: always); every other product
+    as shipped."""
+    from pynode.core import gpt
+
+    linear_forward, block_forward, loss_and_grads = (
+        layers.linear_forward, gpt.GPT._block_forward, gpt.GPT.loss_and_grads)
+    where = {"block": None, "key": None}
+
+    def block(self, params, i, x, b):
+        where["block"] = i
+        try:
+            return block_forward(self, params, i, x, b)
+        finally:
+            where["block"] = None
+
+    def grads(self, params, tokens, key):
+        where["key"] = key
+        try:
+            return loss_and_grads(self, params, tokens, key)
+        finally:
+            where["key"] = None
+
+    def patched(gemm, x, w, b=None):
+        i = where["block"]
+        key = where["key"]
+        if (i is None or w.shape[1] != 3 * w.shape[0] or (blocks is not None and i not in blocks)
+                or (steps is not None and (key is None or key[1] not in steps))):
+            return linear_forward(gemm, x, w, b)
+        if mode == "sr":
+            if key is None:  # forward only (held-out loss): round to nearest
+                return linear_forward(gemm, x, w, b)
+            key = tuple(where["key"]) + (1 + gpt.SLOTS * i + gpt.QKV, QKV_FORWARD)
+            y = layers.int8_matmul(gemm, x, w, a_key=key)
+        else:
+            y = _two_slice_some(gemm, x, w, "a" in mode, "b" in mode)
+        return (y if b is None else y + b), layers.LinearCache(x, w, b is not None)
+
+    layers.linear_forward, gpt.GPT._block_forward, gpt.GPT.loss_and_grads = (
+        patched, block, grads)
+    try:
+        yield
+    finally:
+        layers.linear_forward, gpt.GPT._block_forward, gpt.GPT.loss_and_grads = (
+            linear_forward, block_forward, loss_and_grads)
+
+
+def patch_of(name: str, switched: set[str], steps: int = 0):
+    """The patch of variant `name` for a run of `steps` steps."""
     if name in TWO_SLICE:
         return two_slice_forward(TWO_SLICE[name])
     if name == "qkv2":
         return two_slice_qkv()
+    if name in QKV_VARIANTS:
+        blocks, mode, *share = QKV_VARIANTS[name]
+        when = range(round(share[0][0] * steps), round(share[0][1] * steps)) if share else None
+        return qkv_variant(blocks, mode, when)
     return float_products(switched)
 
 
@@ -229,7 +320,7 @@ def gradient_errors(cfg: RunConfig, table: dict[str, set[str]], last: int = 40,
     noise = {g: total(variance, g) / total(square, g) for g in names}
     rows = []
     for name, switched in table.items():
-        with patch_of(name, switched):
+        with patch_of(name, switched, cfg.steps):
             got = {s: step_grad(lambda b, k: model.loss_and_grads(params, b, k)[1], s)
                    for s in steps}
         error = {n: np.mean([np.sum((got[s][n] - oracle[s][n]) ** 2) for s in steps])
@@ -249,6 +340,7 @@ def variants(only: list[str] | None) -> dict[str, set[str]]:
     table.update({name: {name} for name in PRODUCTS})
     table.update({name: {name} for name in TWO_SLICE})
     table["qkv2"] = set()
+    table.update({name: set() for name in QKV_VARIANTS})
     if only is None:
         return table
     unknown = sorted(set(only) - set(table))
@@ -265,6 +357,8 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", help="variants to run (default: every one)")
     parser.add_argument("--gradient-error", action="store_true",
                         help="train once per seed, then each variant's gradient error there")
+    parser.add_argument("--float-runs", metavar="FILE",
+                        help="float-task runs to reuse and add to (parity_grid.py's file)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     one_thread()
@@ -276,13 +370,14 @@ def main() -> None:
     rows = []
     for seed in args.seeds:
         started = time.perf_counter()
-        reference = tail_mean(run_losses(base.with_(task="float", seed=seed)))
+        reference = float_task_loss(base.with_(task="float", seed=seed), args.config,
+                                    args.float_runs)
         if not args.json:
             print(f"seed {seed}: float task {reference:.4f} "
                   f"({time.perf_counter() - started:.0f}s)", flush=True)
         for name, switched in table.items():
             started = time.perf_counter()
-            with patch_of(name, switched):
+            with patch_of(name, switched, base.steps):
                 losses = run_losses(base.with_(task="gpt", seed=seed))
             floats = sorted(switched)
             row = {"seed": seed, "variant": name, "float_products": floats,
@@ -297,6 +392,21 @@ def main() -> None:
                       f"({row['seconds']:.0f}s)", flush=True)
     if args.json:
         print(json.dumps({"config": json.loads(base.to_json()), "rows": rows}, sort_keys=True))
+
+
+def float_task_loss(cfg: RunConfig, overrides: str, path: str | None) -> float:
+    """The float task's last-10 mean at cfg: from parity_grid's --float-runs file when it
+    holds this run (same steps, width, seed and overrides), else trained (and kept there)."""
+    cached = _read_float_runs(path, overrides).get(("float", cfg.steps, cfg.width, cfg.seed))
+    if cached is not None:
+        return cached["loss"]
+    started = time.perf_counter()
+    loss = tail_mean(run_losses(cfg))
+    if path is not None:
+        _add_float_run(path, overrides, {"task": "float", "steps": cfg.steps, "width": cfg.width,
+                                         "seed": cfg.seed, "loss": loss,
+                                         "seconds": time.perf_counter() - started})
+    return loss
 
 
 def print_gradient_errors(base: RunConfig, seeds, table, as_json: bool) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,61 @@ def test_float_runs_are_kept_and_reused_but_int8_runs_never(tmp_path, monkeypatc
     assert calls == [("float", 300, 1, "{}")] and none == []
     stored = json.loads(kept.read_text())["runs"]
     assert len(stored) == 6 and all(r["task"] == "float" for r in stored)
+
+
+def load_int8_ablation(monkeypatch):
+    monkeypatch.setitem(sys.modules, "parity_grid", load_parity_grid())  # its one import
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "int8_ablation.py"
+    spec = importlib.util.spec_from_file_location("int8_ablation", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_qkv_variants_change_only_their_product_and_steps_then_restore(monkeypatch):
+    from pynode.config import RunConfig
+    from pynode.core import gpt, layers
+
+    ablation = load_int8_ablation(monkeypatch)
+    cfg = RunConfig.from_dict({**SMALL, "layers": 2, "steps": 6})
+    shipped_functions = layers.linear_forward, gpt.GPT._block_forward, gpt.GPT.loss_and_grads
+
+    def losses(patch):
+        with patch:
+            return ablation.run_losses(cfg)
+
+    shipped = ablation.run_losses(cfg)
+    qkv2 = losses(ablation.two_slice_qkv())
+    assert qkv2 != shipped
+    assert losses(ablation.qkv_variant(None, "ab")) == qkv2  # every block: the qkv2 bits
+    assert losses(ablation.qkv_variant(set(), "sr")) == shipped  # no block named
+    assert losses(ablation.qkv_variant(None, "ab", range(0))) == shipped  # no step named
+    for name in ("qkv2_0", "qkv2a_0", "qkv2w_0", "qkvsr_0", "qkvsr"):
+        assert losses(ablation.patch_of(name, set(), cfg.steps)) not in (shipped, qkv2), name
+    late = losses(ablation.patch_of("qkv2_late", set(), cfg.steps))  # steps 3-5 as qkv2
+    early = losses(ablation.patch_of("qkv2_early", set(), cfg.steps))  # steps 0-2
+    assert late[:3] == shipped[:3] and late[3] != shipped[3]
+    assert early[:3] == qkv2[:3] and early[3] != qkv2[3]
+    assert (layers.linear_forward, gpt.GPT._block_forward,
+            gpt.GPT.loss_and_grads) == shipped_functions
+    assert ablation.run_losses(cfg) == shipped
+
+
+def test_ablation_takes_the_float_task_from_the_grid_file(tmp_path, monkeypatch):
+    from pynode.config import RunConfig
+
+    ablation = load_int8_ablation(monkeypatch)
+    trained = []
+    monkeypatch.setattr(ablation, "run_losses", lambda cfg: trained.append(cfg.seed) or [2.5])
+    kept = str(tmp_path / "float.json")
+    cfg = RunConfig.from_dict({"task": "float", "steps": 150, "seed": 1})
+    assert ablation.float_task_loss(cfg, "{}", kept) == 2.5 and trained == [1]
+    assert ablation.float_task_loss(cfg, "{}", kept) == 2.5 and trained == [1]  # read back
+    ablation.float_task_loss(cfg.with_(seed=2), "{}", kept)  # another seed: trained, kept
+    ablation.float_task_loss(cfg, json.dumps({"lr": 0.001}), kept)  # another config
+    assert trained == [1, 2, 1]
+    runs = ablation._read_float_runs(kept, "{}")
+    assert sorted(runs) == [("float", 150, 64, 1), ("float", 150, 64, 2)]
 
 
 # Measured (seeds 1-3): 60 steps 1.0004 (width 16), 1.0000 (32); 150 steps 0.9997, 1.0008.
