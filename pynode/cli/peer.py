@@ -43,6 +43,13 @@ def resources(gemm: Any) -> dict[str, Any]:
             "device": platform.device_name()}
 
 
+def outer_note(cfg: dict[str, Any]) -> str:
+    """', syncs every H steps over R replicas' for a --sync-every run's config, else ''."""
+    every = cfg.get("sync_every", 1)
+    return f", syncs every {every} steps over {cfg.get('replicas', 1)} replicas" \
+        if every > 1 else ""
+
+
 def link_failed_text(peer: str) -> str:
     """What to do about a pair that cannot connect (the page says the same, node.js)."""
     return (f"no connection to peer {peer}: no ICE candidate pair works between the two "
@@ -279,7 +286,7 @@ class NativePeer:
                           error=None)
         joined = fields["joined_at"]
         say(f"training: run {fields['run']} led by {fields['leader']}, {len(fields['ranks'])} "
-            f"peer(s), {cfg['steps']} steps" + ("" if joined is None else
+            f"peer(s), {cfg['steps']} steps" + outer_note(cfg) + ("" if joined is None else
                                                   f"; synced at step {joined}, hash verified"))
         asyncio.ensure_future(self.print_matrix())
         if self.reporter is None and self.trainer is not None:
@@ -291,7 +298,8 @@ class NativePeer:
     def on_step(self, fields: dict[str, Any]) -> None:
         result = StepResult(step=fields["step"], loss=fields["loss"], hash=fields["hash"],
                             probe=fields["probe"], seconds=fields["seconds"],
-                            plan=fields.get("plan", {}), heldout=fields.get("heldout"))
+                            plan=fields.get("plan", {}), heldout=fields.get("heldout"),
+                            inner=fields.get("inner", 1))
         if self.reporter is not None:
             self.reporter(result)
         if self.status is not None:

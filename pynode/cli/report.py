@@ -85,7 +85,7 @@ class StepReporter:
             self.log_file.write(json.dumps(row) + "\n")
             self.log_file.flush()
         if self.bar is not None:
-            self.bar.update(1)
+            self.bar.update(result.inner)  # an outer step of --sync-every: its inner steps
             self.bar.set_postfix(loss=f"{result.loss:.4f}", hash=result.hash[:12])
         if result.heldout is not None:
             echo(f"step {result.step}  held-out loss {result.heldout:.4f}")

@@ -31,6 +31,8 @@ Legend: P = parameters (flattened in the model's declared order), R = replicas.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -47,6 +49,12 @@ class OuterTrainer(Trainer):
     Built by pynode.run.assemble.build_trainer for such a config, and driven by the same
     loop, hooks, agreement check and re-sync as a per-step trainer.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # after_inner(replica, step): this peer finished inner step `step` (1-based, the
+        # run's count) of replica `replica`; a room's page shows it as progress
+        self.after_inner: list[Callable[[int, int], None]] = []
 
     def initial_state(self) -> TrainState:
         params = self.model.init_params(self.cfg.seed)
@@ -126,6 +134,8 @@ class OuterTrainer(Trainer):
             lr = optim.lr_schedule(step, cfg.lr, cfg.warmup, cfg.steps)
             params, adam = optim.adam_update(params, grads, adam, lr, weight_decay=cfg.weight_decay,
                                              clip=cfg.clip)
+            for hook in self.after_inner:
+                hook(replica, step + 1)
         delta = np.asarray(self.flatten(self.state.params) - self.flatten(params))  # (P,) f32
         # relative to the shared v's codes: small integers, which pack to a few bits each
         codes = optim.second_moment_code(self.flatten(adam.v)) - self.shared_codes()
@@ -163,7 +173,7 @@ class OuterTrainer(Trainer):
             step=self.state.step, loss=loss, hash=self.state.hash(),
             probe=probe_hash(self.gemm), plan=plan, seconds=time.perf_counter() - started,
             heldout=self.heldout_loss() if self.evaluates_outer(inner) else None,
-            change=self._change,
+            change=self._change, inner=inner,
         )
         self._change = None
         await self.check_agreement(result)

@@ -61,6 +61,7 @@ from pynode.core.errors import DaisyError
 from pynode.run import failover
 from pynode.run.failover import Agreed
 from pynode.run.loop import BeforeStep, train
+from pynode.run.outer import OuterTrainer
 from pynode.run.schedule import change_from_dict
 from pynode.run.trainer import ForkError, StepResult, Trainer
 
@@ -164,7 +165,9 @@ class RoomPeer:
 
     report(kind, fields) tells the page what happens:
       run     {run, leader, ranks, config, joined_at}   training started or joined
-      step    {step, loss, hash, probe, members, seconds}
+      step    {step, loss, hash, probe, members, seconds, inner, share, ...}
+      inner   {run, replica, step}                      a --sync-every run: this peer took
+                                                        inner step `step` of `replica`
       done    {step, hash}                              the run reached its last step
       failed  {error}                                   this peer stopped (fork, lost group)
       leader  {leader, lost, step, ranks}               the leader `lost` vanished; the run
@@ -441,6 +444,9 @@ class RoomPeer:
     def launch(self, run: Run, joined: bool = False) -> None:
         self.run = run
         run.keep()  # a fresh start (same seed), a verified checkpoint or sync
+        if isinstance(run.trainer, OuterTrainer):  # progress inside an outer step
+            run.trainer.after_inner.append(lambda replica, step: self.report(
+                "inner", {"run": run.id, "replica": replica, "step": step}))
         self.report("run", {"run": run.id, "leader": run.leader, "ranks": list(run.coll.ranks),
                             "config": json.loads(run.cfg.to_json()),
                             "joined_at": run.trainer.state.step if joined else None})
@@ -694,7 +700,8 @@ class RoomPeer:
                              "microbatch_seconds": trainer.microbatch_seconds,
                              "share": mine / cfg.microbatches,
                              "tokens_per_s": mine * cfg.microbatch_size * cfg.seq
-                             / max(result.seconds, 1e-9),
+                             * result.inner / max(result.seconds, 1e-9),
+                             "inner": result.inner,
                              "bytes_sent": run.coll.bytes_sent, "change": result.change})
         return now
 

@@ -82,6 +82,7 @@ class StepResult:
     seconds: float = 0.0               # wall time of the step on this peer
     heldout: float | None = None       # held-out loss after the update (cfg.eval_every), or None
     change: dict | None = None         # the schedule change applied before this step, if any
+    inner: int = 1                     # the steps it advanced (an outer step's inner steps)
 
 
 class Trainer:

@@ -45,6 +45,9 @@ export class PageNode extends EventTarget {
       // The run's changes at step boundaries ({step, lr, steps}: `train --schedule` replays
       // them) and whether it waits between steps.
       schedule: [], paused: false,
+      // A --sync-every run: the last inner step this page took ({replica, step}) and how
+      // many it took in the run (each replica it computes takes each inner step once)
+      inner: null, innerSteps: 0,
       roomProblem: null, // why this page is in no room (bad code, nobody approved it)
       linkProblems: {}, // peer id -> why no data channel to it could open
     };
@@ -265,7 +268,8 @@ export class PageNode extends EventTarget {
     const s = this.state;
     if (kind === "run") {
       Object.assign(s, { state: "training", run: f.run, leader: f.leader, steps: f.config.steps,
-        config: f.config, error: null, heldout: null, schedule: [], paused: false });
+        config: f.config, error: null, heldout: null, schedule: [], paused: false,
+        inner: null, innerSteps: 0, members: f.ranks });
       this.say("info", f.joined_at === null ? `training started by ${f.leader}`
         : `joined the run of ${f.leader} at step ${f.joined_at}; state verified by hash`);
     } else if (kind === "step") {
@@ -274,7 +278,12 @@ export class PageNode extends EventTarget {
         tokens_per_s: f.tokens_per_s });
       if (f.heldout !== null) s.heldout = f.heldout;
       s.history.push({ step: f.step, loss: f.loss, hash: f.hash, seconds: f.seconds,
-        heldout: f.heldout });
+        heldout: f.heldout, share: f.share, inner: f.inner });
+    } else if (kind === "inner") {
+      // inside an outer step: nothing the other pages show changed
+      if (f.run === s.run) Object.assign(s, { inner: f, innerSteps: s.innerSteps + 1 });
+      this.changed();
+      return;
     } else if (kind === "done") {
       s.state = "done";
       this.say("info", `run finished at step ${f.step}, hash ${f.hash.slice(0, 16)}`);

@@ -19,7 +19,10 @@ const node = new PageNode(target, { break_gate: params.get("break_gate") === "1"
 const generator = new PageGenerator({ backend: params.get("backend") });
 const $ = (id) => document.getElementById(id);
 const NUMBER_FIELDS = { width: parseInt, layers: parseInt, heads: parseInt, seq: parseInt,
-  microbatch_size: parseInt, microbatches: parseInt, steps: parseInt, lr: parseFloat, seed: parseInt };
+  microbatch_size: parseInt, microbatches: parseInt, steps: parseInt, lr: parseFloat, seed: parseInt,
+  sync_every: parseInt, replicas: parseInt };
+// A per-step run's config leaves out the fields of --sync-every (pynode/config.py to_json).
+const OUTER_DEFAULTS = { sync_every: 1, replicas: 1, outer_lr: 0.7, outer_momentum: 0.9 };
 const FORM_FIELDS = ["task", ...Object.keys(NUMBER_FIELDS), "data"]; // data_file: not a setting
 // Run settings the form has no field for, named in the line above the form.
 const OTHER_FIELDS = { warmup: "warm-up", weight_decay: "weight decay", clip: "clip",
@@ -118,7 +121,7 @@ function renderForm(s) {
     for (const name of FORM_FIELDS) {
       const value = name === "data" ? (s.config.data === "builtin" ? "builtin"
         : s.config.data.includes("#sha256=") ? "upload" : "server")
-        : String(s.config[name]);
+        : String(s.config[name] ?? OUTER_DEFAULTS[name]);
       const field = form.elements[name];
       if (field.tagName === "SELECT" && ![...field.options].some((o) => o.value === value)) {
         field.add(new Option(value)); // a task the form does not list (module:Class)
@@ -138,10 +141,30 @@ function renderForm(s) {
   if (s.config) {
     const leader = s.leader === s.peerId ? "this page" : s.leader;
     const other = Object.entries(OTHER_FIELDS).map(([k, label]) => `${label} ${s.config[k]}`);
+    const outer = outerSettings(s.config);
+    if (outer) other.push(`outer lr ${outer.outer_lr}, outer momentum ${outer.outer_momentum}`);
     $("run-note").textContent = `${training ? "Training" : "Last run"}: run ${s.run}, led by ` +
-      `${leader}, with the settings below (and ${other.join(", ")}).`;
+      `${leader}, with the settings below (and ${other.join(", ")})` +
+      (outer ? `; syncs every ${outer.sync_every} steps, ${outer.replicas} replicas.` : ".");
   }
   $("download").disabled = !s.run;
+}
+
+// The --sync-every settings of `config` (defaults filled in), or null for a per-step run.
+function outerSettings(config) {
+  const outer = { ...OUTER_DEFAULTS, ...Object.fromEntries(Object.keys(OUTER_DEFAULTS)
+    .filter((k) => config?.[k] !== undefined).map((k) => [k, config[k]])) };
+  return outer.sync_every > 1 ? outer : null;
+}
+
+// What a --sync-every run adds to the Training line: how it syncs, and where this page is
+// inside the outer step under way (the replica it computes, its inner step).
+function outerProgress(s) {
+  const outer = outerSettings(s.config);
+  if (!outer) return "";
+  const inner = s.inner && s.inner.step > s.step ? `; this page: replica ${s.inner.replica + 1} ` +
+    `of ${outer.replicas} at step ${s.inner.step}` : "";
+  return `; syncs every ${outer.sync_every} steps, ${outer.replicas} replicas${inner}`;
 }
 
 const fmtBytes = (n) => (n == null ? "–" : n >= 2 ** 30 ? `${(n / 2 ** 30).toFixed(1)} GiB`
@@ -252,7 +275,8 @@ function renderReadiness(s) {
   } else if (s.state === "training" && s.paused) {
     [text, kind] = [`Paused after step ${s.step} of ${s.steps} by the leader.`, "waiting"];
   } else if (s.state === "training") {
-    [text, kind] = [`Training: step ${s.step} of ${s.steps} with ${s.members.length} peer(s).`, "training"];
+    [text, kind] = [`Training: step ${s.step} of ${s.steps} with ${s.members.length} peer(s)` +
+      `${outerProgress(s)}.`, "training"];
   } else if (s.state === "done") {
     [text, kind] = [`Finished: step ${s.step}, state hash ${(s.hash || "").slice(0, 16)}.`, "ready"];
   } else if (!s.verified) {

@@ -106,9 +106,11 @@ def test_a_gloo_pair_publishes_the_reference_hashes(launched, reference):
 class Page:
     def __init__(self, net: MemoryNetwork, peer_id: str, checks: Checks) -> None:
         self.steps: dict[int, str] = {}
+        self.rows: dict[int, dict] = {}  # step -> the fields of its report
         self.failed = ""
         self.ended = ""  # "done" or "failed"
         self.leaders: list[list[str]] = []  # the ranks of each leader takeover it reported
+        self.inner: list[tuple[int, int]] = []  # (replica, inner step) it reported taking
         self.peer = RoomPeer(net.join(peer_id), checks.make_trainer, self.record)
         self.task = asyncio.ensure_future(self.peer.serve())
         self.finished = asyncio.Event()
@@ -116,8 +118,11 @@ class Page:
     def record(self, kind: str, fields: dict) -> None:
         if kind == "step":
             self.steps[fields["step"]] = fields["hash"]
+            self.rows[fields["step"]] = fields
         elif kind == "leader":
             self.leaders.append(fields["ranks"])
+        elif kind == "inner":
+            self.inner.append((fields["replica"], fields["step"]))
         elif kind in ("done", "failed"):
             self.failed, self.ended = fields.get("error", ""), kind
             self.finished.set()
@@ -145,6 +150,14 @@ def test_a_room_with_a_late_joiner_publishes_the_reference_hashes(checks, refere
     assert a.steps == b.steps == reference
     assert c.steps and all(reference[s] == h for s, h in c.steps.items())
     assert max(c.steps) == 7
+    # each replica's every inner step taken once in the room, reported by who took it
+    taken = sorted(a.inner + b.inner + c.inner)
+    assert taken == [(r, s) for r in range(4) for s in range(1, 8)], taken
+    # an outer step's report counts its inner steps (tokens/s: all the tokens of its replicas)
+    for row in a.rows.values():
+        tokens = row["share"] * 8 * 2 * 16 * row["inner"]  # microbatches, size, seq
+        assert row["tokens_per_s"] * row["seconds"] == pytest.approx(tokens)
+    assert [a.rows[s]["inner"] for s in OUTER_STEPS] == [3, 3, 1]
 
 
 def test_a_room_member_lost_inside_an_outer_step_costs_time_not_bits(checks, reference,
