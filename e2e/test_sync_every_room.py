@@ -104,6 +104,7 @@ def test_a_tab_starts_a_sync_every_run_from_its_form_with_a_native_peer(
     s = check_the_run(tab, host, native_reference)
     assert s["leader"] == s["peerId"]
     note = tab.inner_text("#run-note")
+    tabs.shot(tab, "sync-every-run-led-by-the-tab")
     assert note.startswith("Last run") and note.endswith(
         "outer lr 0.7, outer momentum 0.9); syncs every 3 steps, 4 replicas."), note
     form = tab.evaluate("() => [...document.querySelectorAll('#config-form [name]')]"
