@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from browser_helpers import CHROMIUM_FLAGS, Tabs, missing_browser_parts, unavailable
+from mixed_helpers import NativeJoin
 from private_net import NetnsUnavailable, PrivateNet
 
 REPO = Path(__file__).resolve().parent.parent
@@ -94,6 +95,24 @@ def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[None]:
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"rep_{report.when}", report)
+
+
+@pytest.fixture
+def natives(net: PrivateNet, server_url: str,
+            tmp_path: Path) -> Iterator[Callable[..., NativeJoin]]:
+    """start(name, *flags, env=, server=) -> a NativeJoin (`python -m pynode join` in the
+    private network); every one is killed at the end of the test."""
+    started: list[NativeJoin] = []
+
+    def start(name: str, *args: str, env: dict | None = None,
+              server: str | None = None) -> NativeJoin:
+        peer = NativeJoin(net, server or server_url, tmp_path, name, *args, env=env)
+        started.append(peer)
+        return peer
+
+    yield start
+    for peer in started:
+        peer.kill()
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ import time
 
 import pytest
 from browser_helpers import approve_ids, history_hashes, status, wait, wait_booted, wait_trainable
-from mixed_helpers import NativeJoin, config_flags
+from mixed_helpers import config_flags
 
 pytestmark = [pytest.mark.slow]
 
@@ -22,19 +22,6 @@ SMALL = {"task": "gpt", "width": 32, "layers": 1, "heads": 2, "seq": 16, "microb
          "microbatches": 4, "steps": 10, "lr": 0.003, "seed": 31}
 RUN_END = "s => ['done', 'failed'].includes(s.state)"
 FAILOVER_BUDGET_S = 5.0  # issue #13: death to the re-planned step
-
-
-@pytest.fixture
-def natives(net, server_url, tmp_path):
-    started: list[NativeJoin] = []
-
-    def start(name: str, *args: str) -> NativeJoin:
-        started.append(NativeJoin(net, server_url, tmp_path, name, *args))
-        return started[-1]
-
-    yield start
-    for peer in started:
-        peer.kill()
 
 
 def reference_hashes(native_reference, config) -> dict[int, str]:

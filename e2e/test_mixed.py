@@ -28,29 +28,13 @@ from browser_helpers import (
     wait_booted,
     wait_trainable,
 )
-from mixed_helpers import REPO, NativeJoin, config_flags, reference_rows
+from mixed_helpers import REPO, config_flags, reference_rows
 
 pytestmark = [pytest.mark.slow]
 
 SMALL = {"task": "gpt", "width": 32, "layers": 1, "heads": 2, "seq": 16, "microbatch_size": 2,
          "microbatches": 4, "steps": 3, "lr": 0.003, "seed": 21}
 RUN_END = "s => ['done', 'failed'].includes(s.state)"
-
-
-@pytest.fixture
-def natives(net, server_url, tmp_path):
-    """start(name, *flags, env=, server=) -> a NativeJoin; every one is killed at the end."""
-    started: list[NativeJoin] = []
-
-    def start(name: str, *args: str, env: dict | None = None,
-              server: str | None = None) -> NativeJoin:
-        peer = NativeJoin(net, server or server_url, tmp_path, name, *args, env=env)
-        started.append(peer)
-        return peer
-
-    yield start
-    for peer in started:
-        peer.kill()
 
 
 def hashes(rows: list[dict]) -> dict[int, str]:

@@ -36,19 +36,6 @@ INNER_LINE = re.compile(r"Training: step [036] of 7 with 2 peer\(s\); syncs ever
                         r"4 replicas; this page: replica [1-4] of 4 at step [1-7]\.")
 
 
-@pytest.fixture
-def natives(net, server_url, tmp_path):
-    started: list[NativeJoin] = []
-
-    def start(name: str, *args: str) -> NativeJoin:
-        started.append(NativeJoin(net, server_url, tmp_path, name, *args))
-        return started[-1]
-
-    yield start
-    for peer in started:
-        peer.kill()
-
-
 def open_link(tabs, host: NativeJoin, server_url: str):
     """A tab on the native host's share link (the host approves who opens it)."""
     link = host.wait_for(r"share this link: (\S+)").group(1)
