@@ -102,22 +102,29 @@ def test_errors_show_next_to_the_action_and_download_waits_for_a_run(
                 }
             }).observe(box, { childList: true });
         }""")
-        page.fill("#config-form [name=width]", "30")  # 4 heads do not divide 30
+        page.fill("#config-form [name=sync_every]", "")  # named by its label, not "None"
         page.click("#start")
         page.wait_for_selector("#form-error", state="visible")
+        empty = page.inner_text("#form-error")
+        page.fill("#config-form [name=sync_every]", "1")
+        page.evaluate("window.topWhenShown = null")
+        page.fill("#config-form [name=width]", "30")  # 4 heads do not divide 30
+        page.click("#start")
+        page.wait_for_function("() => document.querySelector('#form-error').textContent"
+                               ".includes('heads')")
         refused = page.inner_text("#form-error")
         alert = page.inner_text("#alert-text")
         top_when_shown = page.evaluate("window.topWhenShown")
         gap = top(page, "#form-error") - top(page, "#start")
         assert status(page)["state"] == "ready" and page.is_disabled("#download")
 
-        for name, value in TINY.items():
+        for name, value in {**TINY, "steps": "0.2e1"}.items():  # 2, as Chromium reads it
             page.fill(f"#config-form [name={name}]", value)
         page.click("#start")
         wait(page, "s => ['done', 'failed'].includes(s.state)", 240_000)
         s = status(page)
         page.wait_for_function("() => !document.querySelector('#download').disabled")
-        after_run = {"form_error": page.is_hidden("#form-error"),
+        after_run = {"form_error": page.is_hidden("#form-error"), "top": page.is_hidden("#alert"),
                      "note": page.inner_text("#run-note")}
         with page.expect_download() as download:
             page.click("#download")
@@ -129,7 +136,9 @@ def test_errors_show_next_to_the_action_and_download_waits_for_a_run(
     assert alert == refused and top_when_shown == refused, (alert, top_when_shown)
     assert 0 < gap < 120, f"the error is {gap} px below the Start button"
     assert s["state"] == "done" and s["step"] == 2, s["error"]
+    assert empty == 'could not start: sync every must be a whole number, got ""', empty
     assert after_run["form_error"], "a started run clears the last action's error"
+    assert after_run["top"], "a started run settles the failed start before it, at the top too"
     assert "led by this page" in after_run["note"], after_run
     assert name == "daisychain-step2.pt" and saved[:2] == b"PK"  # a torch zip archive
 

@@ -18,9 +18,14 @@ const node = new PageNode(target, { break_gate: params.get("break_gate") === "1"
   backend: params.get("backend"), approvalWaitS: Number(params.get("approval_wait")) || null });
 const generator = new PageGenerator({ backend: params.get("backend") });
 const $ = (id) => document.getElementById(id);
-const NUMBER_FIELDS = { width: parseInt, layers: parseInt, heads: parseInt, seq: parseInt,
-  microbatch_size: parseInt, microbatches: parseInt, steps: parseInt, lr: parseFloat, seed: parseInt,
-  sync_every: parseInt, replicas: parseInt };
+// A number field's value as the browser validated it ("1e1" is 10, as Chromium reads it;
+// parseInt read 1), or NaN: empty, or not what the field takes.
+const given = (text) => (String(text).trim() === "" ? NaN : Number(text));
+const whole = (text) => (Number.isInteger(given(text)) ? given(text) : NaN);
+const real = (text) => (Number.isFinite(given(text)) ? given(text) : NaN);
+const NUMBER_FIELDS = { width: whole, layers: whole, heads: whole, seq: whole,
+  microbatch_size: whole, microbatches: whole, steps: whole, lr: real, seed: whole,
+  sync_every: whole, replicas: whole };
 // A per-step run's config leaves out the fields of --sync-every (pynode/config.py to_json).
 const OUTER_DEFAULTS = { sync_every: 1, replicas: 1, outer_lr: 0.7, outer_momentum: 0.9 };
 const FORM_FIELDS = ["task", ...Object.keys(NUMBER_FIELDS), "data"]; // data_file: not a setting
@@ -408,6 +413,10 @@ $("peers").addEventListener("click", timed((event) => {
   }
 }));
 
+// The browser's own check of a field (its bubble) stops the submit: the last start's
+// error beside the button is about other values by then.
+$("config-form").addEventListener("invalid", () => actionError(""), true);
+
 $("config-form").addEventListener("submit", timed((event) => {
   event.preventDefault();
   if (starting) return;
@@ -416,13 +425,24 @@ $("config-form").addEventListener("submit", timed((event) => {
   // The server's /data serves the same bytes to every peer that asks (pynode.datasource).
   if (data.get("data") === "server") config.data = location.origin;
   for (const [name, parse] of Object.entries(NUMBER_FIELDS)) config[name] = parse(data.get(name));
+  const bad = Object.keys(NUMBER_FIELDS).find((name) => Number.isNaN(config[name]));
+  if (bad) { // named by its label, with what it holds (the worker would say "got None")
+    const label = event.target.elements[bad].closest("label").firstChild.textContent.trim();
+    const kind = NUMBER_FIELDS[bad] === whole ? "a whole number" : "a number";
+    actionError(`could not start: ${label} must be ${kind}, got "${data.get(bad)}"`);
+    event.target.elements[bad].focus();
+    return;
+  }
   starting = true;
   $("start").disabled = true;
   actionError("");
   (async () => {
     if (data.get("data") === "upload") config.data = await uploadText($("data-file").files[0]);
     return node.start(config);
-  })().catch((err) => actionError(`could not start: ${err.message}`))
+  })().then(() => { // a run that starts settles the start that failed before it
+    const last = node.status().messages.findLast((m) => m.level === "error");
+    if (last?.text.startsWith("could not start")) dismissedError = `${last.at} ${last.text}`;
+  }, (err) => actionError(`could not start: ${err.message}`))
     .finally(() => { starting = false; render(); });
 }));
 
