@@ -72,6 +72,8 @@ class StepReporter:
             from tqdm import tqdm
 
             self.bar = tqdm(total=until, initial=trainer.state.step, unit="step", file=sys.stderr)
+            if hasattr(trainer, "after_inner"):  # --sync-every: move inside an outer step
+                trainer.after_inner.append(self.inner)
 
     def __call__(self, result: StepResult) -> None:
         self.elapsed = time.perf_counter() - self.started
@@ -85,10 +87,16 @@ class StepReporter:
             self.log_file.write(json.dumps(row) + "\n")
             self.log_file.flush()
         if self.bar is not None:
-            self.bar.update(result.inner)  # an outer step of --sync-every: its inner steps
+            self.bar.update(result.step - self.bar.n)  # an outer step: what inner() has not
             self.bar.set_postfix(loss=f"{result.loss:.4f}", hash=result.hash[:12])
         if result.heldout is not None:
             echo(f"step {result.step}  held-out loss {result.heldout:.4f}")
+
+    def inner(self, replica: int, step: int) -> None:
+        """A --sync-every hook: the bar shows the furthest inner step this peer has taken
+        (replicas run one after another, so it may wait at an outer step's end)."""
+        if self.bar is not None and step > self.bar.n:
+            self.bar.update(step - self.bar.n)
 
     def close(self) -> None:
         if self.log_file is not None:

@@ -9,6 +9,7 @@ short last outer step (7 steps, H = 3) and replicas of two microbatches each.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
 import socket
@@ -20,6 +21,7 @@ import pytest
 
 from pynode.browser import Checks
 from pynode.cli.main import main
+from pynode.cli.report import StepReporter
 from pynode.comm.mesh import MemoryNetwork
 from pynode.config import ConfigError, RunConfig
 from pynode.core import optim
@@ -187,6 +189,33 @@ def test_a_room_member_lost_inside_an_outer_step_costs_time_not_bits(checks, ref
         assert not page.failed and page.steps == reference
     assert pages[2].leaders == [["tab2"]]
     assert "re-planning lost microbatches" in caplog.text  # it held replicas
+
+
+def test_the_progress_bar_moves_with_the_inner_steps(checks, monkeypatch):
+    """A terminal's bar shows the furthest inner step taken (the replicas run one after
+    another), and each outer step's end; before, it jumped by H at each outer step."""
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    trainer = checks.make_trainer(RunConfig.from_dict(CONFIG), None, None)
+    reporter = StepReporter(trainer, CONFIG["steps"], None, progress=True)
+    seen: list = []
+    trainer.after_inner.append(lambda replica, step: seen.append(reporter.bar.n))
+
+    async def steps():
+        for _ in OUTER_STEPS:
+            reporter(await trainer.step())
+            seen.append(("outer", reporter.bar.n))
+
+    asyncio.run(steps())
+    reporter.bar.close()
+    want: list = []
+    for start, end in zip([0, *OUTER_STEPS], OUTER_STEPS, strict=False):
+        want += [*range(start + 1, end + 1), *[end] * (end - start) * 3, ("outer", end)]
+    assert seen == want
 
 
 def test_the_outer_step_is_torchs_nesterov_sgd():
