@@ -25,15 +25,23 @@ CONFIG = {"task": "gpt", "width": 32, "layers": 1, "heads": 2, "seq": 16, "micro
           "replicas": 4}
 OUTER_STEPS = [3, 6, 7]
 RUN_END = "s => ['done', 'failed'].includes(s.state)"
-# Every text the Training line (#readiness) showed, from the moment the page loaded.
+# Every text the Training line (#readiness) and the progress line showed, from the moment
+# the page loaded.
 WATCH_READINESS = """() => {
     window.readinessSeen = new Set();
-    const line = document.querySelector('#readiness');
-    new MutationObserver(() => window.readinessSeen.add(line.textContent))
-        .observe(line, { childList: true, characterData: true, subtree: true });
+    window.progressSeen = new Set();
+    for (const [id, seen] of [['#readiness', window.readinessSeen],
+                              ['#progress-line', window.progressSeen]]) {
+        const line = document.querySelector(id);
+        new MutationObserver(() => seen.add(line.textContent))
+            .observe(line, { childList: true, characterData: true, subtree: true });
+    }
 }"""
 INNER_LINE = re.compile(r"Training: step [036] of 7 with 2 peer\(s\); syncs every 3 steps, "
-                        r"4 replicas; this page: replica [1-4] of 4 at step [1-7]\.")
+                        r"4 replicas; this page: replica [1-4] of 4 at inner step [1-7]\.")
+# The panel's step is the last synced one; it names the steps under way and this page's.
+PROGRESS_LINE = re.compile(r"Step ([036]) of 7, .*; 2 peer\(s\) computing steps (\d)-(\d); "
+                           r"this page at inner step [1-7]; leader .*", re.S)
 
 
 def open_link(tabs, host: NativeJoin, server_url: str):
@@ -65,6 +73,10 @@ def check_the_run(tab, host: NativeJoin, native_reference) -> dict:
     assert s["innerSteps"] == sum(owned[step] * inner[step] for step in OUTER_STEPS), s
     seen = tab.evaluate("() => [...window.readinessSeen]")
     assert any(INNER_LINE.fullmatch(text) for text in seen), seen
+    under = [m.groups() for text in tab.evaluate("() => [...window.progressSeen]")
+             if (m := PROGRESS_LINE.fullmatch(text))]
+    assert under and all((int(a) + 1, min(int(a) + 3, 7)) == (int(b), int(c))
+                         for a, b, c in under), under
     assert "syncs every 3 steps over 4 replicas" in host.messages()
     return s
 

@@ -168,7 +168,7 @@ function outerProgress(s) {
   const outer = outerSettings(s.config);
   if (!outer) return "";
   const inner = s.inner && s.inner.step > s.step ? `; this page: replica ${s.inner.replica + 1} ` +
-    `of ${outer.replicas} at step ${s.inner.step}` : "";
+    `of ${outer.replicas} at inner step ${s.inner.step}` : "";
   return `; syncs every ${outer.sync_every} steps, ${outer.replicas} replicas${inner}`;
 }
 
@@ -302,9 +302,13 @@ function renderReadiness(s) {
 function renderProgress(s) {
   const training = s.state === "training" || s.state === "done";
   // What the group is doing now: a finished or paused run computes nothing.
+  // A --sync-every run's step is the last synced one: say which steps are under way.
+  const outer = outerSettings(s.config);
+  const under = outer ? ` steps ${s.step + 1}-${Math.min(s.step + outer.sync_every, s.steps)}` +
+    (s.inner && s.inner.step > s.step ? `; this page at inner step ${s.inner.step}` : "") : "";
   const doing = s.state === "done" ? "finished"
     : s.paused ? `paused by the leader (${s.members.length} peer(s) waiting)`
-    : `${s.members.length} peer(s) computing`;
+    : `${s.members.length} peer(s) computing${under}`;
   $("progress-line").innerHTML = training
     ? `Step ${s.step} of ${s.steps}, loss ${fmtLoss(s.loss)}, state hash ${short(s.hash)},
        probe ${short(s.probe)}; ${doing}; leader ${escape(s.leader)}.`
