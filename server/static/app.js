@@ -164,11 +164,15 @@ function outerSettings(config) {
 
 // What a --sync-every run adds to the Training line: how it syncs, and where this page is
 // inside the outer step under way (the replica it computes, its inner step).
+// This page's last inner step ({replica, step}) while it is inside an outer step, or null.
+const innerUnderWay = (s) => (s.inner && s.inner.step > s.step ? s.inner : null);
+
 function outerProgress(s) {
   const outer = outerSettings(s.config);
   if (!outer) return "";
-  const inner = s.inner && s.inner.step > s.step ? `; this page: replica ${s.inner.replica + 1} ` +
-    `of ${outer.replicas} at inner step ${s.inner.step}` : "";
+  const at = innerUnderWay(s);
+  const inner = at ? `; this page: replica ${at.replica + 1} of ${outer.replicas} at inner ` +
+    `step ${at.step}` : "";
   return `; syncs every ${outer.sync_every} steps, ${outer.replicas} replicas${inner}`;
 }
 
@@ -216,16 +220,13 @@ function addSliders() {
     slider.setAttribute("aria-label", `${name} slider`);
     // The estimate under the sliders changes with the value, not a frame later (render()
     // waits for the next animation frame: a slow or hidden tab would show stale numbers).
-    slider.addEventListener("input", timed(() => {
-      field.value = slider.value;
+    const follow = (from, to) => () => {
+      to.value = from.value;
       renderEstimate(node.status());
       render();
-    }));
-    field.addEventListener("input", () => {
-      slider.value = field.value;
-      renderEstimate(node.status());
-      render();
-    });
+    };
+    slider.addEventListener("input", timed(follow(slider, field)));
+    field.addEventListener("input", follow(field, slider));
     field.after(slider);
   }
 }
@@ -305,7 +306,7 @@ function renderProgress(s) {
   // A --sync-every run's step is the last synced one: say which steps are under way.
   const outer = outerSettings(s.config);
   const under = outer ? ` steps ${s.step + 1}-${Math.min(s.step + outer.sync_every, s.steps)}` +
-    (s.inner && s.inner.step > s.step ? `; this page at inner step ${s.inner.step}` : "") : "";
+    (innerUnderWay(s) ? `; this page at inner step ${s.inner.step}` : "") : "";
   const doing = s.state === "done" ? "finished"
     : s.paused ? `paused by the leader (${s.members.length} peer(s) waiting)`
     : `${s.members.length} peer(s) computing${under}`;

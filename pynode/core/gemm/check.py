@@ -94,14 +94,18 @@ class ProductCheck:
         self._pool = words.astype("<u8", copy=False).view("<u4").reshape(DRAW_BLOCK, -1)
         self._block = block
         for bits, scaled in self._scaled.items():
-            np.right_shift(self._pool, np.uint32(LANE_BITS - bits), out=self._shifted)
-            scaled[...] = self._shifted
+            self._fill(bits, scaled)
+
+    def _fill(self, bits: int, scaled: np.ndarray) -> None:
+        """scaled (DRAW_BLOCK, DRAW_LANES) f64 = the top `bits` of the block's lanes."""
+        np.right_shift(self._pool, np.uint32(LANE_BITS - bits), out=self._shifted)
+        scaled[...] = self._shifted
 
     def _lanes(self, bits: int) -> np.ndarray:
         scaled = self._scaled.get(bits)
         if scaled is None:  # a width of entries first used: from now on drawn every block
-            scaled = (self._pool >> np.uint32(LANE_BITS - bits)).astype(np.float64)
-            self._scaled[bits] = scaled
+            scaled = self._scaled[bits] = np.empty(self._pool.shape, np.float64)
+            self._fill(bits, scaled)
         return scaled
 
     def _view(self, k: int, n: int) -> np.ndarray | bool:
