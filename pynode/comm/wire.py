@@ -13,9 +13,11 @@ traffic: zigzag (small magnitudes of either sign become small unsigned words), t
 eight byte planes, lowest first. A fixed-point gradient of ~26 significant bits has zero
 upper planes (a code byte each), noise in the lowest (sent raw: deflate would spend time
 for nothing) and a mostly-zero plane between, which raw deflate with run-length matching
-packs (zlib's Z_RLE, level 1; Pyodide has zlib too). About 2.3x fewer bytes for a
-per-step gradient, ~1.5 ms per 119k values each way; the decoded vector is the same bits,
-so sums are unchanged. The head names its element count under INT64_KEY, which
+packs (zlib's Z_RLE, level 1; Pyodide has zlib too). So is a plane of skewed bytes without
+zeros, for its Huffman codes: the low plane of an outer step's second-moment codes
+(pynode.run.outer), 11 % of a --sync-every run's bytes (benchmarks/README.md). About 2.3x
+fewer bytes for a per-step gradient, ~1.5 ms per 119k values each way; the decoded vector
+is the same bits, so sums are unchanged. The head names its element count under INT64_KEY, which
 unpack_message removes again.
 """
 
@@ -42,7 +44,11 @@ _PLANE_ZERO = b"\x00"  # nothing (every byte of the plane is zero)
 _PLANE_RAW = b"\x01"  # its n bytes
 _PLANE_DEFLATED = b"\x02"  # u32 length, then the plane as raw deflate
 _PLANE_LEN = struct.Struct("<I")
-_MOSTLY_NOISE = 16  # a plane with fewer than 1/16 zero bytes is sent raw, not deflated
+# A plane is deflated when it has at least 1/16 zero bytes (runs to match) or its bytes'
+# entropy is below _NOISE_BITS (Huffman codes save > ~6 %); other planes are noise, sent raw.
+_MOSTLY_NOISE = 16
+_NOISE_BITS = 7.5
+_ENTROPY_SAMPLE = 4096  # bytes of a plane its entropy is estimated from
 
 
 class MessageError(CommError):
@@ -152,7 +158,7 @@ def pack_int64(x: np.ndarray) -> bytes:
         if nonzero == 0:
             out.append(_PLANE_ZERO)
             continue
-        if n - nonzero >= n // _MOSTLY_NOISE:  # enough zeros for deflate to find runs
+        if n - nonzero >= n // _MOSTLY_NOISE or _byte_entropy(plane) < _NOISE_BITS:
             packer = zlib.compressobj(1, zlib.DEFLATED, _DEFLATE_RAW, 9, zlib.Z_RLE)
             deflated = packer.compress(plane) + packer.flush()
             if len(deflated) < n:
@@ -160,6 +166,14 @@ def pack_int64(x: np.ndarray) -> bytes:
                 continue
         out += [_PLANE_RAW, plane.tobytes()]
     return b"".join(out)
+
+
+def _byte_entropy(plane: np.ndarray) -> float:
+    """Bits per byte of `plane`'s byte histogram (8.0: uniform noise), from at most about
+    _ENTROPY_SAMPLE evenly spaced bytes: what deflate's Huffman codes could reach."""
+    counts = np.bincount(plane[:: max(1, plane.shape[0] // _ENTROPY_SAMPLE)], minlength=256)
+    p = counts[counts > 0] / counts.sum()  # (distinct bytes,) f64
+    return float(-(p * np.log2(p)).sum())
 
 
 def unpack_int64(data: bytes, length: Any) -> np.ndarray:

@@ -65,6 +65,9 @@ def test_round_trip_is_exact_for_every_kind_of_vector():
         rng.integers(-(2**62), 2**62, 1001, dtype=np.int64),
         rng.integers(-(2**25), 2**25, 5000, dtype=np.int64),
         np.arange(0, 3000, dtype=np.int64)[::3],  # not contiguous
+        np.concatenate([np.zeros(20000, np.int64),  # longer vectors, each part of a kind
+                        rng.integers(-(2**40), 2**40, 20000, dtype=np.int64),
+                        rng.integers(-3, 4, 7000, dtype=np.int64)]),
     ]
     for x in cases:
         head, got = unpack_message(pack_message({"t": "x", "n": 1}, x))
@@ -82,6 +85,15 @@ def test_small_magnitudes_take_few_bytes():
     message = pack_message({}, x)
     assert len(message) < x.nbytes / 3  # two planes of eight, one deflated
     assert int64_saving(message, {}, x) == len(pack_message({})) + x.nbytes - len(message)
+
+
+def test_skewed_planes_are_deflated_without_zero_bytes():
+    rng = np.random.default_rng(6)  # test data only
+    x = rng.integers(1, 8, 5000, dtype=np.int64)  # zigzag 2..14: a plane of 7 byte values
+    # ~2.8 bits of entropy a byte: Huffman codes, where a noise plane would be sent raw
+    assert len(pack_int64(x)) < 0.5 * x.shape[0]
+    noise = rng.integers(-128, 128, 5000, dtype=np.int64)  # zigzag 0..255: ~8 bits a byte
+    assert len(pack_int64(noise)) == 1 + noise.shape[0] + 7
 
 
 def test_bad_vectors_are_refused_at_the_sender():
