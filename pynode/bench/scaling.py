@@ -1,10 +1,14 @@
-"""`python -m pynode bench scaling [--json]`: tokens/s with 1 vs 2 local peers, one run.
+"""`python -m pynode bench scaling [--json]`: tokens/s with 1 vs 2 local peers.
 
 Each configuration runs `python -m pynode train --peers N` with every peer pinned to its
 own core (PYNODE_PIN_CORES=1); step times come from the run's own --log (the first step,
-which pays for start-up, is left out). Traffic is what each peer's transport sent per
-step, packed by the int64 codec (pynode.comm.wire), and what it would have sent as raw
-int64 (before the codec), against the ring all-reduce optimum 2(N-1)/N x gradient bytes.
+which pays for start-up, is left out). The two configurations alternate for --rounds
+rounds, and the scaling is the median over rounds of each 2-peer run against the 1-peer run
+just before it: a shared machine's speed drifts 10-40 % between runs, which a single pair
+takes for scaling (x1.31, x1.87 and x1.41 in three single pairs of one hour). Traffic is
+what each peer's transport sent per step in the last round, packed by the int64 codec
+(pynode.comm.wire), and what it would have sent as raw int64 (before the codec), against
+the ring all-reduce optimum 2(N-1)/N x gradient bytes.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -50,21 +55,30 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m pynode bench scaling")
     parser.add_argument("--json", action="store_true", help="one JSON object")
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="alternations of 1 and 2 peers; the scaling is their median")
     parser.add_argument("--config", default="{}", help="RunConfig overrides as JSON")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be 1 or more, got {args.rounds}")
     cfg = RunConfig.from_dict({"microbatches": 8, **json.loads(args.config), "steps": args.steps})
+    pairs = []  # (1 peer, 2 peers) of each round
     with tempfile.TemporaryDirectory(prefix="pynode-bench-") as tmp:
-        one, two = run_peers(1, cfg, Path(tmp)), run_peers(2, cfg, Path(tmp))
+        for _ in range(args.rounds):
+            pairs.append((run_peers(1, cfg, Path(tmp)), run_peers(2, cfg, Path(tmp))))
+    ratios = [two["tokens_per_s"] / one["tokens_per_s"] for one, two in pairs]
+    one, two = pairs[-1]
     traffic = two["traffic"]
     worst = max(traffic["per_rank_bytes_per_step"].values())
     raw = max(traffic["per_rank_unpacked_bytes_per_step"].values())
     result = {
         "config": json.loads(cfg.to_json()),
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "tokens_per_s_1": one["tokens_per_s"],
-        "tokens_per_s_2": two["tokens_per_s"],
-        "scaling_2_over_1": two["tokens_per_s"] / one["tokens_per_s"],
-        "same_final_hash": one["final_hash"] == two["final_hash"],
+        "tokens_per_s_1": statistics.median(one["tokens_per_s"] for one, _ in pairs),
+        "tokens_per_s_2": statistics.median(two["tokens_per_s"] for _, two in pairs),
+        "scaling_2_over_1": statistics.median(ratios),
+        "scaling_rounds": ratios,
+        "same_final_hash": len({run["final_hash"] for pair in pairs for run in pair}) == 1,
         "bytes_per_peer_per_step": traffic["per_rank_bytes_per_step"],
         "unpacked_bytes_per_peer_per_step": traffic["per_rank_unpacked_bytes_per_step"],
         "packing_ratio": raw / worst,
@@ -77,9 +91,10 @@ def main(argv: list[str]) -> int:
         return 0
     print(f"machine: {machine_line(result['machine'])}")
     print(f"config: {cfg.to_json()}")
-    print(f"1 peer : {one['tokens_per_s']:9.0f} tokens/s")
-    print(f"2 peers: {two['tokens_per_s']:9.0f} tokens/s   "
-          f"scaling x{result['scaling_2_over_1']:.2f}")
+    print(f"1 peer : {result['tokens_per_s_1']:9.0f} tokens/s (median of {args.rounds})")
+    print(f"2 peers: {result['tokens_per_s_2']:9.0f} tokens/s   "
+          f"scaling x{result['scaling_2_over_1']:.2f} (median of rounds: "
+          + ", ".join(f"x{r:.2f}" for r in ratios) + ")")
     print(f"same final hash: {result['same_final_hash']}")
     print(f"bytes per peer per step: {raw / 1e6:.3f} MB as raw int64 (before), "
           f"{worst / 1e6:.3f} MB packed (after): {result['packing_ratio']:.2f}x fewer")

@@ -1,0 +1,40 @@
+"""`bench scaling`: 1 and 2 peers alternate, and the scaling is the median of the rounds."""
+
+from __future__ import annotations
+
+import json
+
+from pynode.bench import scaling
+
+TRAFFIC = {"per_rank_bytes_per_step": {"0": 400.0, "1": 380.0},
+           "per_rank_unpacked_bytes_per_step": {"0": 1000.0, "1": 1000.0},
+           "ring_optimum_bytes_per_step": 1000.0}
+
+
+def test_rounds_alternate_and_the_median_ratio_is_the_scaling(monkeypatch, capsys):
+    # tokens/s of each run in order: a machine that slows down and has one odd round
+    speeds = iter([100.0, 150.0, 80.0, 200.0, 60.0, 90.0])
+    order = []
+
+    def run(peers, cfg, folder):
+        order.append(peers)
+        return {"peers": peers, "tokens_per_s": next(speeds), "final_hash": "h",
+                "traffic": TRAFFIC}
+
+    monkeypatch.setattr(scaling, "run_peers", run)
+    assert scaling.main(["--rounds", "3", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert order == [1, 2, 1, 2, 1, 2]
+    assert result["scaling_rounds"] == [1.5, 2.5, 1.5]
+    assert result["scaling_2_over_1"] == 1.5  # not 2.5, and not the ratio of the medians
+    assert result["tokens_per_s_1"] == 80.0 and result["tokens_per_s_2"] == 150.0
+    assert result["same_final_hash"] is True
+    assert result["packing_ratio"] == 2.5
+
+
+def test_a_hash_that_differs_in_any_round_is_reported(monkeypatch, capsys):
+    hashes = iter(["a", "a", "a", "b"])
+    monkeypatch.setattr(scaling, "run_peers", lambda peers, cfg, folder: {
+        "peers": peers, "tokens_per_s": 1.0, "final_hash": next(hashes), "traffic": TRAFFIC})
+    assert scaling.main(["--rounds", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["same_final_hash"] is False
