@@ -72,8 +72,7 @@ class StepReporter:
             from tqdm import tqdm
 
             self.bar = tqdm(total=until, initial=trainer.state.step, unit="step", file=sys.stderr)
-            if hasattr(trainer, "after_inner"):  # --sync-every: move inside an outer step
-                trainer.after_inner.append(self.inner)
+            trainer.after_inner.append(self.inner)  # --sync-every: inside an outer step
 
     def __call__(self, result: StepResult) -> None:
         self.elapsed = time.perf_counter() - self.started

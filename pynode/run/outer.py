@@ -31,8 +31,6 @@ Legend: P = parameters (flattened in the model's declared order), R = replicas.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -49,12 +47,6 @@ class OuterTrainer(Trainer):
     Built by pynode.run.assemble.build_trainer for such a config, and driven by the same
     loop, hooks, agreement check and re-sync as a per-step trainer.
     """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        # after_inner(replica, step): this peer finished inner step `step` (1-based, the
-        # run's count) of replica `replica`; a room's page shows it as progress
-        self.after_inner: list[Callable[[int, int], None]] = []
 
     def initial_state(self) -> TrainState:
         params = self.model.init_params(self.cfg.seed)

@@ -61,7 +61,6 @@ from pynode.core.errors import DaisyError
 from pynode.run import failover
 from pynode.run.failover import Agreed
 from pynode.run.loop import BeforeStep, train
-from pynode.run.outer import OuterTrainer
 from pynode.run.schedule import change_from_dict
 from pynode.run.trainer import ForkError, StepResult, Trainer
 
@@ -444,9 +443,8 @@ class RoomPeer:
     def launch(self, run: Run, joined: bool = False) -> None:
         self.run = run
         run.keep()  # a fresh start (same seed), a verified checkpoint or sync
-        if isinstance(run.trainer, OuterTrainer):  # progress inside an outer step
-            run.trainer.after_inner.append(lambda replica, step: self.report(
-                "inner", {"run": run.id, "replica": replica, "step": step}))
+        run.trainer.after_inner.append(lambda replica, step: self.report(  # --sync-every
+            "inner", {"run": run.id, "replica": replica, "step": step}))
         self.report("run", {"run": run.id, "leader": run.leader, "ranks": list(run.coll.ranks),
                             "config": json.loads(run.cfg.to_json()),
                             "joined_at": run.trainer.state.step if joined else None})

@@ -131,9 +131,12 @@ class Trainer:
         self.schedule: list[dict] = []
         self._change: dict | None = None
         # Observers (fault injection in tests): before_compute(step about to run, own
-        # microbatches) as the step starts computing; after_update(trainer) once applied.
+        # microbatches) as the step starts computing; after_update(trainer) once applied;
+        # after_inner(replica, step) as this peer finishes inner step `step` (1-based, the
+        # run's count) of a --sync-every replica (a per-step trainer has no inner steps).
         self.before_compute: list[Callable[[int, list[int]], None]] = []
         self.after_update: list[Callable[[Trainer], None]] = []
+        self.after_inner: list[Callable[[int, int], None]] = []
 
     def initial_state(self) -> TrainState:
         params = self.model.init_params(self.cfg.seed)
