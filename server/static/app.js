@@ -162,11 +162,11 @@ function outerSettings(config) {
   return outer.sync_every > 1 ? outer : null;
 }
 
-// What a --sync-every run adds to the Training line: how it syncs, and where this page is
-// inside the outer step under way (the replica it computes, its inner step).
 // This page's last inner step ({replica, step}) while it is inside an outer step, or null.
 const innerUnderWay = (s) => (s.inner && s.inner.step > s.step ? s.inner : null);
 
+// What a --sync-every run adds to the Training line: how it syncs, and where this page is
+// inside the outer step under way (the replica it computes, its inner step).
 function outerProgress(s) {
   const outer = outerSettings(s.config);
   if (!outer) return "";
