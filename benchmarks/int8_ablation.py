@@ -82,13 +82,18 @@ def _slices(ops, x: np.ndarray, axis: int) -> list[tuple[np.ndarray, np.ndarray]
     return [(q1, s1), ops.quantize(x - recon, axis, None)]
 
 
-def _two_slice(gemm, a, b, multiply):
+def _two_slice(gemm, a, b, multiply, a2: bool = True, b2: bool = True):
+    """a times b, the operands flagged in two int8 slices (three or two exact int8 GEMMs:
+    hi.hi, hi.lo, lo.hi, in that order), the others in one."""
     ops = layers.kernels_of(gemm)
-    (qa1, sa1), (qa2, sa2) = _slices(ops, a, -1)
-    (qb1, sb1), (qb2, sb2) = _slices(ops, b, -2)
+    sa = _slices(ops, a, -1) if a2 else [ops.quantize(a, -1, None)]
+    sb = _slices(ops, b, -2) if b2 else [ops.quantize(b, -2, None)]
+    (qa1, sa1), (qb1, sb1) = sa[0], sb[0]
     y = ops.epilogue(multiply(qa1, qb1), sa1, sb1)
-    y += ops.epilogue(multiply(qa1, qb2), sa1, sb2)
-    y += ops.epilogue(multiply(qa2, qb1), sa2, sb1)
+    if b2:
+        y += ops.epilogue(multiply(qa1, sb[1][0]), sa1, sb[1][1])
+    if a2:
+        y += ops.epilogue(multiply(sa[1][0], qb1), sa[1][1], sb1)
     return y
 
 
@@ -196,21 +201,6 @@ QKV_VARIANTS = {
 }
 
 
-def _two_slice_some(gemm, a, b, a2: bool, b2: bool):
-    """a (M, K) times b (K, N), the operands flagged in two int8 slices (three or two
-    exact int8 GEMMs: hi.hi, hi.lo, lo.hi, in that order)."""
-    ops = layers.kernels_of(gemm)
-    sa = _slices(ops, a, -1) if a2 else [ops.quantize(a, -1, None)]
-    sb = _slices(ops, b, -2) if b2 else [ops.quantize(b, -2, None)]
-    (qa1, sa1), (qb1, sb1) = sa[0], sb[0]
-    y = ops.epilogue(gemm.matmul(qa1, qb1), sa1, sb1)
-    if b2:
-        y += ops.epilogue(gemm.matmul(qa1, sb[1][0]), sa1, sb[1][1])
-    if a2:
-        y += ops.epilogue(gemm.matmul(sa[1][0], qb1), sa[1][1], sb1)
-    return y
-
-
 @contextlib.contextmanager
 def qkv_variant(blocks: set[int] | None, mode: str, steps: range | None = None):
     """Within the block, the qkv projection's forward of the given blocks rounds as `mode`
@@ -248,7 +238,7 @@ def qkv_variant(blocks: set[int] | None, mode: str, steps: range | None = None):
             key = tuple(where["key"]) + (1 + gpt.SLOTS * i + gpt.QKV, QKV_FORWARD)
             y = layers.int8_matmul(gemm, x, w, a_key=key)
         else:
-            y = _two_slice_some(gemm, x, w, "a" in mode, "b" in mode)
+            y = _two_slice(gemm, x, w, gemm.matmul, "a" in mode, "b" in mode)
         return (y if b is None else y + b), layers.LinearCache(x, w, b is not None)
 
     layers.linear_forward, gpt.GPT._block_forward, gpt.GPT.loss_and_grads = (
