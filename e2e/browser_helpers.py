@@ -97,9 +97,10 @@ def open_room(tabs: Tabs, *queries: str) -> tuple:
 
 
 def approve(host: Any, *pages: Any) -> None:
+    """The host approves each tab once its roster lists it (the join reaches the host's
+    tab through the server, after the joiner already knows its own id)."""
     for page in pages:
-        peer_id = status(page)["peerId"]
-        host.evaluate("(id) => daisychain.approve(id)", peer_id)
+        approve_ids(host, status(page)["peerId"])
         wait(page, "s => s.approved", 30_000)
 
 

@@ -154,7 +154,7 @@ def test_a_text_file_the_leader_uploads_trains_the_room_as_train_data_file(tabs,
     text.write_text("".join(f"note {i}: tabs read this upload, é 数. " for i in range(300)))
     host = tabs.open("?create=1")
     tab = tabs.open(f"?room={status(host)['room']}")
-    host.evaluate("(id) => daisychain.approve(id)", status(tab)["peerId"])
+    approve_ids(host, status(tab)["peerId"])
     wait_booted(host, tab)
     wait_trainable(host, [status(tab)["peerId"]])
     form = {"width": 32, "layers": 1, "heads": 2, "seq": 16, "microbatch_size": 2,

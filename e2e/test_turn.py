@@ -239,8 +239,7 @@ def test_without_turn_a_pair_that_cannot_connect_is_named_on_both_sides(
         host_id, code = status(host)["peerId"], status(host)["room"]
         native = NativeJoin(Spoke(nets, 2), plain_server_url, tmp_path, "native", "--room", code)
         native_id = native.peer_id
-        wait(host, "(s, id) => s.peers.some(p => p.id === id)", 30_000, native_id)
-        host.evaluate("(id) => daisychain.approve(id)", native_id)
+        approve_ids(host, native_id)
         said = native.wait_for(rf"no connection to peer {host_id}: .*", 120).group(0)
         wait(host, "(s, id) => id in s.linkProblems", 120_000, native_id)
         shown = host.inner_text("#link-problems")
