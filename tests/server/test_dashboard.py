@@ -145,10 +145,12 @@ def test_a_cluster_run_appears_on_the_dashboard_with_its_ranks_and_live_loss(
     ranks and a growing loss curve; at the end both finished, and the curve is the loss of
     every step exactly as rank 0's --log wrote it. Every rank prints its one status line."""
     server = live(make_config(static_dir=None))
-    # 40 steps: a few seconds, so that the once-a-second reports land mid-run
-    config = ["--steps", "40", "--width", "32", "--layers", "1", "--heads", "2", "--seq",
+    # 160 steps: several seconds, so that a few of the once-a-second reports land mid-run
+    # (40 steps took ~3 s, and once no report showed both ranks training before it ended)
+    steps = 160
+    config = ["--steps", str(steps), "--width", "32", "--layers", "1", "--heads", "2", "--seq",
               "16", "--microbatch-size", "2", "--microbatches", "4", "--no-progress",
-              "--kernels", "numpy", "--eval-every", "20"]
+              "--kernels", "numpy", "--eval-every", "80"]
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
     ranks = [Launched(tmp_path, "rank0", ["cluster", *config, "--dashboard", server.url],
                       {**env, "RANK": "0"}),
@@ -165,20 +167,20 @@ def test_a_cluster_run_appears_on_the_dashboard_with_its_ranks_and_live_loss(
     done = [r.wait() for r in ranks]
     assert [d.rc for d in done] == [0, 0], done[0].err[-2000:] + done[1].err[-2000:]
     assert live_views, "no view showed both ranks training with a loss"
-    assert 0 < live_views[0]["points"][-1][0] < 40  # seen mid-run: the loss is live
+    assert 0 < live_views[0]["points"][-1][0] < steps  # seen mid-run: the loss is live
     (final,) = json.loads(urllib.request.urlopen(f"{server.url}/api/runs").read())["runs"]
     assert final["command"] == "cluster" and final["world"] == 2
     assert [(r["rank"], r["state"], r["step"], r["runtime"]) for r in final["ranks"]] == \
-        [(0, "finished", 40, "native"), (1, "finished", 40, "native")]
+        [(0, "finished", steps, "native"), (1, "finished", steps, "native")]
     for rank in final["ranks"]:
         assert rank["cores"] >= 1 and rank["bytes_sent"] > 0 and 0 < rank["share"] <= 1
         assert rank["hash"] == done[0].final_hash[:16]
     log = done[0].log
     assert final["points"] == [[row["step"], row["loss"], row.get("heldout")] for row in log]
-    assert [p[2] is not None for p in final["points"]] == [s in (20, 40) for s in range(1, 41)]
+    assert [p[2] is not None for p in final["points"]] == [s % 80 == 0 for s in range(1, steps + 1)]
     for rank, d in enumerate(done):
         (line,) = [ln for ln in d.err.splitlines() if ln.startswith(f"rank {rank}: finished (")]
-        assert f"step 40/40, state hash {done[0].final_hash[:16]}" in line
+        assert f"step {steps}/{steps}, state hash {done[0].final_hash[:16]}" in line
 
 
 def test_a_dashboard_that_is_not_a_server_is_refused_before_training(tmp_path):
