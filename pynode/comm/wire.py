@@ -17,8 +17,9 @@ packs (zlib's Z_RLE, level 1; Pyodide has zlib too). So is a plane of skewed byt
 zeros, for its Huffman codes: the low plane of an outer step's second-moment codes
 (pynode.run.outer), 11 % of a --sync-every run's bytes (benchmarks/README.md). About 2.3x
 fewer bytes for a per-step gradient, ~1 ms per 119k values each way, most of it zlib's
-(numba makes the planes in one pass where it imports: 0.03 ms, numpy's ~0.9); the decoded
-vector is the same bits, so sums are unchanged. The head names its element count under
+(numba makes the planes in one pass where it imports: 0.03 ms, numpy's ~0.9; zlib-ng, where
+it imports, deflates and inflates the same streams ~2x faster); the decoded vector is the
+same bits, so sums are unchanged. The head names its element count under
 INT64_KEY, which unpack_message removes again.
 """
 
@@ -162,8 +163,7 @@ def pack_int64(x: np.ndarray) -> bytes:
             out.append(_PLANE_ZERO)
             continue
         if n - nonzero >= n // _MOSTLY_NOISE or _byte_entropy(plane) < _NOISE_BITS:
-            packer = zlib.compressobj(1, zlib.DEFLATED, _DEFLATE_RAW, 9, zlib.Z_RLE)
-            deflated = packer.compress(plane) + packer.flush()
+            deflated = _deflated(_deflate(), plane)
             if len(deflated) < n:
                 out += [_PLANE_DEFLATED, _PLANE_LEN.pack(len(deflated)), deflated]
                 continue
@@ -200,7 +200,7 @@ def unpack_int64(data: bytes, length: Any) -> np.ndarray:
                 at += 4 + size
             else:
                 raise ValueError(f"plane code {code!r}")
-    except (ValueError, struct.error, zlib.error) as exc:
+    except (ValueError, struct.error, zlib.error, _deflate().error) as exc:
         raise MessageError(f"malformed int64 vector of {length} values: {exc}") from None
     if at != len(data):
         raise MessageError(f"malformed int64 vector: {len(data) - at} bytes after its planes")
@@ -247,9 +247,37 @@ def _native_planes() -> tuple[Any, Any] | None:
     return native
 
 
+@functools.cache
+def _deflate() -> Any:
+    """zlib-ng's drop-in zlib module (the `fast` extra) where it imports and its raw deflate
+    streams and plain zlib's read each other back: the same stream format, ~2x faster both
+    ways (docs/DEPENDENCIES.md); else zlib (Pyodide, or no extra). Either reads what the
+    other wrote."""
+    try:
+        from zlib_ng import zlib_ng
+    except ImportError:
+        return zlib
+    plane = bytes(range(256)) * 8 + bytes(3000) + b"\x07" * 500  # noise, a zero run, a run
+    try:
+        both = (zlib.decompress(_deflated(zlib_ng, plane), _DEFLATE_RAW) == plane
+                and zlib_ng.decompress(_deflated(zlib, plane), _DEFLATE_RAW) == plane)
+    except (zlib.error, zlib_ng.error):
+        both = False
+    if not both:
+        log.warning("zlib-ng's deflate streams do not round-trip with zlib's; using zlib")
+        return zlib
+    return zlib_ng
+
+
+def _deflated(flate: Any, plane: Any) -> bytes:
+    """`plane` as one raw deflate stream: level 1, run-length matches (Z_RLE)."""
+    packer = flate.compressobj(1, flate.DEFLATED, _DEFLATE_RAW, 9, flate.Z_RLE)
+    return packer.compress(plane) + packer.flush()
+
+
 def _inflate(data: bytes, length: int) -> bytes:
     """Exactly `length` bytes deflated in `data`, or ValueError (never more than that)."""
-    inflater = zlib.decompressobj(_DEFLATE_RAW)
+    inflater = _deflate().decompressobj(_DEFLATE_RAW)
     raw = inflater.decompress(data, length + 1)
     if len(raw) != length or not inflater.eof or inflater.unused_data:
         raise ValueError(f"a deflated plane of {len(raw)} bytes, not {length}")
