@@ -26,7 +26,9 @@ from pynode.tasks.gpt import gpt_config
 pytestmark = [pytest.mark.slow]
 
 CONFIG = {"task": "gpt", "width": 32, "layers": 1, "heads": 2, "seq": 16, "microbatch_size": 2,
-          "microbatches": 6, "steps": 20, "lr": 0.003, "seed": 23, "eval_every": 5}
+          "microbatches": 6, "steps": 400, "lr": 0.003, "seed": 23, "eval_every": 5}
+# 400 steps: the test pauses and stops the run itself, long before; fewer (20) could end
+# on a loaded machine before the pause and the stop landed
 ALL_SHOWN = """s => s.peers.length === 3 && s.peers.every(p => p.runtime && p.share !== null
     && p.microbatch_seconds !== null && p.bytes_sent > 0 && p.step >= 2)"""
 SCREENSHOTS = REPO / "docs" / "images"

@@ -171,9 +171,9 @@ def test_bad_and_unknown_room_codes_end_next_to_the_room_controls(
         unknown_code = "A" * 22 if real_code != "A" * 22 else "B" * 22
         ended = {}
         for name, code in (("real", real_code), ("unknown", unknown_code)):
+            joined_at = time.monotonic()  # before the page loads: its timer starts inside
             page = open_page(local_browser, f"{server.url}/?room={code}&approval_wait={wait_s}",
                              console)
-            joined_at = time.monotonic()
             page.wait_for_selector("#room-problem", state="visible", timeout=30_000)
             ended[name] = (time.monotonic() - joined_at, page.inner_text("#room-problem"),
                            status(page)["peerId"], page.is_hidden("#pending-line"))
