@@ -19,8 +19,8 @@ zeros, for its Huffman codes: the low plane of an outer step's second-moment cod
 fewer bytes for a per-step gradient, ~1 ms per 119k values each way, most of it zlib's
 (numba makes the planes in one pass where it imports: 0.03 ms, numpy's ~0.9; zlib-ng, where
 it imports, deflates and inflates the same streams ~2x faster); the decoded vector is the
-same bits, so sums are unchanged. The head names its element count under
-INT64_KEY, which unpack_message removes again.
+same bits, so sums are unchanged. The head names its element count under INT64_KEY, which
+unpack_message removes again.
 """
 
 from __future__ import annotations

@@ -13,14 +13,6 @@ if not native_kernels.available():
     pytest.skip("numba is not installed (the `fast` extra)", allow_module_level=True)
 
 
-@pytest.fixture
-def fresh_gate():
-    """_native_planes decides again, and again after the test."""
-    wire._native_planes.cache_clear()
-    yield
-    wire._native_planes.cache_clear()
-
-
 def vectors() -> list[np.ndarray]:
     rng = np.random.default_rng(11)  # test data only
     return [
@@ -32,7 +24,7 @@ def vectors() -> list[np.ndarray]:
     ]
 
 
-def test_native_planes_are_numpys_bytes(fresh_gate):
+def test_native_planes_are_numpys_bytes(fresh_codec):
     assert wire._native_planes() is not None  # numba is here and passed the gate
     for x in vectors():
         planes = native_kernels.zigzag_planes(x)
@@ -41,7 +33,7 @@ def test_native_planes_are_numpys_bytes(fresh_gate):
         assert np.array_equal(wire._words_of_planes(planes), x)
 
 
-def test_packed_natively_unpacks_with_numpy_and_back(fresh_gate, monkeypatch):
+def test_packed_natively_unpacks_with_numpy_and_back(fresh_codec, monkeypatch):
     packed = [wire.pack_int64(x) for x in vectors()]  # numba's planes
     monkeypatch.setattr(native_kernels, "available", lambda: False)  # as in Pyodide
     wire._native_planes.cache_clear()
@@ -51,7 +43,7 @@ def test_packed_natively_unpacks_with_numpy_and_back(fresh_gate, monkeypatch):
         assert np.array_equal(wire.unpack_int64(data, x.shape[0]), x)
 
 
-def test_a_wrong_native_kernel_is_not_used(fresh_gate, monkeypatch, caplog):
+def test_a_wrong_native_kernel_is_not_used(fresh_codec, monkeypatch, caplog):
     right = native_kernels.zigzag_planes
 
     def off_by_one(x):

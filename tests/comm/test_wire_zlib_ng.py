@@ -15,14 +15,6 @@ from pynode.comm import wire
 zlib_ng = pytest.importorskip("zlib_ng.zlib_ng")
 
 
-@pytest.fixture
-def fresh_choice():
-    """_deflate decides again, and again after the test."""
-    wire._deflate.cache_clear()
-    yield
-    wire._deflate.cache_clear()
-
-
 def vectors() -> list[np.ndarray]:
     rng = np.random.default_rng(12)  # test data only
     grad = rng.integers(-(2**26), 2**26, 119_104, dtype=np.int64)
@@ -35,7 +27,7 @@ def vectors() -> list[np.ndarray]:
     ]
 
 
-def test_zlib_ng_packs_what_plain_zlib_unpacks_and_back(fresh_choice, monkeypatch):
+def test_zlib_ng_packs_what_plain_zlib_unpacks_and_back(fresh_codec, monkeypatch):
     assert wire._deflate() is zlib_ng  # installed, and passed its round trip
     packed = [wire.pack_int64(x) for x in vectors()]
     assert any(wire._PLANE_DEFLATED in data for data in packed)
@@ -48,7 +40,7 @@ def test_zlib_ng_packs_what_plain_zlib_unpacks_and_back(fresh_choice, monkeypatc
         monkeypatch.setattr(wire, "_deflate", lambda: zlib)
 
 
-def test_a_corrupt_stream_is_a_message_error_under_zlib_ng(fresh_choice):
+def test_a_corrupt_stream_is_a_message_error_under_zlib_ng(fresh_codec):
     assert wire._deflate() is zlib_ng
     garbage = bytes(range(255, 215, -1))  # not a deflate stream: an invalid block type
     with pytest.raises(zlib_ng.error):
@@ -58,7 +50,7 @@ def test_a_corrupt_stream_is_a_message_error_under_zlib_ng(fresh_choice):
         wire.unpack_int64(plane + b"\x00" * 7, 40)
 
 
-def test_a_zlib_ng_that_does_not_round_trip_is_not_used(fresh_choice, monkeypatch, caplog):
+def test_a_zlib_ng_that_does_not_round_trip_is_not_used(fresh_codec, monkeypatch, caplog):
     right = zlib_ng.compressobj
 
     class Flipped:
