@@ -51,12 +51,17 @@ $(VENV)/.installed-dev: $(VENV)/.made $(DEPS) | browser
 # fetches the Pyodide runtime and the wasm compiler, node runs them; coturn is the TURN
 # server of the e2e across separate networks (e2e/test_turn.py).
 browser:
-	@command -v chromium >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 && \
-	  command -v turnserver >/dev/null 2>&1 || { \
+	@missing=""; \
+	  command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	  command -v ip >/dev/null 2>&1 || missing="$$missing iproute2"; \
+	  command -v node >/dev/null 2>&1 || missing="$$missing nodejs"; \
+	  command -v npm >/dev/null 2>&1 || missing="$$missing npm"; \
+	  command -v turnserver >/dev/null 2>&1 || missing="$$missing coturn"; \
+	  if [ -z "$$missing" ]; then exit 0; fi; \
 	  if [ "$$(id -u)" = 0 ]; then \
-	    apt-get update -q && apt-get install -y -q chromium iproute2 nodejs npm coturn; \
-	  else echo "install Debian's chromium, nodejs, npm and coturn (sudo apt-get install" \
-	            "chromium nodejs npm coturn) for the e2e and wasm tests"; fi; }
+	    apt-get update -q && apt-get install -y -q $$missing; \
+	  else echo "install Debian's$$missing for the e2e and wasm tests" \
+	            "(sudo apt-get install$$missing)"; fi
 
 runtime: $(VENV)/.installed-demo
 	$(VPY) -m server.runtime fetch
