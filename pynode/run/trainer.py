@@ -25,7 +25,7 @@ from pynode.config import ConfigError, RunConfig
 from pynode.core import checkpoint, fixedpoint, optim
 from pynode.core.errors import DaisyError, NonFiniteError
 from pynode.core.plan import microbatch_plan
-from pynode.core.probe import probe_hash
+from pynode.core.probe import probe_hash, probe_operands
 from pynode.core.statehash import state_hash
 from pynode.run import crosscheck
 from pynode.tasks.base import Task
@@ -124,6 +124,7 @@ class Trainer:
         # (step, its cross-check sample, its digest key once needed)
         self._sample: tuple[int, list[int], crosscheck.DigestKey | None] | None = None
         self.microbatch_seconds = 0.0
+        self.probe = probe_operands()  # the kernel probe's fixed operands, drawn once
         # this peer's cross-check recomputations of the step under way (start_rechecks)
         self._rechecks: asyncio.Future | None = None
         # Changes applied to cfg at step boundaries (pynode.run.schedule), in order; the
@@ -416,7 +417,7 @@ class Trainer:
             hook(self)
         result = StepResult(
             step=self.state.step, loss=loss, hash=self.state.hash(),
-            probe=probe_hash(self.gemm), plan=plan, seconds=time.perf_counter() - started,
+            probe=probe_hash(self.gemm, self.probe), plan=plan, seconds=time.perf_counter() - started,
             heldout=self.heldout_loss() if self.evaluates(self.state.step) else None,
             change=self._change,
         )
