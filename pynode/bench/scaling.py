@@ -24,6 +24,7 @@ from pathlib import Path
 
 from pynode.bench.machine import machine_info, machine_line
 from pynode.config import RunConfig
+from pynode.run.trainer import PHASES
 
 # Each peer on its own core, and its BLAS with one thread so it stays there.
 ONE_CORE_EACH = {"PYNODE_PIN_CORES": "1", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
@@ -48,7 +49,23 @@ def run_peers(peers: int, cfg: RunConfig, folder: Path) -> dict:
         "tokens_per_s": tokens * len(timed) / sum(timed),
         "final_hash": info["hash"],
         "traffic": info["traffic"],
+        "phases": info.get("phases") or {},
     }
+
+
+def phase_table(one: dict, two: dict) -> list[str]:
+    """Milliseconds per step in each phase (pynode.run.trainer.PHASES): the 1-peer run and
+    each rank of the 2-peer run (their summaries' "phases", by rank)."""
+    runs = [("1 peer", one.get("0", {}))]
+    runs += [(f"2 peers, rank {r}", two[r]) for r in sorted(two, key=int)]
+    names = [p for p in PHASES if any(p in ms for _, ms in runs)]
+    if not names:
+        return []
+    lines = ["ms per step".ljust(18) + "".join(f"{p:>10}" for p in names) + f"{'all':>10}"]
+    for label, ms in runs:
+        lines.append(label.ljust(18) + "".join(f"{ms.get(p, 0.0):10.1f}" for p in names)
+                     + f"{sum(ms.values()):10.1f}")
+    return lines
 
 
 def main(argv: list[str]) -> int:
@@ -84,6 +101,9 @@ def main(argv: list[str]) -> int:
         "packing_ratio": raw / worst,
         "ring_optimum_bytes_per_step": traffic["ring_optimum_bytes_per_step"],
         "traffic_over_optimum": worst / traffic["ring_optimum_bytes_per_step"],
+        # ms per step in each phase (pynode.run.trainer.PHASES), last round: 1 peer, by rank
+        "phase_ms_per_step_1": one["phases"].get("0", {}),
+        "phase_ms_per_step_2": two["phases"],
         "machine": machine_info(),
     }
     if args.json:
@@ -100,4 +120,8 @@ def main(argv: list[str]) -> int:
           f"{worst / 1e6:.3f} MB packed (after): {result['packing_ratio']:.2f}x fewer")
     print(f"ring optimum of raw int64 {traffic['ring_optimum_bytes_per_step'] / 1e6:.3f} MB "
           f"(sent x{result['traffic_over_optimum']:.2f})")
+    table = phase_table(one["phases"], two["phases"])
+    if table:
+        print("where a step goes (last round; the first step, which starts up, left out):")
+        print("\n".join(table))
     return 0

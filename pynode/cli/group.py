@@ -93,7 +93,7 @@ async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities,
 
     options = train_options(args, capacities=capacities)
     try:
-        trainer, traffic = await run_member(
+        trainer, traffic, phases = await run_member(
             collective, cfg, resume=resume, backend=args.backend, kernels=args.kernels,
             options=options,
             check_products=args.check_products,
@@ -119,7 +119,7 @@ async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities,
     end_status(status, 0, trainer, "finished", "", collective)
     saver.final(trainer)
     if args.summary:
-        write_summary(args.summary, trainer, collective.world_size, traffic)
+        write_summary(args.summary, trainer, collective.world_size, traffic, phases)
     elapsed = reporter.elapsed if reporter is not None else 0.0
     print_summary(trainer, last[-1] if last else None, elapsed, local_units=False)
     print(trainer.state.hash())
@@ -162,11 +162,11 @@ async def follow(collective, args: argparse.Namespace, capacities,
             hooks.extend(elastic.hooks(trainer))
 
     try:
-        trainer, _ = await run_member(collective, None, backend=args.backend,
-                                      kernels=args.kernels, options=options,
-                                      check_products=args.check_products,
-                                      report=lambda line: None, prepare=prepare,
-                                      on_step=hooks)
+        trainer, *_ = await run_member(collective, None, backend=args.backend,
+                                       kernels=args.kernels, options=options,
+                                       check_products=args.check_products,
+                                       report=lambda line: None, prepare=prepare,
+                                       on_step=hooks)
     except DaisyError as exc:
         end_status(status, rank, built[-1] if built else None, "stopped",
                    f"{type(exc).__name__}: {exc}", collective)

@@ -78,8 +78,9 @@ async def run_member(
     report: Callable[[str], None] = print,
     prepare: Callable[[Trainer], None] | None = None,
 ) -> tuple[Trainer, dict]:
-    """Join the group's run and train it to the end; returns the trainer (final state) and
-    the traffic each member sent (see report_traffic)."""
+    """Join the group's run and train it to the end; returns the trainer (final state),
+    the traffic each member sent (see report_traffic) and where each member's steps went
+    (report_phases)."""
     cfg, state = await agree_on_config(collective, cfg, resume)
     trainer = build_trainer(cfg, collective, state, backend=backend, kernels=kernels,
                             options=options, check_products=check_products)
@@ -102,7 +103,7 @@ async def run_member(
     await report_unit_counts(collective, trainer, report)
     first_step = state.step if state is not None else 0
     traffic = await report_traffic(collective, trainer, report, steps=cfg.steps - first_step)
-    return trainer, traffic
+    return trainer, traffic, await report_phases(collective, trainer)
 
 
 def plan_table(peers: list[PeerInfo], plan: dict[int, list[int]]) -> str:
@@ -129,6 +130,20 @@ async def report_unit_counts(collective, trainer: Trainer, report: Callable[[str
             return
         pretty = "  ".join(f"{n} {int(v):,}" for n, v in zip(UNIT_NAMES, total, strict=True))
         report(f"cluster-wide unit invocations: {pretty}")
+
+
+async def report_phases(collective, trainer: Trainer) -> dict[int, dict[str, float]]:
+    """Every member's milliseconds per step in each phase of its steps (Trainer.PHASES),
+    by rank; a member that sent nothing readable is left out."""
+    sent = await collective.allgather_bytes(json.dumps(trainer.phase_ms_per_step()).encode(),
+                                            timeout=SETUP_TIMEOUT)
+    phases = {}
+    for rank, blob in enumerate(sent):
+        try:
+            phases[rank] = {str(k): float(v) for k, v in json.loads(blob).items()}
+        except (TypeError, ValueError, AttributeError):
+            log.warning("rank %d sent no readable phase times", rank)
+    return phases
 
 
 async def report_traffic(collective, trainer: Trainer, report, steps: int) -> dict:

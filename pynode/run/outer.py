@@ -163,7 +163,8 @@ class OuterTrainer(Trainer):
             hook(self)
         result = StepResult(
             step=self.state.step, loss=loss, hash=self.state.hash(),
-            probe=probe_hash(self.gemm, self.probe), plan=plan, seconds=time.perf_counter() - started,
+            probe=probe_hash(self.gemm, self.probe), plan=plan,
+            seconds=time.perf_counter() - started,
             heldout=self.heldout_loss() if self.evaluates_outer(inner) else None,
             change=self._change, inner=inner,
         )

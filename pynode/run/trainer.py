@@ -61,6 +61,12 @@ class TrainOptions:
 
 ALONE = TrainOptions()  # the defaults: alone, or planned by measured speeds
 
+# Where a step's time goes (Trainer.phase_ms_per_step; `bench scaling` prints it per rank):
+# compute its microbatches, reduce them with the group (waiting for the slowest included),
+# verify the cross-check sample, update (AdamW), hash the state, probe the kernels, the
+# held-out loss when one is due, agree on (hash, probe) with the group (waiting included).
+PHASES = ("compute", "reduce", "verify", "update", "hash", "probe", "eval", "agreement")
+
 
 @dataclass
 class TrainState:
@@ -125,6 +131,11 @@ class Trainer:
         self._sample: tuple[int, list[int], crosscheck.DigestKey | None] | None = None
         self.microbatch_seconds = 0.0
         self.probe = probe_operands()  # the kernel probe's fixed operands, drawn once
+        # seconds per phase (PHASES) of the steps this trainer ran, all but its first (which
+        # pays for start-up), and how many those were
+        self.phase_seconds = dict.fromkeys(PHASES, 0.0)
+        self.timed_steps = 0
+        self._steps_run = 0
         # this peer's cross-check recomputations of the step under way (start_rechecks)
         self._rechecks: asyncio.Future | None = None
         # Changes applied to cfg at step boundaries (pynode.run.schedule), in order; the
@@ -391,16 +402,20 @@ class Trainer:
     async def step(self) -> StepResult:
         """Compute, reduce and apply one step; returns what every peer must agree on."""
         started = time.perf_counter()
+        marks = [started]  # the end of each phase, PHASES in order
         cfg = self.cfg
         plan = self.plan()
         partial = self.microbatch_partial(plan.get(self.rank(), []))
         self.start_rechecks(plan)
+        marks.append(time.perf_counter())
         try:
             total, mine, owners = await self.reduce(partial, plan)
         except BaseException:  # the worker thread ends before anything else computes
             await asyncio.gather(self.settle_rechecks(), return_exceptions=True)
             raise
+        marks.append(time.perf_counter())
         total = await self.verify(total, mine, owners, await self.settle_rechecks())
+        marks.append(time.perf_counter())
         size = self.size
         grads = self.unflatten(fixedpoint.from_fixed(total[:size], cfg.frac_bits, cfg.microbatches))
         loss_sum = total[size : size + 1]
@@ -415,15 +430,39 @@ class Trainer:
         self.state = TrainState(step=self.state.step + 1, params=params, opt=opt)
         for hook in self.after_update:
             hook(self)
+        marks.append(time.perf_counter())
+        state_hash = self.state.hash()
+        marks.append(time.perf_counter())
+        probe = probe_hash(self.gemm, self.probe)
+        marks.append(time.perf_counter())
+        seconds = marks[-1] - started  # up to the probe: no held-out loss, no agreement round
+        heldout = self.heldout_loss() if self.evaluates(self.state.step) else None
+        marks.append(time.perf_counter())
         result = StepResult(
-            step=self.state.step, loss=loss, hash=self.state.hash(),
-            probe=probe_hash(self.gemm, self.probe), plan=plan, seconds=time.perf_counter() - started,
-            heldout=self.heldout_loss() if self.evaluates(self.state.step) else None,
-            change=self._change,
+            step=self.state.step, loss=loss, hash=state_hash, probe=probe, plan=plan,
+            seconds=seconds, heldout=heldout, change=self._change,
         )
         self._change = None
         await self.check_agreement(result)
+        marks.append(time.perf_counter())
+        self._time_phases(marks)
         return result
+
+    def _time_phases(self, marks: list[float]) -> None:
+        """Add a step's phases (PHASES, marks: its start and each phase's end) to
+        phase_seconds, unless it was this trainer's first step."""
+        self._steps_run += 1
+        if self._steps_run == 1:
+            return
+        for phase, begun, ended in zip(PHASES, marks[:-1], marks[1:], strict=True):
+            self.phase_seconds[phase] += ended - begun
+        self.timed_steps += 1
+
+    def phase_ms_per_step(self) -> dict[str, float]:
+        """Milliseconds per step in each phase (PHASES) over the timed steps ({} if none)."""
+        if not self.timed_steps:
+            return {}
+        return {p: 1000 * s / self.timed_steps for p, s in self.phase_seconds.items()}
 
     def rewind(self, state: TrainState, cfg: RunConfig, schedule: list[dict]) -> None:
         """Back to a step boundary the group agreed on (a room's leader failover): its

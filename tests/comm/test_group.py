@@ -219,6 +219,18 @@ def test_reduced_gradients_travel_packed_in_half_the_bytes_or_less(runs, name):
     assert max(raw.values()) >= traffic["gradient_bytes"]  # the gradient is in there
 
 
+@pytest.mark.parametrize("name", ["peers3", "gloo"])
+def test_the_summary_says_where_each_ranks_steps_went(runs, name):
+    """Every rank's milliseconds per step in each phase (pynode.run.trainer.PHASES)."""
+    from pynode.run.trainer import PHASES
+
+    ok(runs[name])
+    phases = json.loads((runs["folder"] / f"{name}.summary.json").read_text())["phases"]
+    assert set(phases) == {str(r) for r in range(3 if name == "peers3" else 2)}
+    for ms in phases.values():
+        assert set(ms) == set(PHASES) and ms["compute"] > 0 and ms["reduce"] > 0
+
+
 def test_capacity_plan_is_reported(runs):
     lines = ok(runs["peers3"]).err.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("rank  device"))

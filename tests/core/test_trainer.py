@@ -76,6 +76,30 @@ def assert_refused_unchanged(trainer: Trainer, error: type[Exception], match: st
 
 # --- the same bits, whatever runs it ---------------------------------------------------------
 
+def test_each_step_after_the_first_is_timed_phase_by_phase():
+    """phase_ms_per_step: every phase of PHASES, over the steps after the first (which
+    starts up); the phases add up to the steps' time, none of which is counted twice."""
+    import time
+
+    from pynode.run.trainer import PHASES
+
+    trainer = build_trainer(TINY.with_(eval_every=2))
+    assert trainer.phase_ms_per_step() == {}
+    one_step(trainer)
+    assert trainer.timed_steps == 0 and trainer.phase_ms_per_step() == {}
+    started = time.perf_counter()
+    results = train(trainer, TINY.steps)
+    took = time.perf_counter() - started
+    assert trainer.timed_steps == len(results) == TINY.steps - 1
+    ms = trainer.phase_ms_per_step()
+    assert list(ms) == list(PHASES) and all(v >= 0 for v in ms.values())
+    assert ms["compute"] > 0 and ms["eval"] > 0  # steps 2 and 4 measured the held-out loss
+    total = sum(ms.values()) * trainer.timed_steps / 1000
+    assert sum(r.seconds for r in results) < total <= took
+    # StepResult.seconds ends at the probe: the held-out loss and agreement are outside it
+    assert sum(r.seconds for r in results) <= total - ms["eval"] * trainer.timed_steps / 1000
+
+
 def test_hashes_change_every_step_and_loss_is_finite(reference):
     hashes = [r.hash for r in reference]
     assert [r.step for r in reference] == [1, 2, 3, 4]

@@ -9,6 +9,9 @@ from pynode.bench import scaling
 TRAFFIC = {"per_rank_bytes_per_step": {"0": 400.0, "1": 380.0},
            "per_rank_unpacked_bytes_per_step": {"0": 1000.0, "1": 1000.0},
            "ring_optimum_bytes_per_step": 1000.0}
+ONE = {"0": {"compute": 100.0, "reduce": 0.0, "update": 2.0}}
+TWO = {"0": {"compute": 52.0, "reduce": 6.0, "update": 2.0},
+       "1": {"compute": 50.0, "reduce": 8.5, "update": 2.0}}
 
 
 def test_rounds_alternate_and_the_median_ratio_is_the_scaling(monkeypatch, capsys):
@@ -19,7 +22,7 @@ def test_rounds_alternate_and_the_median_ratio_is_the_scaling(monkeypatch, capsy
     def run(peers, cfg, folder):
         order.append(peers)
         return {"peers": peers, "tokens_per_s": next(speeds), "final_hash": "h",
-                "traffic": TRAFFIC}
+                "traffic": TRAFFIC, "phases": ONE if peers == 1 else TWO}
 
     monkeypatch.setattr(scaling, "run_peers", run)
     assert scaling.main(["--rounds", "3", "--json"]) == 0
@@ -30,11 +33,26 @@ def test_rounds_alternate_and_the_median_ratio_is_the_scaling(monkeypatch, capsy
     assert result["tokens_per_s_1"] == 80.0 and result["tokens_per_s_2"] == 150.0
     assert result["same_final_hash"] is True
     assert result["packing_ratio"] == 2.5
+    assert result["phase_ms_per_step_1"] == ONE["0"] and result["phase_ms_per_step_2"] == TWO
+
+
+def test_the_report_shows_where_each_ranks_step_goes(monkeypatch, capsys):
+    monkeypatch.setattr(scaling, "run_peers", lambda peers, cfg, folder: {
+        "peers": peers, "tokens_per_s": 1.0, "final_hash": "h", "traffic": TRAFFIC,
+        "phases": ONE if peers == 1 else TWO})
+    assert scaling.main(["--rounds", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("ms per step"))
+    assert lines[at].split() == ["ms", "per", "step", "compute", "reduce", "update", "all"]
+    assert lines[at + 1].split() == ["1", "peer", "100.0", "0.0", "2.0", "102.0"]
+    assert lines[at + 2].split() == ["2", "peers,", "rank", "0", "52.0", "6.0", "2.0", "60.0"]
+    assert lines[at + 3].split() == ["2", "peers,", "rank", "1", "50.0", "8.5", "2.0", "60.5"]
 
 
 def test_a_hash_that_differs_in_any_round_is_reported(monkeypatch, capsys):
     hashes = iter(["a", "a", "a", "b"])
     monkeypatch.setattr(scaling, "run_peers", lambda peers, cfg, folder: {
-        "peers": peers, "tokens_per_s": 1.0, "final_hash": next(hashes), "traffic": TRAFFIC})
+        "peers": peers, "tokens_per_s": 1.0, "final_hash": next(hashes), "traffic": TRAFFIC,
+        "phases": {}})
     assert scaling.main(["--rounds", "2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["same_final_hash"] is False
