@@ -1,8 +1,9 @@
 """`python -m pynode bench scaling [--json]`: tokens/s with 1 vs 2 local peers.
 
 Each configuration runs `python -m pynode train --peers N` with every peer pinned to its
-own core (PYNODE_PIN_CORES=1); step times come from the run's own --log (the first step,
-which pays for start-up, is left out). The two configurations alternate for --rounds
+own core (PYNODE_PIN_CORES=1); a step's time is the slowest rank's sum of its phases (its
+agreement round included), from the run's --summary (the first step, which pays for
+start-up, is left out). The two configurations alternate for --rounds
 rounds, and the scaling is the median over rounds of each 2-peer run against the 1-peer run
 just before it: a shared machine's speed drifts 10-40 % between runs, which a single pair
 takes for scaling (x1.31, x1.87 and x1.41 in three single pairs of one hour). Traffic is
@@ -41,27 +42,31 @@ def run_peers(peers: int, cfg: RunConfig, folder: Path) -> dict:
         check=True, capture_output=True, env={**os.environ, **ONE_CORE_EACH},
     )
     rows = [json.loads(line) for line in log.read_text().splitlines()]
-    timed = [r["seconds"] for r in rows[1:]] or [rows[0]["seconds"]]
     tokens = cfg.microbatches * cfg.microbatch_size * cfg.seq
     info = json.loads(summary.read_text())
+    phases = info.get("phase_ms_per_step") or {}
+    # the whole step, its agreement round included: the slowest rank's phases; a log row's
+    # seconds end at the probe (one step only: that row, start-up and all)
+    whole = [sum(ms.values()) / 1000 for ms in phases.values() if ms]
+    timed = [max(whole)] if whole else [r["seconds"] for r in rows[1:]] or [rows[0]["seconds"]]
     return {
         "peers": peers,
         "tokens_per_s": tokens * len(timed) / sum(timed),
         "final_hash": info["hash"],
         "traffic": info["traffic"],
-        "phases": info.get("phases") or {},
+        "phases": phases,
     }
 
 
 def phase_table(one: dict, two: dict) -> list[str]:
-    """Milliseconds per step in each phase (pynode.run.trainer.PHASES): the 1-peer run and
-    each rank of the 2-peer run (their summaries' "phases", by rank)."""
+    """Milliseconds per step in each phase (pynode.run.trainer.PHASES) and their sum: the
+    1-peer run and each rank of the 2-peer run (their summaries' phase_ms_per_step)."""
     runs = [("1 peer", one.get("0", {}))]
     runs += [(f"2 peers, rank {r}", two[r]) for r in sorted(two, key=int)]
     names = [p for p in PHASES if any(p in ms for _, ms in runs)]
     if not names:
         return []
-    lines = ["ms per step".ljust(18) + "".join(f"{p:>10}" for p in names) + f"{'all':>10}"]
+    lines = ["ms per step".ljust(18) + "".join(f"{p:>10}" for p in names) + f"{'sum':>10}"]
     for label, ms in runs:
         lines.append(label.ljust(18) + "".join(f"{ms.get(p, 0.0):10.1f}" for p in names)
                      + f"{sum(ms.values()):10.1f}")
@@ -101,8 +106,9 @@ def main(argv: list[str]) -> int:
         "packing_ratio": raw / worst,
         "ring_optimum_bytes_per_step": traffic["ring_optimum_bytes_per_step"],
         "traffic_over_optimum": worst / traffic["ring_optimum_bytes_per_step"],
-        # ms per step in each phase (pynode.run.trainer.PHASES), last round: 1 peer, by rank
-        "phase_ms_per_step_1": one["phases"].get("0", {}),
+        # ms per step in each phase (pynode.run.trainer.PHASES), by rank, of the last round's
+        # 1-peer and 2-peer runs
+        "phase_ms_per_step_1": one["phases"],
         "phase_ms_per_step_2": two["phases"],
         "machine": machine_info(),
     }
@@ -124,4 +130,7 @@ def main(argv: list[str]) -> int:
     if table:
         print("where a step goes (last round; the first step, which starts up, left out):")
         print("\n".join(table))
+    else:
+        print("where a step goes: not measured (only a run's first step, which starts up, "
+              "ran; use --steps 2 or more)")
     return 0

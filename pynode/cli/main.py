@@ -38,8 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", help="continue from this .pt checkpoint")
     train.add_argument("--peers", type=int, default=1, help="local peer processes (loopback)")
     train.add_argument("--capacity", help="relative speeds of the local peers, e.g. 1,2,5")
-    train.add_argument("--summary", help="write a JSON summary (final hash, traffic, ms per "
-                       "step in each phase by rank) here")
+    train.add_argument("--summary", metavar="FILE",
+                       help="write a JSON summary here: final hash, traffic, and each rank's "
+                       "ms per step in each phase (all steps but the first)")
     train.add_argument("--schedule", metavar="FILE",
                        help="apply these changes at their steps: a JSON list of {\"step\": S, "
                        "\"lr\": X, \"steps\": N} (a room's live changes, replayed; "
