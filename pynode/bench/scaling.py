@@ -45,13 +45,13 @@ def run_peers(peers: int, cfg: RunConfig, folder: Path) -> dict:
     tokens = cfg.microbatches * cfg.microbatch_size * cfg.seq
     info = json.loads(summary.read_text())
     phases = info.get("phase_ms_per_step") or {}
-    # the whole step, its agreement round included: the slowest rank's phases; a log row's
-    # seconds end at the probe (one step only: that row, start-up and all)
+    # the whole step, its agreement round included: the slowest rank's phases; where none
+    # was timed (one step), the log's, which end at the probe
     whole = [sum(ms.values()) / 1000 for ms in phases.values() if ms]
-    timed = [max(whole)] if whole else [r["seconds"] for r in rows[1:]] or [rows[0]["seconds"]]
+    seconds = max(whole) if whole else statistics.mean(r["seconds"] for r in rows[1:] or rows)
     return {
         "peers": peers,
-        "tokens_per_s": tokens * len(timed) / sum(timed),
+        "tokens_per_s": tokens / seconds,
         "final_hash": info["hash"],
         "traffic": info["traffic"],
         "phases": phases,

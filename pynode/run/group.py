@@ -77,7 +77,7 @@ async def run_member(
     on_step: Sequence[OnStep] = (),
     report: Callable[[str], None] = print,
     prepare: Callable[[Trainer], None] | None = None,
-) -> tuple[Trainer, dict]:
+) -> tuple[Trainer, dict, dict[int, dict[str, float]]]:
     """Join the group's run and train it to the end; returns the trainer (final state),
     the traffic each member sent (see report_traffic) and where each member's steps went
     (report_phases)."""
@@ -133,8 +133,8 @@ async def report_unit_counts(collective, trainer: Trainer, report: Callable[[str
 
 
 async def report_phases(collective, trainer: Trainer) -> dict[int, dict[str, float]]:
-    """Every member's milliseconds per step in each phase of its steps (Trainer.PHASES),
-    by rank; a member that sent nothing readable is left out."""
+    """Every member's milliseconds per step in each phase of its steps
+    (pynode.run.trainer.PHASES), by rank; a member that sent nothing readable is left out."""
     sent = await collective.allgather_bytes(json.dumps(trainer.phase_ms_per_step()).encode(),
                                             timeout=SETUP_TIMEOUT)
     phases = {}
