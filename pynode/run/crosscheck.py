@@ -7,13 +7,16 @@ its fixed-point loss) has a digest, a random linear form mod 2**64 keyed by (see
 cut to DIGEST_BITS. The owner adds each digest into the step's reduced vector next to the
 microbatch's coverage count, so by the end of the reduce every peer holds every owner's
 commitment. A seeded sample of microbatches (each with probability 1 / cfg.cross_check)
-is then recomputed, each by one peer other than its owner; a mismatch is arbitrated by
-every other peer recomputing that microbatch, and the strict majority of digests decides
-who computed it wrong. The step's total never holds a wrong peer's partial: the others
-recompute its microbatches (pynode/run/trainer.py, Trainer.verify).
+is then recomputed, each by one peer other than its owner (a step's picks fall together,
+one per owner, and go to the peers with the least work, so they run side by side); a
+mismatch is arbitrated by every other peer recomputing that microbatch, and the strict
+majority of digests decides who computed it wrong. The step's total never holds a wrong
+peer's partial: the others recompute its microbatches (pynode/run/trainer.py,
+Trainer.verify).
 
-The plan of who checks what is a function of (seed, step, members, owners) only, so every
-peer derives the same one and knows without a message whether this step has a round.
+The plan of who checks what is a function of (seed, step, the step's plan, owners,
+capacities) only, so every peer derives the same one and knows without a message whether
+this step has a round.
 
 Legend: P parameters, n microbatches.
 """
@@ -48,23 +51,49 @@ class DigestKey:
         return acc >> (64 - DIGEST_BITS)
 
 
-def sampled(cfg: RunConfig, step: int) -> list[int]:
-    """Microbatches of step `step` (1-based) recomputed by another peer: each with
-    probability 1 / cfg.cross_check, none when it is 0."""
+def sampled(cfg: RunConfig, step: int, plan: dict[int, list[int]]) -> list[int]:
+    """Microbatches of step `step` (1-based) recomputed by another peer, given the step's
+    plan (rank -> its microbatches): each with probability 1 / cfg.cross_check, none when
+    it is 0.
+
+    The picks of a step fall together: one draw u in [0, cross_check) picks, of every
+    owner's microbatches in index order, those whose position is u modulo cross_check. So
+    each microbatch is still picked with probability 1 / cross_check, but a step either
+    has no check or one per owner, which their checkers recompute side by side: a group
+    waits for one recomputation about max(owned) / cross_check of the steps, where
+    independent picks made it wait in about 1 - (1 - 1 / cross_check) ** microbatches.
+    """
     if cfg.cross_check == 0:
         return []
-    words = rng.raw64((SAMPLE_PURPOSE, cfg.seed, step), cfg.microbatches)
-    return [i for i, w in enumerate(words.tolist()) if w % cfg.cross_check == 0]
+    (word,) = rng.raw64((SAMPLE_PURPOSE, cfg.seed, step), 1).tolist()
+    u = word % cfg.cross_check
+    return sorted(i for indices in plan.values()
+                  for position, i in enumerate(sorted(indices)) if position % cfg.cross_check == u)
 
 
-def checker_of(cfg: RunConfig, step: int, index: int, owner: int,
-               members: tuple[int, ...]) -> int | None:
-    """The peer that recomputes microbatch `index` (owned by `owner`); None alone."""
-    others = sorted(m for m in members if m != owner)
-    if not others:
-        return None
-    (word,) = rng.raw64((SAMPLE_PURPOSE, cfg.seed, step, 1 + index), 1).tolist()
-    return others[word % len(others)]
+def checkers(cfg: RunConfig, step: int, picks: list[int], owners: dict[int, int],
+             capacities: dict[int, float]) -> dict[int, int]:
+    """Who recomputes each pick (microbatch -> rank): a worker (a rank of `capacities`)
+    other than the pick's owner, the one that would finish its share of the step soonest
+    with it (its microbatches and recomputations so far over its capacity), ties broken
+    by a seeded rotation. Picks with no such worker are left out.
+
+    A function of its arguments only, so every peer derives the same assignment."""
+    workers = sorted(capacities)
+    if not workers:
+        return {}
+    (word,) = rng.raw64((SAMPLE_PURPOSE, cfg.seed, step, 1), 1).tolist()
+    turn = {r: (k - word) % len(workers) for k, r in enumerate(workers)}
+    work = {r: sum(1 for o in owners.values() if o == r) for r in workers}
+    assigned: dict[int, int] = {}
+    for i in sorted(picks):
+        others = [r for r in workers if r != owners.get(i) and capacities[r] > 0]
+        if not others:
+            continue
+        checker = min(others, key=lambda r: ((work[r] + 1) / capacities[r], turn[r]))
+        assigned[i] = checker
+        work[checker] += 1
+    return assigned
 
 
 def majority(digests: dict[int, int]) -> int | None:

@@ -193,13 +193,24 @@ class Trainer:
         the step's cross-check sample (the sample is known in advance, so only those need
         one), or alone."""
         step = self.state.step + 1
-        if self._sample is None or self._sample[0] != step:
-            self._sample = (step, crosscheck.sampled(self.cfg, step), None)
-        if self.collective is None or index not in self._sample[1]:
+        if self.collective is None or index not in self.sample(step):
             return 0
         if self._sample[2] is None:
             self._sample = (*self._sample[:2], crosscheck.DigestKey(self.cfg, step, self.size))
         return self._sample[2].digest(fixed, loss)
+
+    def sample(self, step: int, plan: dict[int, list[int]] | None = None) -> list[int]:
+        """Step `step`'s cross-check picks (crosscheck.sampled), drawn from its plan once:
+        microbatches re-planned later in the step keep their place in the sample."""
+        if self._sample is None or self._sample[0] != step:
+            picks = crosscheck.sampled(self.cfg, step, self.plan() if plan is None else plan)
+            self._sample = (step, picks, None)
+        return self._sample[1]
+
+    def checkers(self, picks: list[int], owners: dict[int, int]) -> dict[int, int]:
+        """Who recomputes each of `picks` this step (crosscheck.checkers)."""
+        caps = {r: self.capacities.get(r, 1.0) for r in self.workers()}
+        return crosscheck.checkers(self.cfg, self.state.step + 1, picks, owners, caps)
 
     def flatten(self, grads: dict[str, np.ndarray]) -> np.ndarray:
         missing = [name for name in self.shapes if name not in grads]
@@ -288,10 +299,9 @@ class Trainer:
         what follow from the plan, so natively a worker thread recomputes while the reduce
         waits for the others. The model computes nothing else meanwhile (a re-plan settles
         first). The page has no threads: there `verify` recomputes after the reduce."""
-        cfg, step, me = self.cfg, self.state.step + 1, self.rank()
         owners = {i: r for r, indices in plan.items() for i in indices}
-        picks = [i for i in crosscheck.sampled(cfg, step) if i in owners
-                 and crosscheck.checker_of(cfg, step, i, owners[i], self.workers()) == me]
+        sample = [i for i in self.sample(self.state.step + 1, plan) if i in owners]
+        picks = [i for i, r in self.checkers(sample, owners).items() if r == self.rank()]
         self._rechecks = None
         if self.collective is None or len(self.members()) < 2 or not picks:
             return
@@ -314,16 +324,15 @@ class Trainer:
         of the others, who recompute its microbatches: a wrong peer's work is never applied.
         Raises VerificationError when peers disagree and no strict majority decides.
         """
-        cfg, step, me = self.cfg, self.state.step + 1, self.rank()
+        step, me = self.state.step + 1, self.rank()
         members = self.members()
-        sample = [i for i in crosscheck.sampled(cfg, step) if i in owners]
+        sample = [i for i in self.sample(step) if i in owners]
         if self.collective is None or len(members) < 2 or not sample:
             return total
         committed = self.committed(total)
         early = early or {}
         checks = {i: early[i, owners[i]] if (i, owners[i]) in early else self.recheck(i)
-                  for i in sample
-                  if crosscheck.checker_of(cfg, step, i, owners[i], self.workers()) == me}
+                  for i, r in self.checkers(sample, owners).items() if r == me}
         disputed = sorted({i for _, found in await self.gather_digests(checks)
                            for i, d in found.items() if d != committed[i]})
         if not disputed:
@@ -405,6 +414,7 @@ class Trainer:
         marks = [started]  # the end of each phase, PHASES in order
         cfg = self.cfg
         plan = self.plan()
+        self.sample(self.state.step + 1, plan)
         partial = self.microbatch_partial(plan.get(self.rank(), []))
         self.start_rechecks(plan)
         marks.append(time.perf_counter())
