@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 
+from pynode import platform
 from pynode.cli.elastic import add_elastic_flags
 from pynode.cli.flags import (
     add_arithmetic_flags,
@@ -90,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     # torch's C++ warnings (gloo's socket retries and timeouts, with stack frames) say
     # nothing our own error lines do not; set before torch loads, a user's choice kept.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    platform.share_malloc_arena()  # before any thread starts (the cross-check's worker)
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
