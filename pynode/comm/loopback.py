@@ -5,7 +5,13 @@ combines them exactly (star.py) and sends every member the same result. The hub 
 the failure detector: a member whose connection closes, or who has not contributed by
 the hub's deadline, is dropped from `members` and the collective completes without it.
 If the hub itself goes, every other member raises PeerLost([0]) and the group is over.
+
+A group of two reduces pairwise: the hub sends its own packed vector (a PART frame) as
+soon as it has it, then the result without the sum, which the member adds itself (int64
+addition: the hub's bits). The packed-sum leg of the codec's chain, packing on the hub
+and unpacking on the member, leaves the critical path, and both sides unpack at once.
 """
+
 
 from __future__ import annotations
 
@@ -83,13 +89,14 @@ class LoopbackCollective(Collective):
         return self._members
 
     async def allreduce_int64(self, x: np.ndarray, *, timeout: float) -> ReduceResult:
+        vec = None
         try:
             vec = check_contribution(x, self.world_size)  # (n,) int64
-            # The hub's own vector never travels: it stays an array (star.combine).
+            # The hub's own vector stays an array (star.combine), or travels as a PART.
             payload: Any = vec if self.rank == 0 else self._pack(vec)
         except DaisyError as exc:
             payload = exc
-        return await self._collective(Kind.ALLREDUCE, 0, payload, timeout)
+        return await self._collective(Kind.ALLREDUCE, 0, payload, timeout, vec)
 
     def _pack(self, vec: np.ndarray) -> bytes:
         packed = pack_message({}, vec)
@@ -121,8 +128,10 @@ class LoopbackCollective(Collective):
             await link.close()
 
     async def _collective(
-        self, kind: Kind, arg: int, payload: bytes | DaisyError, timeout: float
+        self, kind: Kind, arg: int, payload: bytes | DaisyError, timeout: float,
+        vec: np.ndarray | None = None,
     ) -> Any:
+        """One collective; `vec` is this member's own int64 vector in an all-reduce."""
         timeout = check_timeout(timeout)
         async with self._lock:
             if self._broken is not None:
@@ -135,17 +144,23 @@ class LoopbackCollective(Collective):
                 own = Frame(kind, 0, seq, self.rank, arg, payload)
             try:
                 if self.rank == 0:
-                    status, meta, blob = await self._hub_round(own, timeout)
+                    status, meta, blob = await self._hub_round(own, timeout, vec)
                 else:
-                    status, meta, blob = await self._member_round(own, timeout)
+                    status, meta, blob = await self._member_round(own, timeout, vec)
             except asyncio.CancelledError:
                 self._broken = CommError(f"rank {self.rank}: a collective was cancelled midway")
                 raise
             self._members = tuple(meta["members"])
         return star.decode(kind, status, meta, blob)
 
-    async def _hub_round(self, own: Frame, timeout: float) -> tuple[int, dict[str, Any], bytes]:
+    async def _hub_round(
+        self, own: Frame, timeout: float, vec: np.ndarray | None
+    ) -> tuple[int, dict[str, Any], bytes]:
         others = [r for r in self._members if r != 0]
+        pair = vec is not None and not own.status and len(others) == 1 and others[0] in self._links
+        if pair:  # its part first, so the member unpacks it while the hub unpacks theirs
+            self.bytes_sent += await self._send(others[0], own._replace(
+                kind=Kind.PART, payload=self._pack(vec)))
         got = await asyncio.gather(*(self._receive(r, timeout) for r in others))
         frames = {0: own}
         for rank, item in zip(others, got, strict=True):
@@ -155,9 +170,12 @@ class LoopbackCollective(Collective):
                 await self._drop(rank, item, own.seq)
         members = tuple(r for r in self._members if r in frames)
         status, meta, blob = star.combine(own, frames, members, self.world_size)
-        result = pack_message(meta, blob)
-        if isinstance(blob, np.ndarray):
-            self.bytes_saved += int64_saving(result, meta, blob) * (len(frames) - 1)
+        if pair and isinstance(blob, np.ndarray):  # the member adds the hub's part itself
+            result = pack_message({**meta, "pair": True})
+        else:
+            result = pack_message(meta, blob)
+            if isinstance(blob, np.ndarray):
+                self.bytes_saved += int64_saving(result, meta, blob) * (len(frames) - 1)
         # Echo each member's own kind and seq, so a member that called the wrong collective
         # reads the usage error instead of a protocol violation.
         sent = await asyncio.gather(
@@ -193,7 +211,9 @@ class LoopbackCollective(Collective):
             pass
         await link.close()
 
-    async def _member_round(self, own: Frame, timeout: float) -> tuple[int, dict[str, Any], bytes]:
+    async def _member_round(
+        self, own: Frame, timeout: float, vec: np.ndarray | None
+    ) -> tuple[int, dict[str, Any], bytes]:
         link = self._links[0]
         wait_s = 2 * timeout + HUB_GRACE_S
         lost: CommError
@@ -201,8 +221,13 @@ class LoopbackCollective(Collective):
             self.bytes_sent += await link.send(own)
         except LinkGone:
             pass  # what the hub sent last (a DROP, or nothing) tells why; read it below
+        part: Any = None  # the hub's own vector, in a group of two
         try:
             frame = await link.recv(wait_s)
+            while frame.kind == Kind.PART:  # kept only for this very all-reduce
+                if own.kind == Kind.ALLREDUCE and frame.seq == own.seq:
+                    part = star.part_vector(frame.payload)
+                frame = await link.recv(wait_s)
         except asyncio.TimeoutError:
             lost = PeerLost([0], f"the hub sent no result within {wait_s:g} s")
         except LinkGone as exc:
@@ -217,7 +242,11 @@ class LoopbackCollective(Collective):
                 )
             else:
                 meta, blob = unpack_message(frame.payload)
-                return frame.status, meta, blob
+                if frame.status or not meta.pop("pair", False):
+                    return frame.status, meta, blob
+                if isinstance(part, np.ndarray) and vec is not None and part.shape == vec.shape:
+                    return frame.status, meta, vec + part
+                lost = CommError(f"the hub's part of all-reduce #{own.seq} did not arrive whole")
         raise await self._break(lost)
 
     async def _break(self, exc: CommError) -> CommError:

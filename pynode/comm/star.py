@@ -89,6 +89,16 @@ def _sum_int64(frames: dict[int, Frame]) -> np.ndarray:
     return total
 
 
+def part_vector(payload: bytes) -> np.ndarray | CommError:
+    """The hub's own packed vector in a group of two (loopback's PART frame), or the
+    CommError that says why it does not read."""
+    try:
+        _, vector = unpack_message(payload)
+    except MessageError as exc:
+        return exc
+    return vector if isinstance(vector, np.ndarray) else CommError("a part without a vector")
+
+
 def _vector(rank: int, payload: Any) -> np.ndarray:
     """A member's contribution: the hub's own (n,) int64 array, or a packed one's."""
     if isinstance(payload, np.ndarray):

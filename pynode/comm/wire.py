@@ -70,6 +70,7 @@ class Kind(IntEnum):
     BARRIER = 6
     DROP = 7  # hub -> peer: you missed a deadline and are no longer a member
     BYE = 8  # either way: orderly close
+    PART = 9  # hub -> the one other member: the hub's own packed int64 contribution
 
 
 

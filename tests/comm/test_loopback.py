@@ -13,7 +13,7 @@ from comm_helpers import loopback_group, oracle_sum, peer_script, run_peers
 
 from pynode.comm import CollectiveUsageError, CommError, PeerLost, make_collective
 from pynode.comm.loopback import HUB_GRACE_S, connect
-from pynode.comm.wire import pack_message
+from pynode.comm.wire import Kind, pack_message
 from pynode.core.errors import FixedPointOverflowError, ShapeError
 
 # ---- members as tasks of this process, over a real Unix socket -------------------------
@@ -178,6 +178,64 @@ def test_members_calling_different_collectives_is_refused(tmp_path: Path) -> Non
         )
         assert all(isinstance(e, CollectiveUsageError) for e in out)
         await close_all(group)
+
+    asyncio.run(scenario())
+
+
+def test_a_pair_adds_the_hubs_part_itself_and_mismatched_calls_stay_refused(
+    tmp_path: Path,
+) -> None:
+    """Two members: the hub sends its own packed vector first (PART) and a result without
+    the sum; the member's sum is the hub's, bit for bit, whoever starts first."""
+    async def scenario() -> None:
+        hub, member = await loopback_group(2, tmp_path)
+        sent: list[Kind] = []
+        real = hub._links[1].send
+
+        async def spy(frame):
+            sent.append(frame.kind)
+            return await real(frame)
+
+        hub._links[1].send = spy
+        xs = [big_values(r, 2, 4099) for r in range(2)]
+        xs[1][::7] = -(2**40)  # large values of the other sign: the member's sum is exact
+        for reverse in (False, True):
+            results = await reduce_all([hub, member], xs, reverse=reverse)
+            assert [r.total.tolist() for r in results] == [oracle_sum(xs)] * 2
+            assert all(r.contributors == (0, 1) for r in results)
+        assert sent == [Kind.PART, Kind.ALLREDUCE] * 2
+        # the member asks for something else: its usage error, and the PART it skips
+        out = await asyncio.gather(hub.allreduce_int64(xs[0], timeout=5),
+                                   member.barrier(timeout=5), return_exceptions=True)
+        assert all(isinstance(e, CollectiveUsageError) for e in out), out
+        # the hub's vector refused: no PART, every member reads the refusal
+        out = await asyncio.gather(hub.allreduce_int64(xs[0].astype(np.float64), timeout=5),
+                                   member.allreduce_int64(xs[1], timeout=5),
+                                   return_exceptions=True)
+        assert all(isinstance(e, ShapeError) and "rank 0" in str(e) for e in out), out
+        # the mismatched round: a PART, then the member's own kind echoed with the error;
+        # the refused round: the refusal only
+        assert sent[4:] == [Kind.PART, Kind.BARRIER, Kind.ALLREDUCE]
+        results = await reduce_all([hub, member], xs)
+        assert [r.total.tolist() for r in results] == [oracle_sum(xs)] * 2
+        await close_all([hub, member])
+
+    asyncio.run(scenario())
+
+
+def test_a_pair_member_whose_hub_part_does_not_read_stops_with_a_named_error(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        hub, member = await loopback_group(2, tmp_path)
+        hub._pack = lambda _vector: b"\x00\x00"  # a PART that does not unpack
+        xs = [np.arange(64, dtype=np.int64) * (r + 1) for r in range(2)]
+        out = await asyncio.gather(*(m.allreduce_int64(x, timeout=5)
+                                     for m, x in zip((hub, member), xs, strict=True)),
+                                   return_exceptions=True)
+        assert out[0].total.tolist() == (xs[0] + xs[1]).tolist()
+        assert isinstance(out[1], CommError) and "part of all-reduce #0" in str(out[1])
+        await close_all([hub, member])
 
     asyncio.run(scenario())
 
