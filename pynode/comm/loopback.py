@@ -6,12 +6,13 @@ the failure detector: a member whose connection closes, or who has not contribut
 the hub's deadline, is dropped from `members` and the collective completes without it.
 If the hub itself goes, every other member raises PeerLost([0]) and the group is over.
 
-A group of two reduces pairwise: the hub sends its own packed vector (a PART frame) as
-soon as it has it, then the result without the sum, which the member adds itself (int64
-addition: the hub's bits). The packed-sum leg of the codec's chain, packing on the hub
-and unpacking on the member, leaves the critical path, and both sides unpack at once.
+A group of two reduces pairwise: the hub packs its own vector while it waits, and once
+the member's contribution is in, sends it (a PART frame) and then the result without the
+sum, which the member adds itself (int64 addition: the hub's bits). The packed-sum leg
+of the codec's chain, packing on the hub and unpacking on the member, leaves the critical
+path, and both sides unpack at once. A member that has not contributed is sent nothing
+large, so the hub's deadline holds however long it stops reading.
 """
-
 
 from __future__ import annotations
 
@@ -158,9 +159,7 @@ class LoopbackCollective(Collective):
     ) -> tuple[int, dict[str, Any], bytes]:
         others = [r for r in self._members if r != 0]
         pair = vec is not None and not own.status and len(others) == 1 and others[0] in self._links
-        if pair:  # its part first, so the member unpacks it while the hub unpacks theirs
-            self.bytes_sent += await self._send(others[0], own._replace(
-                kind=Kind.PART, payload=self._pack(vec)))
+        part = self._pack(vec) if pair else b""  # packed while the member may still compute
         got = await asyncio.gather(*(self._receive(r, timeout) for r in others))
         frames = {0: own}
         for rank, item in zip(others, got, strict=True):
@@ -168,6 +167,11 @@ class LoopbackCollective(Collective):
                 frames[rank] = item
             else:
                 await self._drop(rank, item, own.seq)
+        theirs = frames.get(others[0]) if pair else None
+        pair = theirs is not None and not theirs.status and theirs[:3] == own[:3]
+        if pair:  # the member waits for the result: it unpacks this while the hub unpacks theirs
+            self.bytes_sent += await self._send(others[0], own._replace(kind=Kind.PART,
+                                                                        payload=part))
         members = tuple(r for r in self._members if r in frames)
         status, meta, blob = star.combine(own, frames, members, self.world_size)
         if pair and isinstance(blob, np.ndarray):  # the member adds the hub's part itself
@@ -216,6 +220,7 @@ class LoopbackCollective(Collective):
     ) -> tuple[int, dict[str, Any], bytes]:
         link = self._links[0]
         wait_s = 2 * timeout + HUB_GRACE_S
+        deadline = asyncio.get_running_loop().time() + wait_s
         lost: CommError
         try:
             self.bytes_sent += await link.send(own)
@@ -227,7 +232,7 @@ class LoopbackCollective(Collective):
             while frame.kind == Kind.PART:  # kept only for this very all-reduce
                 if own.kind == Kind.ALLREDUCE and frame.seq == own.seq:
                     part = star.part_vector(frame.payload)
-                frame = await link.recv(wait_s)
+                frame = await link.recv(max(deadline - asyncio.get_running_loop().time(), 0.0))
         except asyncio.TimeoutError:
             lost = PeerLost([0], f"the hub sent no result within {wait_s:g} s")
         except LinkGone as exc:

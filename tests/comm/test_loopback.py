@@ -204,7 +204,7 @@ def test_a_pair_adds_the_hubs_part_itself_and_mismatched_calls_stay_refused(
             assert [r.total.tolist() for r in results] == [oracle_sum(xs)] * 2
             assert all(r.contributors == (0, 1) for r in results)
         assert sent == [Kind.PART, Kind.ALLREDUCE] * 2
-        # the member asks for something else: its usage error, and the PART it skips
+        # the member asks for something else: its usage error, and no PART
         out = await asyncio.gather(hub.allreduce_int64(xs[0], timeout=5),
                                    member.barrier(timeout=5), return_exceptions=True)
         assert all(isinstance(e, CollectiveUsageError) for e in out), out
@@ -213,11 +213,31 @@ def test_a_pair_adds_the_hubs_part_itself_and_mismatched_calls_stay_refused(
                                    member.allreduce_int64(xs[1], timeout=5),
                                    return_exceptions=True)
         assert all(isinstance(e, ShapeError) and "rank 0" in str(e) for e in out), out
-        # the mismatched round: a PART, then the member's own kind echoed with the error;
-        # the refused round: the refusal only
-        assert sent[4:] == [Kind.PART, Kind.BARRIER, Kind.ALLREDUCE]
+        # the mismatched round: the member's own kind echoed with the error; the refused
+        # round: the refusal only
+        assert sent[4:] == [Kind.BARRIER, Kind.ALLREDUCE]
         results = await reduce_all([hub, member], xs)
         assert [r.total.tolist() for r in results] == [oracle_sum(xs)] * 2
+        await close_all([hub, member])
+
+    asyncio.run(scenario())
+
+
+def test_a_pair_hub_drops_a_member_that_stopped_reading_at_its_deadline(tmp_path: Path) -> None:
+    """A member whose event loop is stuck (it reads nothing) is sent nothing large before
+    it contributes: the hub's all-reduce of a vector larger than any socket buffer ends at
+    its deadline without it."""
+    async def scenario() -> None:
+        hub, member = await loopback_group(2, tmp_path)
+        member._links[0]._writer.transport.pause_reading()  # its end reads nothing more
+        x = np.arange(1 << 18, dtype=np.int64) * 1_000_003  # ~2 MB as int64, ~1 MB packed
+        started = time.monotonic()
+        # a hub that waits for the member to read would never return: bounded here
+        result = await asyncio.wait_for(hub.allreduce_int64(x, timeout=1.0), 10.0)
+        assert time.monotonic() - started < 3.0
+        assert result.contributors == (0,)
+        assert result.total.tolist() == x.tolist()
+        assert hub.members == (0,)
         await close_all([hub, member])
 
     asyncio.run(scenario())
