@@ -8,7 +8,8 @@ cut to DIGEST_BITS. The owner adds each digest into the step's reduced vector ne
 microbatch's coverage count, so by the end of the reduce every peer holds every owner's
 commitment. A seeded sample of microbatches (each with probability 1 / cfg.cross_check)
 is then recomputed, each by one peer other than its owner (a step's picks fall together,
-one per owner, and go to the peers with the least work, so they run side by side); a
+at most one per owner of up to cross_check microbatches, and go to the peers with the
+least work, so they run side by side); a
 mismatch is arbitrated by every other peer recomputing that microbatch, and the strict
 majority of digests decides who computed it wrong. The step's total never holds a wrong
 peer's partial: the others recompute its microbatches (pynode/run/trainer.py,
@@ -58,9 +59,10 @@ def sampled(cfg: RunConfig, step: int, plan: dict[int, list[int]]) -> list[int]:
 
     The picks of a step fall together: one draw u in [0, cross_check) picks, of every
     owner's microbatches in index order, those whose position is u modulo cross_check. So
-    each microbatch is still picked with probability 1 / cross_check, but a step either
-    has no check or one per owner, which their checkers recompute side by side: a group
-    waits for one recomputation about max(owned) / cross_check of the steps, where
+    each microbatch is still picked with probability 1 / cross_check, but the picks come
+    together: an owner of m microbatches has ceil(m / cross_check) or fewer (none when its
+    m <= u), and their checkers recompute them side by side. A group waits for
+    recomputations in min(max(owned), cross_check) / cross_check of the steps, where
     independent picks made it wait in about 1 - (1 - 1 / cross_check) ** microbatches.
     """
     if cfg.cross_check == 0:

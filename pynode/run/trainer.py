@@ -193,13 +193,13 @@ class Trainer:
         the step's cross-check sample (the sample is known in advance, so only those need
         one), or alone."""
         step = self.state.step + 1
-        if self.collective is None or index not in self.sample(step):
+        if self.collective is None or index not in self.crosscheck_sample(step):
             return 0
         if self._sample[2] is None:
             self._sample = (*self._sample[:2], crosscheck.DigestKey(self.cfg, step, self.size))
         return self._sample[2].digest(fixed, loss)
 
-    def sample(self, step: int, plan: dict[int, list[int]] | None = None) -> list[int]:
+    def crosscheck_sample(self, step: int, plan: dict[int, list[int]] | None = None) -> list[int]:
         """Step `step`'s cross-check picks (crosscheck.sampled), drawn from its plan once:
         microbatches re-planned later in the step keep their place in the sample."""
         if self._sample is None or self._sample[0] != step:
@@ -300,7 +300,7 @@ class Trainer:
         waits for the others. The model computes nothing else meanwhile (a re-plan settles
         first). The page has no threads: there `verify` recomputes after the reduce."""
         owners = {i: r for r, indices in plan.items() for i in indices}
-        sample = [i for i in self.sample(self.state.step + 1, plan) if i in owners]
+        sample = [i for i in self.crosscheck_sample(self.state.step + 1, plan) if i in owners]
         picks = [i for i, r in self.checkers(sample, owners).items() if r == self.rank()]
         self._rechecks = None
         if self.collective is None or len(self.members()) < 2 or not picks:
@@ -326,7 +326,7 @@ class Trainer:
         """
         step, me = self.state.step + 1, self.rank()
         members = self.members()
-        sample = [i for i in self.sample(step) if i in owners]
+        sample = [i for i in self.crosscheck_sample(step) if i in owners]
         if self.collective is None or len(members) < 2 or not sample:
             return total
         committed = self.committed(total)
@@ -414,7 +414,7 @@ class Trainer:
         marks = [started]  # the end of each phase, PHASES in order
         cfg = self.cfg
         plan = self.plan()
-        self.sample(self.state.step + 1, plan)
+        self.crosscheck_sample(self.state.step + 1, plan)
         partial = self.microbatch_partial(plan.get(self.rank(), []))
         self.start_rechecks(plan)
         marks.append(time.perf_counter())

@@ -1,6 +1,7 @@
 """The cross-check's sample and who recomputes it (pynode/run/crosscheck.py): each
-microbatch picked with probability 1 / cross_check, a step's picks together (one per
-owner), and their recomputations spread over the peers with the least work."""
+microbatch picked with probability 1 / cross_check, a step's picks together (at most
+ceil(m / cross_check) of an owner's m), and their recomputations spread over the peers
+with the least work."""
 
 from __future__ import annotations
 
@@ -37,6 +38,25 @@ def test_a_steps_picks_fall_together_one_per_owner():
     assert all(sorted(owners[i] for i in s) == [0, 1] for s in checked)
     # 4 of every 32 draws check, against 1 - (31/32)**8 = 22 % of steps with independent picks
     assert 0.10 <= len(checked) / len(samples) <= 0.15
+
+
+@pytest.mark.parametrize("every", [2, 4, 32])
+def test_an_owner_has_at_most_its_share_of_a_steps_picks(every):
+    cfg = CFG.with_(cross_check=every)
+    plan = microbatch_plan(cfg.microbatches, {0: 1.0, 1: 2.0, 2: 5.0})  # 1, 2, 5 microbatches
+    owners = owners_of(plan)
+    seen = set()
+    for step in STEPS[:2000]:
+        picks = crosscheck.sampled(cfg, step, plan)
+        per_owner = Counter(owners[i] for i in picks)
+        for rank, indices in plan.items():
+            assert per_owner[rank] <= -(-len(indices) // every)
+        # owners with more microbatches are never left out while a smaller one has a pick
+        if per_owner:
+            smallest = min(len(plan[r]) for r in per_owner)
+            assert all(per_owner[r] for r in plan if len(plan[r]) >= smallest)
+        seen.add(tuple(sorted(per_owner.items())))
+    assert len(seen) >= 2  # steps differ in who is checked
 
 
 def test_every_pick_is_recomputed_once_by_another_peer_side_by_side():

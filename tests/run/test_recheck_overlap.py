@@ -9,6 +9,8 @@ import threading
 from pynode.comm import webrtc
 from pynode.comm.mesh import MemoryNetwork
 from pynode.config import RunConfig
+from pynode.run.assemble import build_trainer
+from pynode.run.trainer import TrainOptions
 
 # cross_check 1: every microbatch is recomputed by the other peer, every step
 CFG = RunConfig.from_dict({"task": "gpt", "width": 32, "layers": 1, "heads": 2, "seq": 16,
@@ -49,3 +51,55 @@ def test_rechecks_run_in_a_worker_thread_during_the_reduce_and_change_no_hash(ch
     # measured speeds), never on the event loop's thread
     assert len(threads[0]) + len(threads[1]) == CFG.microbatches * CFG.steps
     assert all(name != main for t in threads for name in t), threads
+
+
+# cross_check 2 and unequal capacities: a step's picks depend on the plan, so every peer
+# must derive the same sample and checkers from it
+SAMPLED = CFG.with_(cross_check=2, microbatches=8, steps=4)
+CAPACITIES = {0: 1.0, 1: 2.0, 2: 5.0}  # 1, 2 and 5 microbatches
+
+
+def test_a_sampled_wrong_peer_is_named_and_left_out_with_unequal_capacities(checks):
+    """Rank 2 (5 of 8 microbatches) adds 0.5 to one gradient of each of its microbatches:
+    with cross_check 2 some of them are picked in step 1, the two others recompute them,
+    name rank 2, and the group ends on the one-peer run's hashes."""
+    async def alone() -> list[str]:
+        trainer = checks.make_trainer(SAMPLED, None, None)
+        return [(await trainer.step()).hash for _ in range(SAMPLED.steps)]
+
+    async def group() -> tuple[list[list[str]], list[set[int]], list[int]]:
+        net = MemoryNetwork()
+        ids = ["a", "b", "c"]
+        colls = [await webrtc.connect(net.join(i), ids, group=1) for i in ids]
+        options = TrainOptions(capacities=CAPACITIES)
+        trainers = [build_trainer(SAMPLED, c, arithmetic=(checks.units, checks.gemm),
+                                  options=options) for c in colls]
+        real = trainers[2].contribution
+
+        def wrong(index):
+            fixed, loss = real(index)
+            fixed = fixed.copy()
+            fixed[index] += 1 << (SAMPLED.frac_bits - 1)  # 0.5 off
+            return fixed, loss
+
+        trainers[2].contribution = wrong
+        rechecked = [0, 0, 0]
+        for rank, trainer in enumerate(trainers):
+            def spy(index, rank=rank, real=trainer.recheck):
+                rechecked[rank] += 1
+                return real(index)
+            trainer.recheck = spy
+        hashes: list[list[str]] = [[], [], []]
+        for _ in range(SAMPLED.steps):
+            results = await asyncio.gather(*(t.step() for t in trainers))
+            for rank, result in enumerate(results):
+                hashes[rank].append(result.hash)
+        for c in colls:
+            await c.close()
+        return hashes, [t.distrusted for t in trainers], rechecked
+
+    want = asyncio.run(alone())
+    hashes, distrusted, rechecked = asyncio.run(group())
+    assert hashes == [want, want, want]
+    assert distrusted == [{2}, {2}, {2}]
+    assert rechecked[0] > 0 and rechecked[1] > 0  # both honest peers recomputed
