@@ -52,14 +52,15 @@ class ClusterBridge:
         return BridgeCollective(self.inner, outer, self.link, publish=agreement_entry)
 
     async def before_step(self, trainer: Trainer) -> None:
-        """A loop hook: the run's `go` (first step only), then the room's view and the
-        planning capacities, so every rank plans the step alike."""
+        """A loop hook: the run's `go` (first step only), then the room's view: the planning
+        capacities and the distrusted ranks, so every rank plans the step alike."""
         timeout = trainer.deadline()
         if self.pending is not None:
             message, self.pending = self.pending, None
             await self.link.broadcast(message, timeout)
         caps = {str(r): c for r, c in trainer.capacities.items()}
-        await trainer.collective.share({"t": "view", "capacities": caps}, b"", timeout)
+        view = {"t": "view", "capacities": caps, "distrusted": sorted(trainer.distrusted)}
+        await trainer.collective.share(view, b"", timeout)
 
     async def end_run(self) -> None:
         """The bridge's run is over (done or failed): release the other ranks."""
@@ -75,9 +76,11 @@ class ClusterBridge:
 
 
 async def follow_view(trainer: Trainer) -> None:
-    """A loop hook of ranks > 0: the bridge's view and capacities for the coming step."""
+    """A loop hook of ranks > 0: the bridge's view, capacities and distrusted ranks for the
+    coming step (its plan, and with it the cross-check's sample, follow from them)."""
     head, _ = await trainer.collective.receive(trainer.deadline())
     trainer.adopt_capacities(head["capacities"])
+    trainer.distrusted = {int(r) for r in head.get("distrusted", ())}
 
 
 # make_trainer(config, collective, checkpoint or None) -> a Trainer of this rank's share
