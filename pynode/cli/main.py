@@ -87,12 +87,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The commands that train in this process: their cross-check recomputes in a worker thread.
+TRAINING_COMMANDS = ("train", "cluster", "_peer", "join")
+
+
 def main(argv: list[str] | None = None) -> int:
     # torch's C++ warnings (gloo's socket retries and timeouts, with stack frames) say
     # nothing our own error lines do not; set before torch loads, a user's choice kept.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    platform.share_malloc_arena()  # before any thread starts (the cross-check's worker)
     args = build_parser().parse_args(argv)
+    if args.command in TRAINING_COMMANDS:  # before the cross-check's worker thread allocates
+        platform.share_malloc_arena()
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
