@@ -18,6 +18,19 @@ CFG = RunConfig.from_dict({"task": "gpt", "width": 32, "layers": 1, "heads": 2, 
                            "cross_check": 1})
 
 
+async def train_together(trainers: list, colls: list, steps: int) -> list[list[str]]:
+    """Each trainer's state hash after each of `steps` steps taken together; then the
+    collectives closed."""
+    hashes: list[list[str]] = [[] for _ in trainers]
+    for _ in range(steps):
+        results = await asyncio.gather(*(t.step() for t in trainers))
+        for rank, result in enumerate(results):
+            hashes[rank].append(result.hash)
+    for c in colls:
+        await c.close()
+    return hashes
+
+
 def test_rechecks_run_in_a_worker_thread_during_the_reduce_and_change_no_hash(checks):
     async def alone() -> list[str]:
         trainer = checks.make_trainer(CFG, None, None)
@@ -34,14 +47,7 @@ def test_rechecks_run_in_a_worker_thread_during_the_reduce_and_change_no_hash(ch
                 seen.append(threading.current_thread().name)
                 return real(index)
             trainer.recheck = spy
-        hashes: list[list[str]] = [[], []]
-        for _ in range(CFG.steps):
-            results = await asyncio.gather(*(t.step() for t in trainers))
-            for rank, result in enumerate(results):
-                hashes[rank].append(result.hash)
-        for c in colls:
-            await c.close()
-        return hashes, threads
+        return await train_together(trainers, colls, CFG.steps), threads
 
     want = asyncio.run(alone())
     hashes, threads = asyncio.run(pair())
@@ -89,13 +95,7 @@ def test_a_sampled_wrong_peer_is_named_and_left_out_with_unequal_capacities(chec
                 rechecked[rank] += 1
                 return real(index)
             trainer.recheck = spy
-        hashes: list[list[str]] = [[], [], []]
-        for _ in range(SAMPLED.steps):
-            results = await asyncio.gather(*(t.step() for t in trainers))
-            for rank, result in enumerate(results):
-                hashes[rank].append(result.hash)
-        for c in colls:
-            await c.close()
+        hashes = await train_together(trainers, colls, SAMPLED.steps)
         return hashes, [t.distrusted for t in trainers], rechecked
 
     want = asyncio.run(alone())
