@@ -57,7 +57,7 @@ from pynode.comm.wire import (
     pack_message,
     unpack_message,
 )
-from pynode.core.errors import DaisyError
+from pynode.core.errors import DaisyError, ShapeError
 
 log = logging.getLogger(__name__)
 
@@ -167,8 +167,9 @@ class LoopbackCollective(Collective):
                 frames[rank] = item
             else:
                 await self._drop(rank, item, own.seq)
-        theirs = frames.get(others[0]) if pair else None
-        pair = theirs is not None and not theirs.status and theirs[:3] == own[:3]
+        theirs = frames.get(others[0]) if pair else None  # their own all-reduce, no refusal
+        pair = (theirs is not None and theirs.kind == own.kind and theirs.seq == own.seq
+                and not theirs.status)
         if pair:  # the member waits for the result: it unpacks this while the hub unpacks theirs
             self.bytes_sent += await self._send(others[0], own._replace(kind=Kind.PART,
                                                                         payload=part))
@@ -231,7 +232,10 @@ class LoopbackCollective(Collective):
             frame = await link.recv(wait_s)
             while frame.kind == Kind.PART:  # kept only for this very all-reduce
                 if own.kind == Kind.ALLREDUCE and frame.seq == own.seq:
-                    part = star.part_vector(frame.payload)
+                    try:
+                        part = star.contribution(0, frame.payload)
+                    except ShapeError:
+                        part = None  # named below, once the result says it was needed
                 frame = await link.recv(max(deadline - asyncio.get_running_loop().time(), 0.0))
         except asyncio.TimeoutError:
             lost = PeerLost([0], f"the hub sent no result within {wait_s:g} s")

@@ -79,7 +79,7 @@ def _check_same_call(own: Frame, frames: dict[int, Frame]) -> None:
 
 
 def _sum_int64(frames: dict[int, Frame]) -> np.ndarray:
-    parts = {rank: _vector(rank, frame.payload) for rank, frame in sorted(frames.items())}
+    parts = {rank: contribution(rank, frame.payload) for rank, frame in sorted(frames.items())}
     lengths = {rank: part.shape[0] for rank, part in parts.items()}
     if len(set(lengths.values())) > 1:
         raise ShapeError(f"allreduce_int64 lengths differ between ranks: {lengths}")
@@ -89,18 +89,9 @@ def _sum_int64(frames: dict[int, Frame]) -> np.ndarray:
     return total
 
 
-def part_vector(payload: bytes) -> np.ndarray | CommError:
-    """The hub's own packed vector in a group of two (loopback's PART frame), or the
-    CommError that says why it does not read."""
-    try:
-        _, vector = unpack_message(payload)
-    except MessageError as exc:
-        return exc
-    return vector if isinstance(vector, np.ndarray) else CommError("a part without a vector")
-
-
-def _vector(rank: int, payload: Any) -> np.ndarray:
-    """A member's contribution: the hub's own (n,) int64 array, or a packed one's."""
+def contribution(rank: int, payload: Any) -> np.ndarray:
+    """A member's contribution: the hub's own (n,) int64 array, or a packed one's (also
+    the hub's, in loopback's PART frame); ShapeError if it does not read as one."""
     if isinstance(payload, np.ndarray):
         return payload
     try:

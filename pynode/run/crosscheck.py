@@ -9,11 +9,10 @@ microbatch's coverage count, so by the end of the reduce every peer holds every 
 commitment. A seeded sample of microbatches (each with probability 1 / cfg.cross_check)
 is then recomputed, each by one peer other than its owner (a step's picks fall together,
 at most one per owner of up to cross_check microbatches, and go to the peers with the
-least work, so they run side by side); a
-mismatch is arbitrated by every other peer recomputing that microbatch, and the strict
-majority of digests decides who computed it wrong. The step's total never holds a wrong
-peer's partial: the others recompute its microbatches (pynode/run/trainer.py,
-Trainer.verify).
+least work, so they run side by side); a mismatch is arbitrated by every other peer
+recomputing that microbatch, and the strict majority of digests decides who computed it
+wrong. The step's total never holds a wrong peer's partial: the others recompute its
+microbatches (pynode/run/trainer.py, Trainer.verify).
 
 The plan of who checks what is a function of (seed, step, the step's plan, owners,
 capacities) only, so every peer derives the same one and knows without a message whether
@@ -86,7 +85,8 @@ def checkers(cfg: RunConfig, step: int, picks: list[int], owners: dict[int, int]
         return {}
     (word,) = rng.raw64((SAMPLE_PURPOSE, cfg.seed, step, 1), 1).tolist()
     turn = {r: (k - word) % len(workers) for k, r in enumerate(workers)}
-    work = {r: sum(1 for o in owners.values() if o == r) for r in workers}
+    owned = Counter(owners.values())
+    work = {r: owned[r] for r in workers}
     assigned: dict[int, int] = {}
     for i in sorted(picks):
         others = [r for r in workers if r != owners.get(i) and capacities[r] > 0]

@@ -59,8 +59,7 @@ class OuterTrainer(Trainer):
     # --- who computes which replica ------------------------------------------------------
     def replica_plan(self) -> dict[int, list[int]]:
         """rank -> the replicas it computes in the next outer step (capacity-weighted)."""
-        caps = {r: self.capacities.get(r, 1.0) for r in self.workers()}
-        return microbatch_plan(self.cfg.replicas, caps)
+        return microbatch_plan(self.cfg.replicas, self.worker_capacities())
 
     def plan(self) -> dict[int, list[int]]:
         """rank -> the microbatch indices (of every inner step) of its replicas."""

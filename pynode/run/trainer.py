@@ -209,8 +209,8 @@ class Trainer:
 
     def checkers(self, picks: list[int], owners: dict[int, int]) -> dict[int, int]:
         """Who recomputes each of `picks` this step (crosscheck.checkers)."""
-        caps = {r: self.capacities.get(r, 1.0) for r in self.workers()}
-        return crosscheck.checkers(self.cfg, self.state.step + 1, picks, owners, caps)
+        return crosscheck.checkers(self.cfg, self.state.step + 1, picks, owners,
+                                   self.worker_capacities())
 
     def flatten(self, grads: dict[str, np.ndarray]) -> np.ndarray:
         missing = [name for name in self.shapes if name not in grads]
@@ -236,8 +236,11 @@ class Trainer:
 
     # --- one step ---------------------------------------------------------------------
     def plan(self) -> dict[int, list[int]]:
-        caps = {r: self.capacities.get(r, 1.0) for r in self.workers()}
-        return microbatch_plan(self.cfg.microbatches, caps)
+        return microbatch_plan(self.cfg.microbatches, self.worker_capacities())
+
+    def worker_capacities(self) -> dict[int, float]:
+        """The planning speed of each worker (1.0 where none is known)."""
+        return {r: self.capacities.get(r, 1.0) for r in self.workers()}
 
     def workers(self) -> tuple[int, ...]:
         """The members that compute microbatches: all but the distrusted (if any is left)."""
@@ -285,8 +288,7 @@ class Trainer:
                 return total, partial, owners
             log.warning("step %d: re-planning lost microbatches %s", self.state.step + 1, missing)
             await self.settle_rechecks()  # the model computes one thing at a time
-            caps = {r: self.capacities.get(r, 1.0) for r in self.workers()}
-            repair = microbatch_plan(len(missing), caps)
+            repair = microbatch_plan(len(missing), self.worker_capacities())
             owners.update({missing[i]: r for r, picks in repair.items() for i in picks})
             extra = self.microbatch_partial([missing[i] for i in repair.get(self.rank(), [])])
             partial = partial + extra
