@@ -5,12 +5,14 @@ protocol, and its trainer's collective is a pynode.comm.bridge.BridgeCollective 
 cluster and the room. Ranks > 0 run `follow_bridge`: they wait for the bridge's `go` (config
 and state, read like every start by pynode.run.protocol.read_start), build the same trainer
 and mirror each collective it calls. To the room the cluster is one rank; that rank's
-microbatches are split over the cluster (TrainOptions.share). Before every step the bridge
-tells its ranks the room's view and the planning capacities (`ClusterBridge.before_step`).
+microbatches, and its share of the cross-check's recomputations, are split over the
+cluster (TrainOptions.share). Before every step the bridge tells its ranks the room's view
+and the planning capacities (`ClusterBridge.before_step`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,12 +27,31 @@ from pynode.run.trainer import Trainer
 
 def agreement_entry(entries: list[bytes | None]) -> bytes:
     """What the cluster publishes for the trainer's (state hash, probe | speed) exchange:
-    the common vote with the summed speed, or a vote no peer can share if ranks differ."""
+    the common vote with the summed speed, or a vote no peer can share if ranks differ.
+    For the cross-check's digests (`{microbatch: digest}|0`, each rank recomputing its
+    share of the cluster's picks) it publishes their union, or, where a rank is missing
+    or two give one microbatch different digests, an entry nobody reads as digests."""
     votes = [e.partition(b"|") for e in entries if e is not None]
+    if votes and all(v[0].startswith(b"{") for v in votes):
+        return _digest_union([v[0] for v in votes], len(votes) == len(entries))
     if len(votes) == len(entries) and len({v[0] for v in votes}) == 1:
         speed = sum(float(v[2]) for v in votes)
         return votes[0][0] + b"|" + repr(speed).encode()
     return b"cluster ranks disagree:" + b",".join(v[0] for v in votes) + b"|1.0"
+
+
+def _digest_union(shares: list[bytes], complete: bool) -> bytes:
+    union: dict[int, int] = {}
+    try:
+        for share in shares:
+            for index, digest in json.loads(share).items():
+                if union.setdefault(int(index), digest) != digest:
+                    complete = False
+    except (ValueError, TypeError, AttributeError):
+        complete = False
+    if not complete:
+        return b"cluster ranks disagree on their digests|0"
+    return json.dumps({str(i): union[i] for i in sorted(union)}).encode() + b"|0"
 
 
 class ClusterBridge:

@@ -162,8 +162,7 @@ class Trainer:
         one digest per microbatch (crosscheck.py; zero alone or with cross_check 0).
         With a `share` of (i, c) only every c-th of `indices` from the i-th is computed here.
         """
-        index, count = self.options.share
-        indices = indices[index::count]
+        indices = self.shared(indices)
         for hook in self.before_compute:
             hook(self.state.step + 1, indices)
         size, n = self.size, self.cfg.microbatches
@@ -178,6 +177,13 @@ class Trainer:
         if indices:  # the mean: one slow microbatch (a busy core) must not re-plan the group
             self.microbatch_seconds = (time.perf_counter() - started) / len(indices)
         return partial
+
+    def shared(self, indices: list[int]) -> list[int]:
+        """The part of this rank's `indices` computed here: with a `share` of (i, c), every
+        c-th from the i-th (a cluster behind one room rank splits that rank's work, its
+        microbatches and its cross-check recomputations alike); else all of them."""
+        index, count = self.options.share
+        return indices[index::count]
 
     def contribution(self, index: int) -> tuple[np.ndarray, int]:
         """Microbatch `index` of the next step: (P,) int64 fixed-point gradients and its
@@ -303,7 +309,8 @@ class Trainer:
         first). The page has no threads: there `verify` recomputes after the reduce."""
         owners = {i: r for r, indices in plan.items() for i in indices}
         sample = [i for i in self.crosscheck_sample(self.state.step + 1, plan) if i in owners]
-        picks = [i for i, r in self.checkers(sample, owners).items() if r == self.rank()]
+        picks = self.shared(sorted(i for i, r in self.checkers(sample, owners).items()
+                                   if r == self.rank()))
         self._rechecks = None
         if self.collective is None or len(self.members()) < 2 or not picks:
             return
@@ -333,8 +340,10 @@ class Trainer:
             return total
         committed = self.committed(total)
         early = early or {}
+        picks = self.shared(sorted(i for i, r in self.checkers(sample, owners).items()
+                                   if r == me))
         checks = {i: early[i, owners[i]] if (i, owners[i]) in early else self.recheck(i)
-                  for i, r in self.checkers(sample, owners).items() if r == me}
+                  for i in picks}
         disputed = sorted({i for _, found in await self.gather_digests(checks)
                            for i, d in found.items() if d != committed[i]})
         if not disputed:
@@ -342,7 +351,7 @@ class Trainer:
         # Arbitration: every peer but the owner recomputes each disputed microbatch. The
         # leader tells the group's story; a named peer says so itself.
         level = logging.WARNING if me == min(members) else logging.INFO
-        again = {i: self.recheck(i) for i in disputed if owners[i] != me}
+        again = {i: self.recheck(i) for i in self.shared([i for i in disputed if owners[i] != me])}
         seen = await self.gather_digests(again)
         wrong: set[int] = set()
         for i in disputed:
@@ -395,8 +404,9 @@ class Trainer:
         """Every member's recomputed digests (rank, {microbatch: digest}); lost members and
         entries that do not parse (a cluster whose ranks disagree) are left out.
 
-        Sent as `json|0`: the shape of check_agreement's entries, which a cluster behind a
-        room peer publishes as one (pynode.run.cluster.agreement_entry)."""
+        Sent as `json|0`: the shape of check_agreement's entries. A cluster behind a room
+        peer publishes one entry, the union of its ranks' shares (TrainOptions.share;
+        pynode.run.cluster.agreement_entry)."""
         blobs = await self.collective.allgather_bytes(
             json.dumps({str(i): d for i, d in mine.items()}).encode() + b"|0",
             timeout=self.deadline(),

@@ -408,9 +408,12 @@ def reference(checks) -> list[str]:
     return asyncio.run(steps())
 
 
-async def bridged_room(checks, cluster_size: int, late: bool):
+async def bridged_room(checks, cluster_size: int, late: bool, config: dict = CONFIG,
+                       work: dict[str, int] | None = None):
     """A tab-like peer leads; a cluster of `cluster_size` ranks is one more room peer, from
-    the start or synced in after step 2. Returns {who: {step: hash}}."""
+    the start or synced in after step 2. Returns {who: {step: hash}}. `work`, if given,
+    counts the microbatches the leader computes ("leader") and the cross-check
+    recomputations each cluster rank makes ("rank0", the bridge, ...)."""
     from pynode.comm import webrtc
     from pynode.comm.mesh import MemoryNetwork
     from pynode.core import checkpoint
@@ -439,15 +442,29 @@ async def bridged_room(checks, cluster_size: int, late: bool):
 
     arithmetic = (checks.units, checks.gemm)
 
+    def counted(trainer, name: str, method: str, amount):
+        if work is not None:
+            work.setdefault(name, 0)
+            call = getattr(trainer, method)
+
+            def counting(arg):
+                work[name] += amount(arg)
+                return call(arg)
+            setattr(trainer, method, counting)
+        return trainer
+
     def bridge_trainer(cfg, coll, resume):
         state = None if resume is None else checkpoint.save_checkpoint(resume)
-        return build_trainer(cfg, bridge.wrap(coll, cfg, state), resume, arithmetic=arithmetic,
-                             options=TrainOptions(share=(0, cluster_size)))
+        trainer = build_trainer(cfg, bridge.wrap(coll, cfg, state), resume,
+                                arithmetic=arithmetic,
+                                options=TrainOptions(share=(0, cluster_size)))
+        return counted(trainer, "rank0", "recheck", lambda _: 1)
 
     def follower_trainer(rank):
         def make(cfg, coll, ckpt):
-            return build_trainer(cfg, coll, ckpt, arithmetic=arithmetic,
-                                 options=TrainOptions(share=(rank, cluster_size)))
+            trainer = build_trainer(cfg, coll, ckpt, arithmetic=arithmetic,
+                                    options=TrainOptions(share=(rank, cluster_size)))
+            return counted(trainer, f"rank{rank}", "recheck", lambda _: 1)
         return make
 
     followers = []
@@ -461,7 +478,8 @@ async def bridged_room(checks, cluster_size: int, late: bool):
             inner[i], follower_trainer(i), lambda line: None, (note,))))
     def leader_trainer(cfg, coll, resume):
         """In a late test, step 3 waits until the bridge asked to join: admitted before it."""
-        trainer = checks.make_trainer(cfg, coll, resume)
+        trainer = counted(checks.make_trainer(cfg, coll, resume), "leader",
+                          "microbatch_partial", len)
         step = trainer.step
 
         async def gated_step():
@@ -482,7 +500,7 @@ async def bridged_room(checks, cluster_size: int, late: bool):
     if not late:
         join_bridge()
     await asyncio.sleep(0.05)
-    await leader.start(CONFIG)
+    await leader.start(config)
     if late:
         while len(seen["leader"]) < 2:
             await asyncio.sleep(0.01)
@@ -507,3 +525,19 @@ def test_a_cluster_in_a_room_through_one_rank_changes_no_bit(checks, reference, 
     assert (min(joined) > 2) == late and seen["bridge"]["end"] == reference[-1]
     for rank in range(1, cluster_size):
         assert seen[f"rank{rank}"] == joined, f"cluster rank {rank} follows the bridge's bits"
+
+
+def test_a_cluster_splits_its_cross_check_recomputations(checks, reference):
+    """With every microbatch sampled (cross_check 1), the cluster's room rank recomputes
+    each microbatch the leader computed; its three ranks share that work, one third each,
+    instead of each doing all of it, and the run keeps the reference's bits."""
+    work: dict[str, int] = {}
+    seen = asyncio.run(asyncio.wait_for(
+        bridged_room(checks, 3, False, {**CONFIG, "cross_check": 1}, work), 120))
+    want = {s + 1: h for s, h in enumerate(reference)}
+    assert seen["leader"] == {**want, "end": reference[-1]}
+    assert seen["bridge"] == {**want, "end": reference[-1]}
+    shares = [work[f"rank{r}"] for r in range(3)]
+    assert work["leader"] >= CONFIG["steps"], work  # the leader computed in every step
+    assert sum(shares) == work["leader"], work  # each of its microbatches recomputed once
+    assert max(shares) - min(shares) <= CONFIG["steps"], work  # at most one apart a step

@@ -45,3 +45,18 @@ def test_followers_take_the_bridges_capacities_and_distrusted_ranks(checks):
     assert follower.plan() == bridge_trainer.plan()
     step = follower.state.step + 1
     assert follower.crosscheck_sample(step) == bridge_trainer.crosscheck_sample(step)
+
+
+def test_the_cluster_publishes_the_union_of_its_ranks_digests():
+    from pynode.run.cluster import agreement_entry
+
+    union = agreement_entry([b'{"3": 7}|0', b'{"1": 5, "4": 9}|0', b"{}|0"])
+    assert union == b'{"1": 5, "3": 7, "4": 9}|0'
+    # ranks that give one microbatch different digests, or a rank missing: nothing readable
+    for entries in ([b'{"1": 5}|0', b'{"1": 6}|0'], [b'{"1": 5}|0', None],
+                    [b'{"1": 5}|0', b'{"x": 5}|0']):
+        entry = agreement_entry(entries)
+        assert entry.endswith(b"|0") and not entry.startswith(b"{"), entry
+    # the (state hash, probe | speed) votes are published as before
+    assert agreement_entry([b"h p|1.5", b"h p|2.0"]) == b"h p|3.5"
+    assert agreement_entry([b"h p|1.5", b"g p|2.0"]).startswith(b"cluster ranks disagree")
