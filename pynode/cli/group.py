@@ -46,8 +46,9 @@ from pynode.config import ConfigError, RunConfig
 from pynode.core.errors import DaisyError
 from pynode.extras import require
 from pynode.run.assemble import read_resume
+from pynode.run.errors import ForkError, VerificationError
 from pynode.run.group import run_member
-from pynode.run.trainer import ForkError, StepResult, Trainer, VerificationError
+from pynode.run.trainer import StepResult, Trainer
 from pynode.tasks import load_task
 
 

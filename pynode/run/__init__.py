@@ -1,6 +1,9 @@
 """The run layer: what starts, drives and joins training runs, on every kind of peer.
 
 trainer.py    one step: compute the own microbatches, reduce exactly, apply, agree
+crosscheck.py the cross-peer check's plan: sample, digests, who recomputes (decisions)
+peercheck.py  a peer's side of it: recompute, compare, arbitrate, leave a wrong peer out
+errors.py     the run layer's refusals (fork, contribution, verification)
 outer.py      --sync-every: one outer step over virtual replicas (H inner steps, one reduce)
 loop.py       the one training loop (hooks around each step)
 assemble.py   the one place a Trainer is built (verified units, gated GEMM, checkpoints)

@@ -12,7 +12,7 @@ at most one per owner of up to cross_check microbatches, and go to the peers wit
 least work, so they run side by side); a mismatch is arbitrated by every other peer
 recomputing that microbatch, and the strict majority of digests decides who computed it
 wrong. The step's total never holds a wrong peer's partial: the others recompute its
-microbatches (pynode/run/trainer.py, Trainer.verify).
+microbatches (pynode/run/peercheck.py, PeerCheck.verify).
 
 The plan of who checks what is a function of (seed, step, the step's plan, owners,
 capacities) only, so every peer derives the same one and knows without a message whether

@@ -59,10 +59,11 @@ from pynode.config import ConfigError, RunConfig
 from pynode.core import checkpoint
 from pynode.core.errors import DaisyError
 from pynode.run import failover
+from pynode.run.errors import ForkError
 from pynode.run.failover import Agreed
 from pynode.run.loop import BeforeStep, train
 from pynode.run.schedule import change_from_dict
-from pynode.run.trainer import ForkError, StepResult, Trainer
+from pynode.run.trainer import StepResult, Trainer
 
 log = logging.getLogger(__name__)
 

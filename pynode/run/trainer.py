@@ -20,32 +20,20 @@ from typing import Any
 
 import numpy as np
 
-from pynode import platform
 from pynode.config import ConfigError, RunConfig
 from pynode.core import checkpoint, fixedpoint, optim
-from pynode.core.errors import DaisyError, NonFiniteError
+from pynode.core.errors import NonFiniteError
 from pynode.core.plan import microbatch_plan
 from pynode.core.probe import probe_hash, probe_operands
 from pynode.core.statehash import state_hash
-from pynode.run import crosscheck
+from pynode.run.errors import ContributionError, ForkError
+from pynode.run.peercheck import PeerCheck, same_length
 from pynode.tasks.base import Task
 
 log = logging.getLogger("pynode.run")
 
 # Each microbatch's mean loss travels as fixed point too, so the logged loss is exact.
 LOSS_FRAC_BITS = 32
-
-
-class ForkError(DaisyError):
-    """This peer's state hash or kernel probe differs from the group's at a step."""
-
-
-class ContributionError(DaisyError):
-    """A reduced step covers some microbatch twice or never: it must not be applied."""
-
-
-class VerificationError(DaisyError):
-    """Peers recomputed a microbatch to different results and no strict majority agrees."""
 
 
 @dataclass(frozen=True)
@@ -127,8 +115,6 @@ class Trainer:
         # Ranks whose recomputed work disagreed with the majority's: they compute no more
         # microbatches in this run (crosscheck.py); the same set on every peer.
         self.distrusted: set[int] = set()
-        # (step, its cross-check sample, its digest key once needed)
-        self._sample: tuple[int, list[int], crosscheck.DigestKey | None] | None = None
         self.microbatch_seconds = 0.0
         self.probe = probe_operands()  # the kernel probe's fixed operands, drawn once
         # seconds per phase (PHASES) of the steps this trainer ran, all but its first (which
@@ -136,8 +122,7 @@ class Trainer:
         self.phase_seconds = dict.fromkeys(PHASES, 0.0)
         self.timed_steps = 0
         self._steps_run = 0
-        # this peer's cross-check recomputations of the step under way (start_rechecks)
-        self._rechecks: asyncio.Future | None = None
+        self.peers = PeerCheck(self)  # the cross-peer check of its steps (peercheck.py)
         # Changes applied to cfg at step boundaries (pynode.run.schedule), in order; the
         # checkpoints carry them. `_change`: the one the next StepResult reports.
         self.schedule: list[dict] = []
@@ -173,7 +158,7 @@ class Trainer:
             partial[:size] += fixed
             partial[size] += loss
             partial[size + 1 + index] += 1
-            partial[size + 1 + n + index] = self.digest(index, fixed, loss)
+            partial[size + 1 + n + index] = self.peers.digest(index, fixed, loss)
         if indices:  # the mean: one slow microbatch (a busy core) must not re-plan the group
             self.microbatch_seconds = (time.perf_counter() - started) / len(indices)
         return partial
@@ -193,30 +178,6 @@ class Trainer:
         loss, grads = self.task.loss(self.model, self.state.params, batch, (cfg.seed, step, index))
         fixed = fixedpoint.to_fixed(self.flatten(grads), cfg.frac_bits)
         return fixed, int(fixedpoint.to_fixed(np.asarray([loss], np.float32), LOSS_FRAC_BITS)[0])
-
-    def digest(self, index: int, fixed: np.ndarray, loss: int) -> int:
-        """The next step's digest of microbatch `index`'s contribution; 0 unless it is in
-        the step's cross-check sample (the sample is known in advance, so only those need
-        one), or alone."""
-        step = self.state.step + 1
-        if self.collective is None or index not in self.crosscheck_sample(step):
-            return 0
-        if self._sample[2] is None:
-            self._sample = (*self._sample[:2], crosscheck.DigestKey(self.cfg, step, self.size))
-        return self._sample[2].digest(fixed, loss)
-
-    def crosscheck_sample(self, step: int, plan: dict[int, list[int]] | None = None) -> list[int]:
-        """Step `step`'s cross-check picks (crosscheck.sampled), drawn from its plan once:
-        microbatches re-planned later in the step keep their place in the sample."""
-        if self._sample is None or self._sample[0] != step:
-            picks = crosscheck.sampled(self.cfg, step, self.plan() if plan is None else plan)
-            self._sample = (step, picks, None)
-        return self._sample[1]
-
-    def checkers(self, picks: list[int], owners: dict[int, int]) -> dict[int, int]:
-        """Who recomputes each of `picks` this step (crosscheck.checkers)."""
-        return crosscheck.checkers(self.cfg, self.state.step + 1, picks, owners,
-                                   self.worker_capacities())
 
     def flatten(self, grads: dict[str, np.ndarray]) -> np.ndarray:
         missing = [name for name in self.shapes if name not in grads]
@@ -293,7 +254,7 @@ class Trainer:
             if not missing:
                 return total, partial, owners
             log.warning("step %d: re-planning lost microbatches %s", self.state.step + 1, missing)
-            await self.settle_rechecks()  # the model computes one thing at a time
+            await self.peers.settle()  # the model computes one thing at a time
             repair = microbatch_plan(len(missing), self.worker_capacities())
             owners.update({missing[i]: r for r, picks in repair.items() for i in picks})
             extra = self.microbatch_partial([missing[i] for i in repair.get(self.rank(), [])])
@@ -302,123 +263,9 @@ class Trainer:
             total = total + same_length(reduced.total, partial)
         raise ContributionError("could not complete the step's microbatches")
 
-    def start_rechecks(self, plan: dict[int, list[int]]) -> None:
-        """Start this peer's share of the step's cross-check: the sample and who recomputes
-        what follow from the plan, so natively a worker thread recomputes while the reduce
-        waits for the others. The model computes nothing else meanwhile (a re-plan settles
-        first). The page has no threads: there `verify` recomputes after the reduce."""
-        owners = {i: r for r, indices in plan.items() for i in indices}
-        sample = [i for i in self.crosscheck_sample(self.state.step + 1, plan) if i in owners]
-        picks = self.shared(sorted(i for i, r in self.checkers(sample, owners).items()
-                                   if r == self.rank()))
-        self._rechecks = None
-        if self.collective is None or len(self.members()) < 2 or not picks:
-            return
-        if not platform.IN_PYODIDE:
-            self._rechecks = asyncio.ensure_future(asyncio.to_thread(
-                lambda: {(i, owners[i]): self.recheck(i) for i in picks}))
-
-    async def settle_rechecks(self) -> dict[tuple[int, int], int]:
-        """The digests start_rechecks computed, as {(microbatch, its owner): digest}."""
-        future, self._rechecks = self._rechecks, None
-        return {} if future is None else await future
-
-    async def verify(
-        self, total: np.ndarray, mine: np.ndarray, owners: dict[int, int],
-        early: dict[tuple[int, int], int] | None = None,
-    ) -> np.ndarray:
-        """Have this step's sampled microbatches recomputed by other peers (crosscheck.py).
-
-        Returns `total`, or, when a peer computed something the majority did not, the total
-        of the others, who recompute its microbatches: a wrong peer's work is never applied.
-        Raises VerificationError when peers disagree and no strict majority decides.
-        """
-        step, me = self.state.step + 1, self.rank()
-        members = self.members()
-        sample = [i for i in self.crosscheck_sample(step) if i in owners]
-        if self.collective is None or len(members) < 2 or not sample:
-            return total
-        committed = self.committed(total)
-        early = early or {}
-        picks = self.shared(sorted(i for i, r in self.checkers(sample, owners).items()
-                                   if r == me))
-        checks = {i: early[i, owners[i]] if (i, owners[i]) in early else self.recheck(i)
-                  for i in picks}
-        disputed = sorted({i for _, found in await self.gather_digests(checks)
-                           for i, d in found.items() if d != committed[i]})
-        if not disputed:
-            return total
-        # Arbitration: every peer but the owner recomputes each disputed microbatch. The
-        # leader tells the group's story; a named peer says so itself.
-        level = logging.WARNING if me == min(members) else logging.INFO
-        again = {i: self.recheck(i) for i in self.shared([i for i in disputed if owners[i] != me])}
-        seen = await self.gather_digests(again)
-        wrong: set[int] = set()
-        for i in disputed:
-            digests = {owners[i]: committed[i]}
-            digests.update({r: found[i] for r, found in seen if i in found})
-            right = crosscheck.majority(digests)
-            listed = ", ".join(f"rank {r} {d:012x}" for r, d in sorted(digests.items()))
-            if right is None:
-                raise VerificationError(
-                    f"step {step}: microbatch {i} (computed by rank {owners[i]}) gave different "
-                    f"results on different peers and no strict majority agrees ({listed}); "
-                    "stopping: nobody trains on work nobody can confirm")
-            off = {r for r, d in digests.items() if d != right}
-            log.log(level, "step %d: microbatch %d of rank %d: recomputed by %d peers (%s); "
-                    "ranks %s computed it wrong", step, i, owners[i], len(digests) - 1,
-                    listed, sorted(off))
-            wrong |= off
-        self.distrusted |= wrong
-        dropped = sorted(i for i, r in owners.items() if r in wrong)
-        honest = tuple(r for r in members if r not in wrong)
-        if me in wrong:
-            log.warning("step %d: this peer (rank %d) computed differently from the majority: "
-                        "its work is left out and it computes no more microbatches", step, me)
-        if not dropped:
-            return total
-        log.log(level, "step %d: leaving out the work of ranks %s; microbatches %s re-planned "
-                "among ranks %s", step, sorted(wrong), dropped, list(honest))
-        repair = microbatch_plan(len(dropped), {r: self.capacities.get(r, 1.0) for r in honest})
-        if me in wrong:
-            contribution = np.zeros_like(mine)
-        else:
-            contribution = mine + self.microbatch_partial([dropped[j] for j in repair.get(me, [])])
-        reduced = await self.collective.allreduce_int64(contribution, timeout=self.deadline())
-        total = same_length(reduced.total, mine)
-        if not np.all(self.counts(total) == 1):
-            raise ContributionError(f"step {step}: after leaving out ranks {sorted(wrong)} the "
-                                    f"microbatch counts are {self.counts(total).tolist()}")
-        return total
-
-    def committed(self, total: np.ndarray) -> dict[int, int]:
-        """Each microbatch's digest, as its owner put it into the reduced vector."""
-        start = self.size + 1 + self.cfg.microbatches
-        return dict(enumerate(int(d) for d in total[start:]))
-
     def recheck(self, index: int) -> int:
         """The digest of microbatch `index` of the next step, recomputed here."""
-        return self.digest(index, *self.contribution(index))
-
-    async def gather_digests(self, mine: dict[int, int]) -> list[tuple[int, dict[int, int]]]:
-        """Every member's recomputed digests (rank, {microbatch: digest}); lost members and
-        entries that do not parse (a cluster whose ranks disagree) are left out.
-
-        Sent as `json|0`: the shape of check_agreement's entries. A cluster behind a room
-        peer publishes one entry, the union of its ranks' shares (TrainOptions.share;
-        pynode.run.cluster.agreement_entry)."""
-        blobs = await self.collective.allgather_bytes(
-            json.dumps({str(i): d for i, d in mine.items()}).encode() + b"|0",
-            timeout=self.deadline(),
-        )
-        found = []
-        for rank, blob in enumerate(blobs):
-            try:
-                found.append((rank, {int(i): int(d) for i, d
-                                     in json.loads(blob.partition(b"|")[0]).items()}))
-            except (AttributeError, ValueError):
-                log.warning("rank %d sent no readable digests", rank)
-        return found
+        return self.peers.digest(index, *self.contribution(index))
 
     async def step(self) -> StepResult:
         """Compute, reduce and apply one step; returns what every peer must agree on."""
@@ -426,17 +273,17 @@ class Trainer:
         marks = [started]  # the end of each phase, PHASES in order
         cfg = self.cfg
         plan = self.plan()
-        self.crosscheck_sample(self.state.step + 1, plan)
+        self.peers.sample(self.state.step + 1, plan)
         partial = self.microbatch_partial(plan.get(self.rank(), []))
-        self.start_rechecks(plan)
+        self.peers.start(plan)
         marks.append(time.perf_counter())
         try:
             total, mine, owners = await self.reduce(partial, plan)
         except BaseException:  # the worker thread ends before anything else computes
-            await asyncio.gather(self.settle_rechecks(), return_exceptions=True)
+            await asyncio.gather(self.peers.settle(), return_exceptions=True)
             raise
         marks.append(time.perf_counter())
-        total = await self.verify(total, mine, owners, await self.settle_rechecks())
+        total = await self.peers.verify(total, mine, owners, await self.peers.settle())
         marks.append(time.perf_counter())
         size = self.size
         grads = self.unflatten(fixedpoint.from_fixed(total[:size], cfg.frac_bits, cfg.microbatches))
@@ -491,7 +338,7 @@ class Trainer:
         state, and the config and schedule it was computed under; nothing of the step
         under way is kept."""
         self.state, self.cfg, self.schedule = state, cfg, list(schedule)
-        self._change, self._sample = None, None
+        self._change, self.peers = None, PeerCheck(self)
 
     def apply_change(self, change: Any) -> None:
         """A schedule change (pynode.run.schedule.Change) at this step boundary: from the
@@ -599,12 +446,3 @@ class Trainer:
         self.state = TrainState(step=ckpt.step, params=dict(ckpt.params),
                                 opt=ckpt.adam_state())
 
-
-def same_length(total: np.ndarray, partial: np.ndarray) -> np.ndarray:
-    """`total`, if it has the layout of this peer's `partial`; a reduced vector of another
-    length would shift the gradient, loss and coverage fields into each other."""
-    if total.shape != partial.shape:
-        raise ContributionError(
-            f"the reduced step holds {total.shape} values, this model needs {partial.shape}"
-        )
-    return total

@@ -44,7 +44,7 @@ def test_followers_take_the_bridges_capacities_and_distrusted_ranks(checks):
     assert follower.distrusted == {1}
     assert follower.plan() == bridge_trainer.plan()
     step = follower.state.step + 1
-    assert follower.crosscheck_sample(step) == bridge_trainer.crosscheck_sample(step)
+    assert follower.peers.sample(step) == bridge_trainer.peers.sample(step)
 
 
 def test_the_cluster_publishes_the_union_of_its_ranks_digests():
