@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
@@ -24,17 +24,14 @@ from pynode.core.plan import microbatch_plan
 from pynode.run import crosscheck
 from pynode.run.errors import ContributionError, VerificationError
 
-if TYPE_CHECKING:
-    from pynode.run.trainer import Trainer
-
 log = logging.getLogger("pynode.run")
 
 
 class PeerCheck:
     """The cross-check of one trainer's steps."""
 
-    def __init__(self, trainer: Trainer) -> None:
-        self.trainer = trainer
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer  # the pynode.run.trainer.Trainer whose steps it checks
         # (step, its sample, its digest key once needed)
         self._sample: tuple[int, list[int], crosscheck.DigestKey | None] | None = None
         # this peer's recomputations of the step under way (start)
