@@ -107,7 +107,7 @@ def plane_codes(packed: bytes, n: int) -> list[int]:
     return codes
 
 
-def test_local_packing_deflates_only_the_planes_it_halves():
+def test_local_packing_deflates_only_where_it_saves_a_quarter():
     """A per-step gradient's shape of planes: noise, noise, noise with ~12 % zero bytes
     (deflate saves ~10 %), a plane ~70 % zero, then zero planes. Across a network the third
     plane is deflated; between peers of one machine (`local`) it is sent raw, the fourth
