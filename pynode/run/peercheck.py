@@ -119,19 +119,20 @@ class PeerCheck:
 
     async def arbitrate(self, step: int, disputed: list[int], owners: dict[int, int],
                         committed: dict[int, int]) -> set[int]:
-        """Every peer but the owner recomputes each disputed microbatch; the strict majority
-        of digests (the owner's commitment among them) decides. Returns the ranks that
-        computed one wrong. The leader tells the group's story; a named peer says so itself.
+        """Every trusted peer (Trainer.workers: none named wrong before) but the owner
+        recomputes each disputed microbatch; the strict majority of their digests and the
+        owner's commitment decides. Returns the ranks that computed one wrong. The leader
+        tells the group's story; a named peer says so itself.
         """
         t = self.trainer
-        me = t.rank()
+        me, trusted = t.rank(), set(t.workers())
         level = logging.WARNING if me == min(t.members()) else logging.INFO
-        again = {i: t.recheck(i) for i in t.shared([i for i in disputed if owners[i] != me])}
-        seen = await self.gather(again)
+        mine = [i for i in disputed if owners[i] != me] if me in trusted else []
+        seen = await self.gather({i: t.recheck(i) for i in t.shared(mine)})
         wrong: set[int] = set()
         for i in disputed:
             digests = {owners[i]: committed[i]}
-            digests.update({r: found[i] for r, found in seen if i in found})
+            digests.update({r: found[i] for r, found in seen if i in found and r in trusted})
             right = crosscheck.majority(digests)
             listed = ", ".join(f"rank {r} {d:012x}" for r, d in sorted(digests.items()))
             if right is None:
@@ -148,21 +149,22 @@ class PeerCheck:
 
     async def leave_out(self, step: int, wrong: set[int], total: np.ndarray, mine: np.ndarray,
                         owners: dict[int, int]) -> np.ndarray:
-        """The step's total without the partials of `wrong`: the honest peers recompute
-        their microbatches (re-planned among them) and the group reduces again."""
+        """The step's total without the partials of `wrong`: the trusted peers (`wrong` is
+        among the distrusted by now) recompute their microbatches, re-planned among them as
+        every plan is (Trainer.worker_capacities), and the group reduces again."""
         t = self.trainer
-        me, members = t.rank(), t.members()
-        level = logging.WARNING if me == min(members) else logging.INFO
+        me = t.rank()
+        level = logging.WARNING if me == min(t.members()) else logging.INFO
         dropped = sorted(i for i, r in owners.items() if r in wrong)
-        honest = tuple(r for r in members if r not in wrong)
+        workers = t.worker_capacities()
         if me in wrong:
             log.warning("step %d: this peer (rank %d) computed differently from the majority: "
                         "its work is left out and it computes no more microbatches", step, me)
         if not dropped:
             return total
         log.log(level, "step %d: leaving out the work of ranks %s; microbatches %s re-planned "
-                "among ranks %s", step, sorted(wrong), dropped, list(honest))
-        repair = microbatch_plan(len(dropped), {r: t.capacities.get(r, 1.0) for r in honest})
+                "among ranks %s", step, sorted(wrong), dropped, sorted(workers))
+        repair = microbatch_plan(len(dropped), workers)
         if me in wrong:
             contribution = np.zeros_like(mine)
         else:

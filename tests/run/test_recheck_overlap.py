@@ -103,3 +103,46 @@ def test_a_sampled_wrong_peer_is_named_and_left_out_with_unequal_capacities(chec
     assert hashes == [want, want, want]
     assert distrusted == [{2}, {2}, {2}]
     assert rechecked[0] > 0 and rechecked[1] > 0  # both honest peers recomputed
+
+
+# four equal peers; every microbatch recomputed every step
+REPEAT = CFG.with_(cross_check=1, microbatches=8, steps=3)
+
+
+def test_a_peer_named_wrong_earlier_neither_votes_nor_recomputes_for_the_group(checks):
+    """Rank 1 is wrong from step 1 and rank 2 from step 2, each off in its own way. In
+    step 2 rank 2's microbatches are arbitrated and re-planned among ranks 0 and 3 only:
+    rank 1, named in step 1, neither votes (its own wrong digest would tie the vote) nor
+    computes the re-planned microbatches (its wrong work would be applied). The group
+    ends on the one-peer run's hashes with both named."""
+    async def alone() -> list[str]:
+        trainer = checks.make_trainer(REPEAT, None, None)
+        return [(await trainer.step()).hash for _ in range(REPEAT.steps)]
+
+    def off(trainer, from_step: int, at: int, amount: int) -> None:
+        real = trainer.contribution
+
+        def wrong(index):
+            fixed, loss = real(index)
+            if trainer.state.step + 1 >= from_step:
+                fixed = fixed.copy()
+                fixed[index + at] += amount
+            return fixed, loss
+        trainer.contribution = wrong
+
+    async def group() -> tuple[list[list[str]], list[set[int]]]:
+        net = MemoryNetwork()
+        ids = ["a", "b", "c", "d"]
+        colls = [await webrtc.connect(net.join(i), ids, group=1) for i in ids]
+        trainers = [build_trainer(REPEAT, c, arithmetic=(checks.units, checks.gemm),
+                                  options=TrainOptions(capacities=dict.fromkeys(range(4), 1.0)))
+                    for c in colls]
+        off(trainers[1], 1, 0, 1 << (REPEAT.frac_bits - 1))  # 0.5 off
+        off(trainers[2], 2, 1, 1 << (REPEAT.frac_bits - 2))  # 0.25 off, another value
+        hashes = await train_together(trainers, colls, REPEAT.steps)
+        return hashes, [t.distrusted for t in trainers]
+
+    want = asyncio.run(alone())
+    hashes, distrusted = asyncio.run(group())
+    assert hashes == [want] * 4
+    assert distrusted == [{1, 2}] * 4
