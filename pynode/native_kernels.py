@@ -19,8 +19,10 @@ import logging
 
 import numpy as np
 
+from pynode import native_optim
 from pynode.core import detmath, fastmath, rng
 from pynode.core.errors import GateError
+from pynode.core.fixedpoint import MAX_FRAC_BITS
 from pynode.core.gemm import BackendUnavailableError, UnknownBackendError
 from pynode.core.kernels import REFERENCE, KernelGateReport, Kernels, gate_kernels
 
@@ -570,6 +572,29 @@ class NumbaKernels(Kernels):
         out = np.empty(-(-n // 4) * 4, np.uint64)
         _philox_blocks(np.uint64(k[0]), np.uint64(k[1]), np.uint64(c[2]), np.uint64(c[3]), out)
         return out[:n]
+
+    def from_fixed(self, total, frac_bits, divisor):
+        if not (type(total) is np.ndarray and total.dtype == np.int64 and total.ndim == 1
+                and type(frac_bits) is int and 0 <= frac_bits <= MAX_FRAC_BITS
+                and type(divisor) is int and divisor >= 1):
+            return super().from_fixed(total, frac_bits, divisor)  # the reference's refusals
+        out = np.empty(total.shape[0], np.float32)
+        native_optim.from_fixed(total, 2.0**-frac_bits, float(divisor), out)
+        return out
+
+    def adamw(self, p, g, m, v, scalars, scale):
+        flats = (p, g, m, v)
+        if not (all(type(x) is np.ndarray and x.dtype == np.float32 and x.ndim == 1
+                    and x.shape == p.shape for x in flats)
+                and len(scalars) == 8 and all(type(x) is np.float32 for x in scalars)
+                and (scale is None or type(scale) is np.float32)):
+            return super().adamw(p, g, m, v, scalars, scale)
+        out = (np.empty_like(p), np.empty_like(p), np.empty_like(p))
+        clipped = scale is not None
+        if not native_optim.adamw(*flats, *scalars, scale if clipped else np.float32(1.0),
+                                  clipped, *out):
+            return super().adamw(p, g, m, v, scalars, scale)
+        return out
 
     def psum_rows(self, x):
         if not (isinstance(x, np.ndarray) and x.dtype in (np.float32, np.float64)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import detmath, fastmath, quant, rng
+from . import detmath, fastmath, fixedpoint, optim, quant, rng
 
 
 class Kernels:
@@ -71,6 +71,19 @@ class Kernels:
         return bool(np.array_equal(np.matmul(a, np.matmul(b, rt)), np.matmul(out, rt)))
 
 
+    def from_fixed(self, total: np.ndarray, frac_bits: int, divisor: int) -> np.ndarray:
+        """fixedpoint.from_fixed: total (n,) int64 / (divisor * 2**frac_bits) as float32."""
+        return fixedpoint.from_fixed(total, frac_bits, divisor)
+
+    def adamw(self, p: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray,
+              scalars: tuple[np.float32, ...], scale: np.float32 | None):
+        """One AdamW step of p, g, m, v (n,) f32 (optim.adamw_elementwise, its `scalars`),
+        the gradient first multiplied by `scale` where clipping gives one. -> (p', m', v')."""
+        if scale is not None:
+            g = np.asarray(g * scale)
+        return optim.adamw_elementwise(p, g, m, v, scalars)
+
+
 REFERENCE = Kernels()
 
 
@@ -117,6 +130,21 @@ def _cases(seed: int = 0x6A7E):
     yield "psum_rows", "psum_rows", (normal(7, 9, 129),)
     for n in (1, 3, 4, 5, 1031, 4 * 700 + 2):  # whole and partial Philox blocks, many tiles
         yield f"raw64.{n}", "raw64", ((7, 3, n, 2**40 + n), n)
+    totals = g.integers(-(2**62), 2**62, 1031, dtype=np.int64)
+    totals[:6] = [-(2**63), 2**63 - 1, 0, -1, 1, 2**31 + 1]  # the ends and the halves' seams
+    for frac_bits, divisor in ((32, 8), (16, 3), (0, 1), (40, 7)):
+        yield f"from_fixed.{frac_bits}.{divisor}", "from_fixed", (totals, frac_bits, divisor)
+    n = 2053
+    pg, gg = normal(n), normal(n)
+    mg, vg = normal(n) * f32(0.01), np.abs(normal(n)) * f32(1e-4)
+    pg[:4], gg[:4], vg[:4] = 0.0, [0.0, -0.0, 1e-40, -3e-39], [0.0, 1e-45, 3e38, 0.0]
+    steps = {"warm": (0.9, 0.1, 0.999, 0.001, 3e-3 / 0.19, 0.0447, 1e-8, 1.0),
+             "decay": (0.9, 0.1, 0.95, 0.05, 1e-3 / 0.1, 0.7, 1e-6, 0.9999)}
+    for what, values in steps.items():
+        scalars = tuple(f32(x) for x in values)
+        for scale in (None, f32(0.37)):
+            yield (f"adamw.{what}.{scale is not None}", "adamw",
+                   (pg, gg, mg, vg, scalars, scale))
     for name, (bs, m, k, n) in {"mm": (1, 45, 131, 29), "bmm": (5, 17, 33, 63),
                                 "tall": (1, 300, 8, 3), "wide": (2, 3, 257, 90)}.items():
         a = g.integers(-128, 128, (bs, m, k), dtype=np.int64).astype(np.int8)

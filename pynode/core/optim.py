@@ -101,34 +101,44 @@ def adam_update(
     _check_tensors(params, grads, state)
     grads, _ = clip_by_global_norm(grads, cfg.clip)
     t = int(state.step) + 1
-    b1, one_minus_b1, b2, one_minus_b2, step_size, sqrt_bias2, eps32, decay = _step_scalars(
-        cfg, float(lr), t)
+    scalars = _step_scalars(cfg, float(lr), t)
     new_params, new_m, new_v = {}, {}, {}
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # checked below
-        for name, p in params.items():
-            g = grads[name]  # (...) float32
-            # asarray: numpy turns 0-d results into scalars, and state must stay arrays.
-            # Each line is one float32 op of the formula, in its order, on a fresh array
-            # (never on the inputs): m = m*b1 + g*(1-b1), v = v*b2 + (g*g)*(1-b2),
-            # denom = sqrt(v)/sqrt_bias2 + eps, p' = p*decay - (m/denom)*step_size.
-            m = np.asarray(state.m[name] * b1)
-            m += g * one_minus_b1
-            v = np.asarray(state.v[name] * b2)
-            gg = np.asarray(g * g)
-            gg *= one_minus_b2
-            v += gg
-            denom = np.asarray(np.sqrt(v))
-            denom /= sqrt_bias2
-            denom += eps32
-            update = np.asarray(m / denom)
-            update *= step_size
-            new_p = np.asarray(p * decay)
-            new_p -= update
-            new_params[name], new_m[name], new_v[name] = new_p, m, v
+    for name, p in params.items():
+        new_params[name], new_m[name], new_v[name] = adamw_elementwise(
+            p, grads[name], state.m[name], state.v[name], scalars)
     for name in sorted(new_params):
         if not np.isfinite(new_params[name]).all():
             raise NonFiniteError(f"the step would make parameter {name!r} non-finite; refused")
     return new_params, AdamState(m=new_m, v=new_v, step=t)
+
+
+def adamw_elementwise(
+    p: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, scalars: tuple[np.float32, ...],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(p', m', v') of one AdamW step of p, g, m, v (...) float32 with the step's float32
+    `scalars` (b1, 1-b1, b2, 1-b2, step size, sqrt(bias2), eps, decay; _step_scalars):
+    m' = m*b1 + g*(1-b1), v' = v*b2 + (g*g)*(1-b2), denom = sqrt(v')/sqrt(bias2) + eps,
+    p' = p*decay - (m'/denom)*step size. Each line below is one float32 op of that formula,
+    in its order, on a fresh array (never on the inputs); a fused kernel
+    (Kernels.adamw) performs the same ops element by element. Non-finite results are the
+    caller's to refuse."""
+    b1, one_minus_b1, b2, one_minus_b2, step_size, sqrt_bias2, eps32, decay = scalars
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        # asarray: numpy turns 0-d results into scalars, and state must stay arrays.
+        m = np.asarray(m * b1)
+        m += g * one_minus_b1
+        v = np.asarray(v * b2)
+        gg = np.asarray(g * g)
+        gg *= one_minus_b2
+        v += gg
+        denom = np.asarray(np.sqrt(v))
+        denom /= sqrt_bias2
+        denom += eps32
+        update = np.asarray(m / denom)
+        update *= step_size
+        new_p = np.asarray(p * decay)
+        new_p -= update
+    return new_p, m, v
 
 
 def nesterov_update(

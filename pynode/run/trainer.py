@@ -23,6 +23,8 @@ import numpy as np
 from pynode.config import ConfigError, RunConfig
 from pynode.core import checkpoint, fixedpoint, optim
 from pynode.core.errors import NonFiniteError
+from pynode.core.flatadam import FlatAdamW
+from pynode.core.kernels import REFERENCE
 from pynode.core.plan import microbatch_plan
 from pynode.core.probe import probe_hash, probe_operands
 from pynode.core.statehash import state_hash
@@ -111,6 +113,8 @@ class Trainer:
         self.shapes = self.model.param_shapes()
         self.state = state if state is not None else self.initial_state()
         self.size = sum(int(np.prod(s)) for s in self.shapes.values())  # P
+        # the update on flat buffers, by the step's gated kernels (the reference without any)
+        self.optimizer = FlatAdamW(self.shapes, getattr(gemm, "kernels", None) or REFERENCE)
         self.capacities: dict[int, float] = dict(options.capacities or {})
         # Ranks whose recomputed work disagreed with the majority's: they compute no more
         # microbatches in this run (crosscheck.py); the same set on every peer.
@@ -286,15 +290,15 @@ class Trainer:
         total = await self.peers.verify(total, mine, owners, await self.peers.settle())
         marks.append(time.perf_counter())
         size = self.size
-        grads = self.unflatten(fixedpoint.from_fixed(total[:size], cfg.frac_bits, cfg.microbatches))
+        grads = self.optimizer.kernels.from_fixed(total[:size], cfg.frac_bits, cfg.microbatches)
         loss_sum = total[size : size + 1]
         loss = float(fixedpoint.from_fixed(loss_sum, LOSS_FRAC_BITS, cfg.microbatches)[0])
         if not np.isfinite(loss):
             raise NonFiniteError(f"step {self.state.step + 1}: the reduced loss is {loss}")
         lr = optim.lr_schedule(self.state.step, cfg.lr, cfg.warmup, cfg.steps)
-        params, opt = optim.adam_update(
-            self.state.params, grads, self.state.opt, lr,
-            weight_decay=cfg.weight_decay, clip=cfg.clip,
+        params, opt = self.optimizer.update(
+            self.state.params, self.state.opt, grads, lr,
+            optim.AdamConfig(weight_decay=cfg.weight_decay, clip=cfg.clip),
         )
         self.state = TrainState(step=self.state.step + 1, params=params, opt=opt)
         for hook in self.after_update:

@@ -50,12 +50,34 @@ class _SumsInNumpyOrder(Kernels):
         return np.sum(x, axis=-1, dtype=x.dtype)
 
 
+class _FusedAdamW(Kernels):
+    """denom = sqrt(v / bias2) + eps: the same formula, one rounding fewer."""
+
+    name = "fused-adamw"
+
+    def adamw(self, p, g, m, v, scalars, scale):
+        new_p, new_m, new_v = super().adamw(p, g, m, v, scalars, scale)
+        step_size, sqrt_bias2, eps, decay = scalars[4:]
+        denom = np.sqrt(new_v / (sqrt_bias2 * sqrt_bias2)) + eps
+        return p * decay - (new_m / denom) * step_size, new_m, new_v
+
+
+class _FixedPointInFloat32(Kernels):
+    """int64 rounded to float32 first, then scaled and divided there: two roundings."""
+
+    name = "float32-fixed-point"
+
+    def from_fixed(self, total, frac_bits, divisor):
+        return total.astype(np.float32) * np.float32(2.0**-frac_bits) / np.float32(divisor)
+
+
 def test_reference_passes_its_own_gate():
     report = gate_kernels(REFERENCE)
     assert report.passed and report.cases >= 40
 
 
-@pytest.mark.parametrize("bad", [_OffByOneRounding, _OneUlpGelu, _Stateful, _SumsInNumpyOrder])
+@pytest.mark.parametrize("bad", [_OffByOneRounding, _OneUlpGelu, _Stateful, _SumsInNumpyOrder,
+                                 _FusedAdamW, _FixedPointInFloat32])
 def test_gate_catches_a_wrong_kernel(bad):
     report = gate_kernels(bad())
     assert not report.passed and report.failing_case
