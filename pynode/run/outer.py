@@ -121,10 +121,11 @@ class OuterTrainer(Trainer):
                 total += fixedpoint.to_fixed(self.flatten(grads), cfg.frac_bits)
                 loss_sum += int(fixedpoint.to_fixed(np.asarray([loss], np.float32),
                                                     LOSS_FRAC_BITS)[0])
-            grads = self.unflatten(fixedpoint.from_fixed(total, cfg.frac_bits, len(picks)))
+            grads = self.optimizer.kernels.from_fixed(total, cfg.frac_bits, len(picks))
             lr = optim.lr_schedule(step, cfg.lr, cfg.warmup, cfg.steps)
-            params, adam = optim.adam_update(params, grads, adam, lr, weight_decay=cfg.weight_decay,
-                                             clip=cfg.clip)
+            params, adam = self.optimizer.update(
+                params, adam, grads, lr,
+                optim.AdamConfig(weight_decay=cfg.weight_decay, clip=cfg.clip))
             for hook in self.after_inner:
                 hook(replica, step + 1)
         delta = np.asarray(self.flatten(self.state.params) - self.flatten(params))  # (P,) f32
