@@ -11,6 +11,7 @@ gemm/         exact int8 GEMM backends, their gates and the live audit
 layers.py     int8 layers with explicit forward/backward (embedding, RMSNorm, attention, MLP)
 gpt.py        the byte-level GPT;  mlp.py  a small classifier for fast tests
 fixedpoint.py int64 fixed-point gradients;  optim.py  deterministic AdamW + LR schedule
+flatadam.py   the trainer's AdamW on flat buffers, by the gated kernels (optim's bits)
 statehash.py  canonical sha256 of a state;  checkpoint.py  .pt files without torch
 plan.py       capacity-weighted microbatch assignment;  probe.py  the kernel probe
 """
