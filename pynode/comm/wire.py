@@ -20,9 +20,10 @@ fewer bytes for a per-step gradient, ~1 ms per 119k values each way, most of it 
 (numba makes the planes in one pass where it imports: 0.03 ms, numpy's ~0.9; zlib-ng, where
 it imports, deflates and inflates the same streams ~2x faster); the decoded vector is the
 same bits, so sums are unchanged. Peers of one machine pack with `local` (the loopback
-group): only planes that deflate by about a quarter or more are deflated, since no network
-repays the time. The head names its element count under INT64_KEY, which unpack_message
-removes again.
+group), where no network repays deflate's time: bit-packed blocks instead (blocks.py, a
+leading code byte tells them apart), as few bytes for a gradient in a third of the time.
+Every receiver reads both forms. The head names its element count under INT64_KEY, which
+unpack_message removes again.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from pynode.comm import blocks
 from pynode.comm.base import CollectiveUsageError, CommError
 
 log = logging.getLogger(__name__)
@@ -56,11 +58,9 @@ _PLANE_LEN = struct.Struct("<I")
 # entropy is below _NOISE_BITS (Huffman codes save > ~6 %); other planes are noise, sent raw.
 _MOSTLY_NOISE = 16
 _NOISE_BITS = 7.5
-# Where the bytes cross no network (`local`: peers of one machine), deflating is worth its
-# time only for planes it shrinks by about a quarter or more: a quarter of their bytes zero,
-# or below 6 bits of entropy.
-_LOCAL_ZEROS = 4
-_LOCAL_BITS = 6.0
+# Where the bytes cross no network (`local`: peers of one machine) the vector is this code
+# byte, then blocks.py's bit-packed blocks; a first plane's code is never 3.
+_BLOCKS = b"\x03"
 _ENTROPY_SAMPLE = 4096  # bytes of a plane its entropy is estimated from
 
 
@@ -158,19 +158,20 @@ def int64_saving(message: bytes, head: dict[str, Any], vector: np.ndarray) -> in
 
 def pack_int64(x: np.ndarray, *, local: bool = False) -> bytes:
     """The byte planes of zigzag(x), x (n,) int64, each zero, raw or deflated; see the
-    module's docstring. `local`: the bytes stay on this machine (a loopback group), so a
-    plane is deflated only where that saves about a quarter of it or more (_LOCAL_ZEROS,
-    _LOCAL_BITS): the third plane of a per-step gradient, ~12 % zero bytes, shrinks by
-    ~11 % for ~0.5 ms of deflate and ~0.3 ms of inflate, which a network link repays and a
-    local socket does not. Either way unpack_int64 reads it."""
+    module's docstring. `local`: the bytes stay on this machine (a loopback group), so they
+    are bit-packed blocks (blocks.py): about the bytes of the planes for a gradient,
+    without deflate's time, which a network link repays and a local socket does not.
+    Either way unpack_int64 reads it."""
     if x.dtype != np.int64 or x.ndim != 1:
         raise CollectiveUsageError(f"pack_int64 takes a 1-D int64 array, got {x.dtype} "
                                    f"of shape {x.shape}")
-    native = _native_planes()
     x = np.ascontiguousarray(x)
+    if local:
+        return _pack_blocks(x)
+    native = _native_planes()
     planes = native[0](x) if native else _zigzag_planes(x)  # (8, n) u8
     n, out = x.shape[0], []
-    zeros, bits = (_LOCAL_ZEROS, _LOCAL_BITS) if local else (_MOSTLY_NOISE, _NOISE_BITS)
+    zeros, bits = _MOSTLY_NOISE, _NOISE_BITS
     for plane in planes:
         nonzero = int(np.count_nonzero(plane))
         if nonzero == 0:
@@ -198,6 +199,8 @@ def unpack_int64(data: bytes, length: Any) -> np.ndarray:
     `data` holds exactly eight planes of `length` bytes."""
     if isinstance(length, bool) or not isinstance(length, int) or length < 0:
         raise MessageError(f"malformed message: int64 length {length!r}")
+    if data[:1] == _BLOCKS:
+        return _unpack_blocks(data, length)
     planes = np.empty((8, length), np.uint8)  # (8, n) u8
     at = 0
     try:
@@ -259,6 +262,65 @@ def _native_planes() -> tuple[Any, Any] | None:
         log.warning("numba's int64 codec planes differ from numpy's; packing with numpy")
         return None
     return native
+
+
+def _pack_blocks(x: np.ndarray) -> bytes:
+    """_BLOCKS, then blocks.py's widths and stream of x (n,) contiguous int64."""
+    native = _native_blocks()
+    if native is None:
+        widths, words = blocks.pack(x)
+    else:
+        widths = np.empty(-(-x.shape[0] // blocks.BLOCK), np.uint8)
+        words = np.empty(x.shape[0] + 2, np.uint64)  # 64 bits a value at most, and a spill
+        words = words[: native.pack(x, blocks.BLOCK, widths, words)]
+    return _BLOCKS + widths.tobytes() + words.astype("<u8", copy=False).tobytes()
+
+
+def _unpack_blocks(data: bytes, length: int) -> np.ndarray:
+    """The (length,) int64 of a _pack_blocks; MessageError unless `data` holds exactly
+    its widths (each at most 64) and its stream."""
+    count = -(-length // blocks.BLOCK)
+    widths = np.frombuffer(data, np.uint8, count, 1) if len(data) >= 1 + count else None
+    if widths is None or (count and int(widths.max()) > 64):
+        raise MessageError(f"malformed int64 blocks of {length} values: bad or missing widths")
+    words = blocks.stream_words(widths, length)
+    if len(data) != 1 + count + 8 * words:
+        raise MessageError(f"malformed int64 blocks of {length} values: {len(data)} bytes, "
+                           f"not {1 + count + 8 * words}")
+    stream = np.frombuffer(data, "<u8", words, 1 + count).astype(np.uint64, copy=False)
+    native = _native_blocks()
+    if native is None:
+        return blocks.unpack(widths, stream, length)
+    out = np.empty(length, np.int64)
+    native.unpack(widths, stream, blocks.BLOCK, out)
+    return out
+
+
+@functools.cache
+def _native_blocks() -> Any:
+    """numba's bit-packed blocks (pynode.native_codec) where numba imports and they give
+    the numpy form's bytes and values on a vector of every magnitude, both signs and a
+    zero block; else None (Pyodide, or no `fast` extra): the numpy form."""
+    from pynode import native_codec
+
+    if native_codec.numba is None:
+        return None
+    i = np.arange(1031, dtype=np.uint64)  # blocks of every width, a short last one
+    words = (i * np.uint64(0x9E3779B97F4A7C15)).view(np.int64)  # wraps: a cheap hash
+    x = words >> ((i // np.uint64(blocks.BLOCK)) * np.uint64(2) % np.uint64(64)).astype(np.int64)
+    x[:4], x[64:96] = [0, -1, 2**63 - 1, -(2**63)], 0
+    widths, stream = blocks.pack(x)
+    got_widths = np.empty_like(widths)
+    got = np.empty(x.shape[0] + 2, np.uint64)
+    got = got[: native_codec.pack(x, blocks.BLOCK, got_widths, got)]
+    back = np.empty_like(x)
+    native_codec.unpack(widths, stream, blocks.BLOCK, back)
+    if not (np.array_equal(got_widths, widths) and np.array_equal(got, stream)
+            and np.array_equal(back, x) and np.array_equal(blocks.unpack(widths, stream,
+                                                                         x.shape[0]), x)):
+        log.warning("numba's bit-packed blocks differ from numpy's; packing with numpy")
+        return None
+    return native_codec
 
 
 @functools.cache

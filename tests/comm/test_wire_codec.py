@@ -10,6 +10,7 @@ import zlib
 
 import numpy as np
 
+from pynode.comm import blocks
 from pynode.comm.base import CollectiveUsageError
 from pynode.comm.wire import (
     INT64_KEY,
@@ -31,6 +32,20 @@ GOLDEN_HEX = (
     "c293d8ef27864d94b4e5606765606480000002180000006360f8ff5f8e8985898100905dcb65c6c3c6c6c0c8"
     "800a00020d0000006360f8ff9f8108c0c8801d000002090000006360f8ff9f8102000002090000006360f8ff"
     "9f81020000"
+)
+
+# pack_int64(golden_vector(), local=True): bit-packed blocks, written by pynode/comm/blocks.py
+GOLDEN_BLOCKS_HEX = (
+    "03402900000000000000000100000000000000feffffffffffffffffffffffffffffff7eb979371e000000ee"
+    "13ace202000000715a32ab0400000092a0229c02000000d1c8103900000000f57019e0000000003ec12a2e00"
+    "00000083e2ce19000000002c6da61a00000000cc251a01000000007d758f05000000000e012a020000000091"
+    "21720000000000d5a1fc00000000008ee61f0000000000fbf0200000000000601517000000000061ae000000"
+    "000000b973060000000000deb701000000000033ab000000000000d4e6000000000000a21100000000000013"
+    "280000000000008413000000000000770200000000000057070000000000004401000000000000e500000000"
+    "940100000008000000007801000000e000000000a00000000080010000000000000000007110ec531d89d5fa"
+    "895b75441e982b785e37bab28187af23c6609269fec000537ddfb7013964bd3000e1b4645601043279220114"
+    "e7a864002800cbeb01a0e6128d0060320ffa0080b4ce7e018064530800007d758f01006868e90000acb99d00"
+    "003024db01000002540000e01f33010080bd45010080644100000000000000"
 )
 
 
@@ -96,37 +111,48 @@ def test_skewed_planes_are_deflated_without_zero_bytes():
     assert len(pack_int64(noise)) == 1 + noise.shape[0] + 7
 
 
-def plane_codes(packed: bytes, n: int) -> list[int]:
-    """The code byte of each of the eight planes of pack_int64's output for n values."""
-    codes, at = [], 0
-    for _ in range(8):
-        code, at = packed[at], at + 1
-        codes.append(code)
-        at += n if code == 1 else 4 + int.from_bytes(packed[at : at + 4], "little") if code else 0
-    assert at == len(packed)
-    return codes
-
-
-def test_local_packing_deflates_only_where_it_saves_a_quarter():
-    """A per-step gradient's shape of planes: noise, noise, noise with ~12 % zero bytes
-    (deflate saves ~10 %), a plane ~70 % zero, then zero planes. Across a network the third
-    plane is deflated; between peers of one machine (`local`) it is sent raw, the fourth
-    deflated either way, and both read back to the same bits."""
-    rng = np.random.default_rng(11)  # test data only
-    n = 20000
-    low = rng.integers(1, 256, (3, n), dtype=np.uint64)  # planes 0-2 without zero bytes
-    low[2, rng.random(n) < 0.12] = 0
-    high = rng.integers(1, 16, n, dtype=np.uint64) * (rng.random(n) < 0.3)  # ~70 % zero
-    zigzag = low[0] | low[1] << np.uint64(8) | low[2] << np.uint64(16) | high << np.uint64(24)
-    x = (zigzag >> np.uint64(1)).astype(np.int64) ^ -(zigzag & np.uint64(1)).astype(np.int64)
-    wide, local = pack_int64(x), pack_int64(x, local=True)
-    assert plane_codes(wide, n) == [1, 1, 2, 2, 0, 0, 0, 0]
-    assert plane_codes(local, n) == [1, 1, 1, 2, 0, 0, 0, 0]
-    assert len(wide) < len(local) < len(wide) + 0.2 * n
-    for packed in (wide, local):
-        assert np.array_equal(unpack_int64(packed, n), x)
+def test_local_packing_is_bit_packed_blocks_that_read_back_exactly():
+    """Between peers of one machine (`local`) a vector travels as bit-packed blocks
+    (pynode/comm/blocks.py): the golden bytes read back on every runtime, the native and
+    numpy forms write the same bytes, and every length, magnitude and sign round-trips."""
+    assert np.array_equal(unpack_int64(bytes.fromhex("".join(GOLDEN_BLOCKS_HEX)), 64),
+                          golden_vector())
+    assert pack_int64(golden_vector(), local=True).hex() == "".join(GOLDEN_BLOCKS_HEX)
+    rng = np.random.default_rng(12)  # test data only
+    for n in (0, 1, 31, 32, 33, 95, 1000):
+        for bits in (0, 1, 7, 33, 63):
+            x = rng.integers(-(2**62), 2**62, n, dtype=np.int64) >> (63 - bits)
+            if n > 40:
+                x[:4], x[32:40] = [2**63 - 1, -(2**63), -1, 0], 0  # a zero block's run
+            packed = pack_int64(x, local=True)
+            widths, words = blocks.pack(x)
+            assert packed == b"\x03" + widths.tobytes() + words.astype("<u8").tobytes()
+            assert np.array_equal(unpack_int64(packed, n), x)
+            assert np.array_equal(blocks.unpack(widths, words, n), x)
     head, back = unpack_message(pack_message({"t": 1}, x, local=True))
     assert head == {"t": 1} and np.array_equal(back, x)
+
+
+def test_blocks_take_the_bits_of_each_blocks_largest_value():
+    """A block's width is its largest zigzag word's bits: 32 values below 2**9 in
+    magnitude take 10 bits each, so a vector of them packs to ~10 / 64 of raw int64."""
+    rng = np.random.default_rng(13)  # test data only
+    x = rng.integers(-(2**9), 2**9, 32 * 50, dtype=np.int64)
+    x[::32] = 2**9 - 1  # the largest magnitude in every block: zigzag 1022, 10 bits
+    packed = pack_int64(x, local=True)
+    assert list(blocks.block_widths(blocks.zigzag(x))) == [10] * 50
+    assert len(packed) == 1 + 50 + 8 * (-(-50 * 32 * 10 // 64))
+
+
+def test_malformed_blocks_raise_message_error():
+    x = golden_vector()
+    packed = pack_int64(x, local=True)
+    wide = bytearray(packed)
+    wide[1] = 65  # a width no 64-bit word has
+    for data, length in [(packed, 63), (packed, 65), (packed[:-1], 64), (packed + b"\x00", 64),
+                         (bytes(wide), 64), (b"\x03", 64), (b"\x03" + b"\x00", 33)]:
+        refused(MessageError, unpack_int64, data, length)
+    assert unpack_int64(b"\x03" + bytes(2), 33).tolist() == [0] * 33  # two zero-width blocks
 
 
 def test_bad_vectors_are_refused_at_the_sender():
