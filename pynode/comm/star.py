@@ -83,9 +83,10 @@ def _sum_int64(frames: dict[int, Frame]) -> np.ndarray:
     lengths = {rank: part.shape[0] for rank, part in parts.items()}
     if len(set(lengths.values())) > 1:
         raise ShapeError(f"allreduce_int64 lengths differ between ranks: {lengths}")
-    total = np.zeros(next(iter(lengths.values())), dtype=np.int64)  # (n,) int64
-    for part in parts.values():
-        total += part  # every member passed check_headroom, so no partial sum wraps
+    vectors = list(parts.values())  # every member passed check_headroom: no sum wraps
+    total = vectors[0] + vectors[1] if len(vectors) > 1 else vectors[0].copy()  # (n,) int64
+    for part in vectors[2:]:
+        total += part
     return total
 
 
