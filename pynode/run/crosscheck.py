@@ -24,6 +24,7 @@ Legend: P parameters, n microbatches.
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import numpy as np
 
@@ -41,8 +42,9 @@ DIGEST_BITS = 48
 class DigestKey:
     """The random linear form of one step: R (P + 1,) uint64."""
 
-    def __init__(self, cfg: RunConfig, step: int, size: int) -> None:
-        self.r = rng.raw64((DIGEST_PURPOSE, cfg.seed, step), size + 1).astype(np.uint64)
+    def __init__(self, cfg: RunConfig, step: int, size: int, raw64: Any = rng.raw64) -> None:
+        # raw64: rng.raw64 or a gated kernel of it (Kernels.raw64, the same words faster)
+        self.r = raw64((DIGEST_PURPOSE, cfg.seed, step), size + 1).astype(np.uint64)
 
     def digest(self, fixed: np.ndarray, loss: int) -> int:
         """Digest of one microbatch: `fixed` (P,) int64 gradients, `loss` its fixed loss."""

@@ -121,7 +121,7 @@ class OuterTrainer(Trainer):
                 total += fixedpoint.to_fixed(self.flatten(grads), cfg.frac_bits)
                 loss_sum += int(fixedpoint.to_fixed(np.asarray([loss], np.float32),
                                                     LOSS_FRAC_BITS)[0])
-            grads = self.optimizer.kernels.from_fixed(total, cfg.frac_bits, len(picks))
+            grads = self.kernels.from_fixed(total, cfg.frac_bits, len(picks))
             lr = optim.lr_schedule(step, cfg.lr, cfg.warmup, cfg.steps)
             params, adam = self.optimizer.update(
                 params, adam, grads, lr,

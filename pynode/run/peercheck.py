@@ -60,7 +60,8 @@ class PeerCheck:
         if t.collective is None or index not in self.sample(step):
             return 0
         if self._sample[2] is None:
-            self._sample = (*self._sample[:2], crosscheck.DigestKey(t.cfg, step, t.size))
+            key = crosscheck.DigestKey(t.cfg, step, t.size, t.kernels.raw64)
+            self._sample = (*self._sample[:2], key)
         return self._sample[2].digest(fixed, loss)
 
     def owed(self, owners: dict[int, int], sample: list[int]) -> list[int]:

@@ -113,8 +113,10 @@ class Trainer:
         self.shapes = self.model.param_shapes()
         self.state = state if state is not None else self.initial_state()
         self.size = sum(int(np.prod(s)) for s in self.shapes.values())  # P
-        # the update on flat buffers, by the step's gated kernels (the reference without any)
-        self.optimizer = FlatAdamW(self.shapes, getattr(gemm, "kernels", None) or REFERENCE)
+        # the step's gated hot kernels (the reference for a task without int8 GEMMs), and
+        # the update on flat buffers they make
+        self.kernels = getattr(gemm, "kernels", None) or REFERENCE
+        self.optimizer = FlatAdamW(self.shapes, self.kernels)
         self.capacities: dict[int, float] = dict(options.capacities or {})
         # Ranks whose recomputed work disagreed with the majority's: they compute no more
         # microbatches in this run (crosscheck.py); the same set on every peer.
@@ -290,7 +292,7 @@ class Trainer:
         total = await self.peers.verify(total, mine, owners, await self.peers.settle())
         marks.append(time.perf_counter())
         size = self.size
-        grads = self.optimizer.kernels.from_fixed(total[:size], cfg.frac_bits, cfg.microbatches)
+        grads = self.kernels.from_fixed(total[:size], cfg.frac_bits, cfg.microbatches)
         loss_sum = total[size : size + 1]
         loss = float(fixedpoint.from_fixed(loss_sum, LOSS_FRAC_BITS, cfg.microbatches)[0])
         if not np.isfinite(loss):
