@@ -43,27 +43,25 @@ class FlatAdamW:
         """name -> the view of `flat` (P,) that holds that tensor."""
         return {name: flat[a:b].reshape(self.shapes[name]) for name, (a, b) in self.spans.items()}
 
-    def flat(self, tensors: dict[str, np.ndarray], label: str) -> np.ndarray:
-        """(P,) float32: the buffer behind `tensors` where this made them (views of it,
-        unchanged), else a copy in declared order. ShapeError for a missing, extra or
-        mis-shaped tensor."""
+    def made(self, tensors: dict[str, np.ndarray]) -> np.ndarray | None:
+        """The flat buffer behind `tensors` where this made them and they are still its
+        views, every one of its shape and dtype; else None."""
         for made, views, flat in self._made:
-            if tensors is made and all(tensors.get(n) is view for n, view in views.items()) \
-                    and len(tensors) == len(views):
+            if (tensors is made and len(tensors) == len(views)
+                    and all(tensors.get(n) is view and view.shape == self.shapes[n]
+                            and view.dtype == np.float32 for n, view in views.items())):
                 return flat
-        if set(tensors) != set(self.shapes):
-            missing = sorted(set(self.shapes) - set(tensors))
-            extra = sorted(set(tensors) - set(self.shapes))
-            raise ShapeError(f"{label} do not match the parameters: "
-                             f"missing {missing or 'none'}, unexpected {extra or 'none'}")
-        for name, shape in self.shapes.items():
-            arr = tensors[name]
-            if not isinstance(arr, np.ndarray) or arr.dtype != np.float32 or arr.shape != shape:
-                got = f"{type(arr).__name__} {np.shape(arr)} {getattr(arr, 'dtype', '')}"
-                raise ShapeError(f"{label} {name!r}: expected {shape} float32, got {got}")
+        return None
+
+    def flat(self, tensors: dict[str, np.ndarray]) -> np.ndarray:
+        """(P,) float32: the buffer behind `tensors` (made), else a copy in declared order
+        of tensors optim's checks passed."""
+        found = self.made(tensors)
+        if found is not None:
+            return found
         if not self.shapes:
             return np.zeros(0, np.float32)
-        return np.concatenate([np.asarray(tensors[name]).reshape(-1) for name in self.shapes])
+        return np.concatenate([tensors[name].reshape(-1) for name in self.shapes])
 
     def global_norm(self, grads: np.ndarray) -> float:
         """optim.global_norm of the tensors of `grads` (P,): the same squares, order and tree."""
@@ -81,16 +79,20 @@ class FlatAdamW:
         same bits and refusals. Pure: the inputs are never modified."""
         if not (optim._is_real(lr) and lr >= 0.0):
             raise optim.OptimConfigError(f"lr must be a finite number >= 0, got {lr!r}")
-        if isinstance(state.step, bool) or not isinstance(state.step, int | np.integer) \
-                or state.step < 0:
-            raise ShapeError(f"adam step must be an integer >= 0, got {state.step!r}")
         if not (isinstance(grads, np.ndarray) and grads.dtype == np.float32
                 and grads.shape == (self.size,)):
             raise ShapeError(f"grads: expected ({self.size},) float32, got "
                              f"{getattr(grads, 'dtype', type(grads).__name__)} {np.shape(grads)}")
-        p = self.flat(params, "param")
-        m, v = self.flat(state.m, "adam m"), self.flat(state.v, "adam v")
-        self._refuse_nonfinite(grads, "gradient {!r} has {} non-finite value(s); step refused")
+        if all(self.made(d) is not None for d in (params, state.m, state.v)):
+            # this step's own state: its names, shapes and dtypes hold by construction
+            if isinstance(state.step, bool) or not isinstance(state.step, int | np.integer) \
+                    or state.step < 0:
+                raise ShapeError(f"adam step must be an integer >= 0, got {state.step!r}")
+            self._refuse_nonfinite(grads, "gradient {!r} has {} non-finite value(s); step "
+                                          "refused")
+        else:  # anything else: optim.adam_update's checks, in its order
+            optim._check_tensors(params, self.views(grads), state)
+        p, m, v = self.flat(params), self.flat(state.m), self.flat(state.v)
         scale = None
         if cfg.clip > 0.0:
             coef = float(cfg.clip) / (self.global_norm(grads) + optim._CLIP_EPS)

@@ -128,6 +128,9 @@ def _cases(seed: int = 0x6A7E):
     yield "softmax.masked", "softmax_rows", (scores, np.tri(33, dtype=bool))
     yield "log_softmax", "log_softmax_parts", (normal(45, 257),)
     yield "psum_rows", "psum_rows", (normal(7, 9, 129),)
+    squares = normal(119105).astype(np.float64)  # the clipping norm's one long float64 row
+    yield "psum_rows.f64", "psum_rows", (squares * squares,)
+    yield "psum_rows.f64.rows", "psum_rows", (normal(5, 1031).astype(np.float64),)
     for n in (1, 3, 4, 5, 1031, 4 * 700 + 2):  # whole and partial Philox blocks, many tiles
         yield f"raw64.{n}", "raw64", ((7, 3, n, 2**40 + n), n)
     totals = g.integers(-(2**62), 2**62, 1031, dtype=np.int64)

@@ -122,8 +122,8 @@ def test_local_packing_is_bit_packed_blocks_that_read_back_exactly():
     for n in (0, 1, 31, 32, 33, 95, 1000):
         for bits in (0, 1, 7, 33, 63):
             x = rng.integers(-(2**62), 2**62, n, dtype=np.int64) >> (63 - bits)
-            if n > 40:
-                x[:4], x[32:40] = [2**63 - 1, -(2**63), -1, 0], 0  # a zero block's run
+            if n > 64:
+                x[:4], x[32:64] = [2**63 - 1, -(2**63), -1, 0], 0  # a zero block between
             packed = pack_int64(x, local=True)
             widths, words = blocks.pack(x)
             assert packed == b"\x03" + widths.tobytes() + words.astype("<u8").tobytes()

@@ -100,7 +100,7 @@ def test_refusals_name_the_tensor_and_change_nothing():
         flat.update(params, blown, grads[0], 1e-3, cfg)
     with pytest.raises(NonFiniteError, match="parameter 'a.first' non-finite"):
         optim.adam_update(params, split(grads[0]), blown, 1e-3, cfg)
-    with pytest.raises(ShapeError, match="missing \\['b'\\]"):
+    with pytest.raises(ShapeError, match="unexpected \\['b'\\]"):  # adam_update's words
         flat.update({n: p for n, p in params.items() if n != "b"}, state, grads[0], 1e-3, cfg)
     with pytest.raises(ShapeError, match="adam v 'wte'"):
         flat.update(params, optim.AdamState(m=state.m, v={**state.v, "wte": state.v["wte"].T},
@@ -112,3 +112,48 @@ def test_refusals_name_the_tensor_and_change_nothing():
     p, s = flat.update(params, state, grads[0], 1e-3, cfg)  # nothing was spoiled
     ref = optim.adam_update(params, split(grads[0]), state, 1e-3, cfg)
     assert bits_of(p) == bits_of(ref[0])
+
+
+def refusal(fn, *args) -> tuple[type, str]:
+    try:
+        fn(*args)
+    except Exception as exc:  # the test compares whatever each raises
+        return type(exc), str(exc)
+    raise AssertionError("no refusal")
+
+
+def test_several_faults_are_refused_as_adam_update_refuses_them():
+    """Where more than one thing is wrong, the flat step names the same one, in the same
+    words, as optim.adam_update (its checks, in its order)."""
+    params, grads = draw(9)
+    state = optim.AdamState.zeros(params)
+    g = grads[0]
+    cfg = optim.AdamConfig()
+    bad = {
+        "m and v mis-shaped": (params, optim.AdamState(
+            m={**state.m, "wte": state.m["wte"].T.copy()},
+            v={**state.v, "b": np.zeros(3, F32)}, step=0)),
+        "step and a missing moment": (params, optim.AdamState(
+            m={n: a for n, a in state.m.items() if n != "b"}, v=state.v, step=-1)),
+        "everything missing one": ({n: a for n, a in params.items() if n != "b"},
+                                   optim.AdamState(m={n: a for n, a in state.m.items()
+                                                      if n != "b"},
+                                                   v={n: a for n, a in state.v.items()
+                                                      if n != "b"}, step=0)),
+        "params mis-shaped": ({**params, "wte": params["wte"].T.copy(),
+                               "b": np.zeros(3, F32)}, state),
+    }
+    for what, (p, s) in bad.items():
+        flat = FlatAdamW(SHAPES, REFERENCE)
+        assert refusal(flat.update, p, s, g, 1e-3, cfg) == \
+            refusal(optim.adam_update, p, split(g), s, 1e-3, cfg), what
+
+
+def test_a_view_reshaped_in_place_is_checked_again():
+    params, grads = draw(4)
+    flat = FlatAdamW(SHAPES, REFERENCE)
+    p, s = flat.update(params, optim.AdamState.zeros(params), grads[0], 1e-3,
+                       optim.AdamConfig())
+    p["wte"].shape = (66,)  # the same object, another shape
+    with pytest.raises(ShapeError, match="'wte'"):
+        flat.update(p, s, grads[1], 1e-3, optim.AdamConfig())
