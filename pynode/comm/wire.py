@@ -171,13 +171,12 @@ def pack_int64(x: np.ndarray, *, local: bool = False) -> bytes:
     native = _native_planes()
     planes = native[0](x) if native else _zigzag_planes(x)  # (8, n) u8
     n, out = x.shape[0], []
-    zeros, bits = _MOSTLY_NOISE, _NOISE_BITS
     for plane in planes:
         nonzero = int(np.count_nonzero(plane))
         if nonzero == 0:
             out.append(_PLANE_ZERO)
             continue
-        if n - nonzero >= n // zeros or _byte_entropy(plane) < bits:
+        if n - nonzero >= n // _MOSTLY_NOISE or _byte_entropy(plane) < _NOISE_BITS:
             deflated = _deflated(_deflate(), plane)
             if len(deflated) < n:
                 out += [_PLANE_DEFLATED, _PLANE_LEN.pack(len(deflated)), deflated]
@@ -227,20 +226,24 @@ def unpack_int64(data: bytes, length: Any) -> np.ndarray:
 
 def _zigzag_planes(x: np.ndarray) -> np.ndarray:
     """(8, n) u8: the little-endian byte planes of zigzag(x), x (n,) contiguous int64."""
-    zigzag = x << 1  # (n,) int64
-    zigzag ^= x >> 63  # a bijection of 64-bit words: small magnitudes -> small words
-    return np.ascontiguousarray(zigzag.astype("<i8", copy=False).view(np.uint8).reshape(-1, 8).T)
+    zigzag = blocks.zigzag(x).astype("<u8", copy=False)  # (n,) u64
+    return np.ascontiguousarray(zigzag.view(np.uint8).reshape(-1, 8).T)
 
 
 def _words_of_planes(planes: np.ndarray) -> np.ndarray:
     """(n,) int64 from the planes (8, n) u8 of _zigzag_planes."""
     zigzag = np.ascontiguousarray(planes.T).view("<u8").reshape(-1)  # (n,) u64 words
-    zigzag = zigzag.astype(np.uint64, copy=False)
-    sign = zigzag & np.uint64(1)  # (n,) u64
-    np.subtract(np.uint64(0), sign, out=sign)  # 0 or all ones
-    zigzag >>= np.uint64(1)
-    zigzag ^= sign
-    return zigzag.view(np.int64)
+    return blocks.unzigzag(zigzag.astype(np.uint64, copy=False))
+
+
+def _every_magnitude(n: int, shift: Any) -> np.ndarray:
+    """(n,) int64 of hashed words shifted right by `shift` (n,) u64 (every magnitude, both
+    signs), the int64 extremes first: what native codecs are checked on before first use."""
+    i = np.arange(n, dtype=np.uint64)
+    words = (i * np.uint64(0x9E3779B97F4A7C15)).view(np.int64)  # wraps: a cheap hash
+    x = words >> shift.astype(np.int64)
+    x[:4] = [0, -1, 2**63 - 1, -(2**63)]
+    return x
 
 
 @functools.cache
@@ -254,9 +257,7 @@ def _native_planes() -> tuple[Any, Any] | None:
         return None
     native = native_kernels.zigzag_planes, native_kernels.words_of_planes
     i = np.arange(1031, dtype=np.uint64)  # not a multiple of any vector width
-    words = (i * np.uint64(0x9E3779B97F4A7C15)).view(np.int64)  # wraps: a cheap hash
-    x = words >> (i % np.uint64(64)).astype(np.int64)  # every magnitude, both signs
-    x[:4] = [0, -1, 2**63 - 1, -(2**63)]
+    x = _every_magnitude(1031, i % np.uint64(64))
     planes = _zigzag_planes(x)
     if not (np.array_equal(native[0](x), planes) and np.array_equal(native[1](planes), x)):
         log.warning("numba's int64 codec planes differ from numpy's; packing with numpy")
@@ -306,9 +307,8 @@ def _native_blocks() -> Any:
     if native_codec.numba is None:
         return None
     i = np.arange(1031, dtype=np.uint64)  # blocks of every width, a short last one
-    words = (i * np.uint64(0x9E3779B97F4A7C15)).view(np.int64)  # wraps: a cheap hash
-    x = words >> ((i // np.uint64(blocks.BLOCK)) * np.uint64(2) % np.uint64(64)).astype(np.int64)
-    x[:4], x[64:96] = [0, -1, 2**63 - 1, -(2**63)], 0
+    x = _every_magnitude(1031, i // np.uint64(blocks.BLOCK) * np.uint64(2) % np.uint64(64))
+    x[64:96] = 0  # a zero block between others
     widths, stream = blocks.pack(x)
     got_widths = np.empty_like(widths)
     got = np.empty(x.shape[0] + 2, np.uint64)

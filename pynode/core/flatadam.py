@@ -54,11 +54,7 @@ class FlatAdamW:
         return None
 
     def flat(self, tensors: dict[str, np.ndarray]) -> np.ndarray:
-        """(P,) float32: the buffer behind `tensors` (made), else a copy in declared order
-        of tensors optim's checks passed."""
-        found = self.made(tensors)
-        if found is not None:
-            return found
+        """(P,) float32: tensors (that optim's checks passed) in declared order."""
         if not self.shapes:
             return np.zeros(0, np.float32)
         return np.concatenate([tensors[name].reshape(-1) for name in self.shapes])
@@ -83,7 +79,8 @@ class FlatAdamW:
                 and grads.shape == (self.size,)):
             raise ShapeError(f"grads: expected ({self.size},) float32, got "
                              f"{getattr(grads, 'dtype', type(grads).__name__)} {np.shape(grads)}")
-        if all(self.made(d) is not None for d in (params, state.m, state.v)):
+        flats = [self.made(d) for d in (params, state.m, state.v)]
+        if all(f is not None for f in flats):
             # this step's own state: its names, shapes and dtypes hold by construction
             if isinstance(state.step, bool) or not isinstance(state.step, int | np.integer) \
                     or state.step < 0:
@@ -92,7 +89,8 @@ class FlatAdamW:
                                           "refused")
         else:  # anything else: optim.adam_update's checks, in its order
             optim._check_tensors(params, self.views(grads), state)
-        p, m, v = self.flat(params), self.flat(state.m), self.flat(state.v)
+            flats = [self.flat(d) for d in (params, state.m, state.v)]
+        p, m, v = flats
         scale = None
         if cfg.clip > 0.0:
             coef = float(cfg.clip) / (self.global_norm(grads) + optim._CLIP_EPS)
