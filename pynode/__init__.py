@@ -14,6 +14,8 @@ gemm_backends.py  every GEMM backend by name (the core's, torch's, the page's wa
 gemm_tuning.py the fastest gated GEMM backend per model shape, measured
 native_kernels.py  numba-fused hot kernels, gated against core/kernels.py's reference
 native_optim.py    numba's fixed point to float32 and AdamW step (native_kernels uses them)
+native_check.py    numba's Freivalds check of a GEMM product (native_kernels uses it)
+native_codec.py    numba's int64 codec forms: byte planes, bit-packed blocks (comm/wire.py)
 verify.py     `verify`: every start-up check as a table
 float_gpt.py  the plain-float torch twin of the GPT (native only)
 unitfiles.py  reads the shipped unit weights (data/units/);  corpus.py  the built-in corpus

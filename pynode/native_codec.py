@@ -1,7 +1,9 @@
-"""numba's bit-packed blocks (pynode/comm/blocks.py's format) in one pass each way.
+"""numba's forms of the int64 codec (pynode/comm/wire.py), each one pass each way: the
+byte planes of zigzag(x), and the bit-packed blocks of pynode/comm/blocks.py's format.
 
-The same words as the numpy form, which wire._native_blocks checks on a vector of every
-magnitude before first use; where numba is missing the numpy form serves.
+The same bytes as the numpy forms, which wire._native_planes and wire._native_blocks
+check on a vector of every magnitude before first use; where numba is missing the numpy
+forms serve.
 """
 
 from __future__ import annotations
@@ -73,3 +75,36 @@ if numba is not None:
                 z &= mask
                 out[i] = np.int64(z >> np.uint64(1)) ^ -np.int64(z & np.uint64(1))
                 pos += w
+
+    # The int64 codec's byte planes (pynode.comm.wire): zigzag and the eight little-endian
+    # byte planes in one pass (numpy takes ~0.9 ms a way for 119k values, these ~0.03).
+    @jit
+    def _zigzag_planes(x, planes):
+        for i in range(x.shape[0]):
+            v = x[i]
+            z = np.uint64((v << 1) ^ (v >> 63))
+            for b in range(8):
+                planes[b, i] = np.uint8((z >> np.uint64(8 * b)) & np.uint64(0xFF))
+
+    @jit
+    def _words_of_planes(planes, out):
+        for i in range(out.shape[0]):
+            z = np.uint64(0)
+            for b in range(8):
+                z |= np.uint64(planes[b, i]) << np.uint64(8 * b)
+            out[i] = np.int64(z >> np.uint64(1)) ^ -np.int64(z & np.uint64(1))
+
+
+def zigzag_planes(x: np.ndarray) -> np.ndarray:
+    """(8, n) u8: the little-endian byte planes of zigzag(x), x (n,) contiguous int64 (the
+    wire codec's; numba must be available)."""
+    planes = np.empty((8, x.shape[0]), np.uint8)
+    _zigzag_planes(x, planes)
+    return planes
+
+
+def words_of_planes(planes: np.ndarray) -> np.ndarray:
+    """(n,) int64: the inverse of zigzag_planes for planes (8, n) u8."""
+    out = np.empty(planes.shape[1], np.int64)
+    _words_of_planes(planes, out)
+    return out

@@ -19,7 +19,7 @@ import logging
 
 import numpy as np
 
-from pynode import native_optim
+from pynode import native_check, native_optim
 from pynode.core import detmath, fastmath, rng
 from pynode.core.errors import GateError
 from pynode.core.fixedpoint import MAX_FRAC_BITS
@@ -294,99 +294,6 @@ if numba is not None:
         return True
 
 
-    # Freivalds' identity, each row as one int64 sum: t_i = a_i . (B @ r) - out_i . r, in
-    # wrapping int64 (mod 2**64), so reassociating, fusing and any overflow leave t_i exact
-    # mod 2**64. Its true value is -(D @ r)_i for D = out - A @ B, |D| < 2**32, r entries
-    # in [0, 2**31) summing to below 2**32 (checked here): |t_i| < 2**64, so t_i == 0
-    # mod 2**64 exactly when it is 0. One row loop, one reduction per row, and no float
-    # conversions; each product runs along memory: row- or column-major operands alike.
-    _FREIVALDS = dict(nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})
-
-    @numba.njit(inline="always", **_FREIVALDS)
-    def _holds_2d(a, b, out, r, br, lhs):
-        m, k = a.shape
-        n = b.shape[1]
-        if b.shape[0] != k or out.shape[0] != m or out.shape[1] != n or r.shape[1] != n:
-            raise ValueError("product check: operand shapes do not match")
-        a_rows = abs(a.strides[1]) <= abs(a.strides[0])
-        b_rows = abs(b.strides[1]) <= abs(b.strides[0])
-        for q in range(r.shape[0]):
-            if b_rows:
-                for kk in range(k):
-                    s = np.int64(0)
-                    for j in range(n):
-                        s += np.int64(b[kk, j]) * r[q, j]
-                    br[kk] = s
-            else:
-                br[:] = 0
-                for j in range(n):
-                    rj = r[q, j]
-                    for kk in range(k):
-                        br[kk] += np.int64(b[kk, j]) * rj
-            if a_rows:
-                for i in range(m):
-                    t = np.int64(0)
-                    for kk in range(k):
-                        t += np.int64(a[i, kk]) * br[kk]
-                    for j in range(n):
-                        t -= np.int64(out[i, j]) * r[q, j]
-                    if t != 0:
-                        return False
-            else:
-                lhs[:] = 0
-                for kk in range(k):
-                    bk = br[kk]
-                    for i in range(m):
-                        lhs[i] += np.int64(a[i, kk]) * bk
-                for i in range(m):
-                    t = lhs[i]
-                    for j in range(n):
-                        t -= np.int64(out[i, j]) * r[q, j]
-                    if t != 0:
-                        return False
-        return True
-
-    @numba.njit(inline="always", **_FREIVALDS)
-    def _int_vectors(r):
-        """r as int64, or an empty array where some vector leaves the sums inexact (entries
-        not integers in [0, 2**31), or summing to 2**32 or more): the caller then takes
-        the reference's path."""
-        r64 = np.empty(r.shape, np.int64)
-        for q in range(r.shape[0]):
-            total = 0.0
-            for j in range(r.shape[1]):
-                x = r[q, j]
-                if not (0.0 <= x < 2.0**31) or x != np.floor(x):
-                    return np.empty((0, 0), np.int64)
-                r64[q, j] = np.int64(x)
-                total += x
-            if total >= 2.0**32:
-                return np.empty((0, 0), np.int64)
-        return r64
-
-    @numba.njit(cache=True, **_FREIVALDS)
-    def _product_holds_2d(a, b, out, r):
-        """1: out == a @ b; 0: not; -1: r outside the integer side's range."""
-        r64 = _int_vectors(r)
-        if r64.size != r.size:
-            return -1
-        br, lhs = np.empty(a.shape[1], np.int64), np.empty(a.shape[0], np.int64)
-        return 1 if _holds_2d(a, b, out, r64, br, lhs) else 0
-
-    @numba.njit(cache=True, **_FREIVALDS)
-    def _product_holds_3d(a, b, out, r):
-        if b.shape[0] != a.shape[0] or out.shape[0] != a.shape[0]:
-            raise ValueError("product check: batch sizes do not match")
-        r64 = _int_vectors(r)
-        if r64.size != r.size:
-            return -1
-        br, lhs = np.empty(a.shape[2], np.int64), np.empty(a.shape[1], np.int64)
-        for t in range(a.shape[0]):
-            if not _holds_2d(a[t], b[t], out[t], r64, br, lhs):
-                return 0
-        return 1
-
-
     # numpy's Philox4x64-10 (rng.raw64: counter [i, 0, c2, c3] for blocks i = 1, 2, ...),
     # TILE blocks at a time in four word columns, so the ten rounds vectorise across
     # blocks (numpy's C generator makes one block at a time). 64x64 -> 128-bit products
@@ -427,40 +334,6 @@ if numba is not None:
             for i in range(t):
                 j = 4 * (start + i)
                 out[j], out[j + 1], out[j + 2], out[j + 3] = x0[i], x1[i], x2[i], x3[i]
-
-    # The int64 codec's byte planes (pynode.comm.wire): zigzag and the eight little-endian
-    # byte planes in one pass (numpy takes ~0.9 ms a way for 119k values, these ~0.03).
-    @jit
-    def _zigzag_planes(x, planes):
-        for i in range(x.shape[0]):
-            v = x[i]
-            z = np.uint64((v << 1) ^ (v >> 63))
-            for b in range(8):
-                planes[b, i] = np.uint8((z >> np.uint64(8 * b)) & np.uint64(0xFF))
-
-    @jit
-    def _words_of_planes(planes, out):
-        for i in range(out.shape[0]):
-            z = np.uint64(0)
-            for b in range(8):
-                z |= np.uint64(planes[b, i]) << np.uint64(8 * b)
-            out[i] = np.int64(z >> np.uint64(1)) ^ -np.int64(z & np.uint64(1))
-
-
-def zigzag_planes(x: np.ndarray) -> np.ndarray:
-    """(8, n) u8: the little-endian byte planes of zigzag(x), x (n,) contiguous int64 (the
-    wire codec's; numba must be available)."""
-    planes = np.empty((8, x.shape[0]), np.uint8)
-    _zigzag_planes(x, planes)
-    return planes
-
-
-def words_of_planes(planes: np.ndarray) -> np.ndarray:
-    """(n,) int64: the inverse of zigzag_planes for planes (8, n) u8."""
-    out = np.empty(planes.shape[1], np.int64)
-    _words_of_planes(planes, out)
-    return out
-
 
 _INT8, _INT32, _FLOAT64 = np.dtype(np.int8), np.dtype(np.int32), np.dtype(np.float64)
 _NO_LANES = np.zeros((1, 1, 1), np.uint16)  # what the kernels get when rounding to nearest
@@ -560,7 +433,8 @@ class NumbaKernels(Kernels):
                 and r.dtype is _FLOAT64 and r.ndim == 2 and a.ndim == b.ndim == out.ndim
                 and 2 <= a.ndim <= 3):
             return super().product_holds(a, b, out, r)
-        held = (_product_holds_2d if a.ndim == 2 else _product_holds_3d)(a, b, out, r)
+        holds = native_check.product_holds_2d if a.ndim == 2 else native_check.product_holds_3d
+        held = holds(a, b, out, r)
         if held < 0:
             return super().product_holds(a, b, out, r)
         return held == 1

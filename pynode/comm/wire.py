@@ -248,14 +248,14 @@ def _every_magnitude(n: int, shift: Any) -> np.ndarray:
 
 @functools.cache
 def _native_planes() -> tuple[Any, Any] | None:
-    """numba's one-pass _zigzag_planes and _words_of_planes (pynode.native_kernels), where
+    """numba's one-pass _zigzag_planes and _words_of_planes (pynode.native_codec), where
     numba imports and both give the numpy functions' bits on a vector of every magnitude
     and of both signs; else None (Pyodide, or no `fast` extra): the numpy functions."""
-    from pynode import native_kernels
+    from pynode import native_codec
 
-    if not native_kernels.available():
+    if native_codec.numba is None:
         return None
-    native = native_kernels.zigzag_planes, native_kernels.words_of_planes
+    native = native_codec.zigzag_planes, native_codec.words_of_planes
     i = np.arange(1031, dtype=np.uint64)  # not a multiple of any vector width
     x = _every_magnitude(1031, i % np.uint64(64))
     planes = _zigzag_planes(x)

@@ -1,4 +1,4 @@
-"""The int64 codec's numba planes (pynode.native_kernels) against its numpy ones: the same
+"""The int64 codec's numba planes (pynode.native_codec) against its numpy ones: the same
 bytes on the wire, whichever side packs or unpacks; a wrong native kernel is refused."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 
 from pynode.comm import wire
 
-native_kernels = pytest.importorskip("pynode.native_kernels")
-if not native_kernels.available():
+native_codec = pytest.importorskip("pynode.native_codec")
+if native_codec.numba is None:
     pytest.skip("numba is not installed (the `fast` extra)", allow_module_level=True)
 
 
@@ -27,15 +27,15 @@ def vectors() -> list[np.ndarray]:
 def test_native_planes_are_numpys_bytes(fresh_codec):
     assert wire._native_planes() is not None  # numba is here and passed the gate
     for x in vectors():
-        planes = native_kernels.zigzag_planes(x)
+        planes = native_codec.zigzag_planes(x)
         assert planes.dtype == np.uint8 and np.array_equal(planes, wire._zigzag_planes(x))
-        assert np.array_equal(native_kernels.words_of_planes(planes), x)
+        assert np.array_equal(native_codec.words_of_planes(planes), x)
         assert np.array_equal(wire._words_of_planes(planes), x)
 
 
 def test_packed_natively_unpacks_with_numpy_and_back(fresh_codec, monkeypatch):
     packed = [wire.pack_int64(x) for x in vectors()]  # numba's planes
-    monkeypatch.setattr(native_kernels, "available", lambda: False)  # as in Pyodide
+    monkeypatch.setattr(native_codec, "numba", None)  # as in Pyodide
     wire._native_planes.cache_clear()
     assert wire._native_planes() is None
     for x, data in zip(vectors(), packed, strict=True):
@@ -44,14 +44,14 @@ def test_packed_natively_unpacks_with_numpy_and_back(fresh_codec, monkeypatch):
 
 
 def test_a_wrong_native_kernel_is_not_used(fresh_codec, monkeypatch, caplog):
-    right = native_kernels.zigzag_planes
+    right = native_codec.zigzag_planes
 
     def off_by_one(x):
         planes = right(x)
         planes[0, -1] ^= 1  # the last value's lowest bit
         return planes
 
-    monkeypatch.setattr(native_kernels, "zigzag_planes", off_by_one)
+    monkeypatch.setattr(native_codec, "zigzag_planes", off_by_one)
     assert wire._native_planes() is None
     assert "differ from numpy's" in caplog.text
     x = vectors()[-1]
