@@ -73,7 +73,7 @@ class FlatAdamW:
     ) -> tuple[dict[str, np.ndarray], optim.AdamState]:
         """optim.adam_update(params, the tensors of `grads` (P,) f32, state, lr, cfg): the
         same bits and refusals. Pure: the inputs are never modified."""
-        if not (optim._is_real(lr) and lr >= 0.0):
+        if not (optim.is_real(lr) and lr >= 0.0):
             raise optim.OptimConfigError(f"lr must be a finite number >= 0, got {lr!r}")
         if not (isinstance(grads, np.ndarray) and grads.dtype == np.float32
                 and grads.shape == (self.size,)):
@@ -88,15 +88,15 @@ class FlatAdamW:
             self._refuse_nonfinite(grads, "gradient {!r} has {} non-finite value(s); step "
                                           "refused")
         else:  # anything else: optim.adam_update's checks, in its order
-            optim._check_tensors(params, self.views(grads), state)
+            optim.check_tensors(params, self.views(grads), state)
             flats = [self.flat(d) for d in (params, state.m, state.v)]
         p, m, v = flats
         scale = None
         if cfg.clip > 0.0:
-            coef = float(cfg.clip) / (self.global_norm(grads) + optim._CLIP_EPS)
+            coef = float(cfg.clip) / (self.global_norm(grads) + optim.CLIP_EPS)
             scale = np.float32(coef) if coef < 1.0 else None
         t = int(state.step) + 1
-        scalars = optim._step_scalars(cfg, float(lr), t)
+        scalars = optim.step_scalars(cfg, float(lr), t)
         new_p, new_m, new_v = self.kernels.adamw(p, grads, m, v, scalars, scale)
         self._refuse_nonfinite(new_p, "the step would make parameter {!r} non-finite; refused")
         made = [self.views(new_p), self.views(new_m), self.views(new_v)]

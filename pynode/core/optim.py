@@ -32,7 +32,7 @@ _SIN_PI = (
     -2.1915353447830217e-05, 7.952054001475513e-07, -2.2948428997269873e-08,
 )
 # torch.nn.utils.clip_grad_norm_ adds this to the norm before dividing.
-_CLIP_EPS = 1e-6
+CLIP_EPS = 1e-6
 
 
 class OptimConfigError(DaisyError, ValueError):
@@ -50,13 +50,13 @@ class AdamConfig:
     def __post_init__(self) -> None:
         for name in ("beta1", "beta2"):
             value = getattr(self, name)
-            if not (_is_real(value) and 0.0 <= value < 1.0):
+            if not (is_real(value) and 0.0 <= value < 1.0):
                 raise OptimConfigError(f"{name} must be in [0, 1), got {value!r}")
-        if not (_is_real(self.eps) and self.eps > 0.0):
+        if not (is_real(self.eps) and self.eps > 0.0):
             raise OptimConfigError(f"eps must be a positive finite number, got {self.eps!r}")
         for name in ("weight_decay", "clip"):
             value = getattr(self, name)
-            if not (_is_real(value) and value >= 0.0):
+            if not (is_real(value) and value >= 0.0):
                 raise OptimConfigError(f"{name} must be a finite number >= 0, got {value!r}")
 
 
@@ -96,12 +96,12 @@ def adam_update(
     """
     cfg = _merged_config(cfg, beta1=beta1, beta2=beta2, eps=eps,
                          weight_decay=weight_decay, clip=clip)
-    if not (_is_real(lr) and lr >= 0.0):
+    if not (is_real(lr) and lr >= 0.0):
         raise OptimConfigError(f"lr must be a finite number >= 0, got {lr!r}")
-    _check_tensors(params, grads, state)
+    check_tensors(params, grads, state)
     grads, _ = clip_by_global_norm(grads, cfg.clip)
     t = int(state.step) + 1
-    scalars = _step_scalars(cfg, float(lr), t)
+    scalars = step_scalars(cfg, float(lr), t)
     new_params, new_m, new_v = {}, {}, {}
     for name, p in params.items():
         new_params[name], new_m[name], new_v[name] = adamw_elementwise(
@@ -116,7 +116,7 @@ def adamw_elementwise(
     p: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, scalars: tuple[np.float32, ...],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(p', m', v') of one AdamW step of p, g, m, v (...) float32 with the step's float32
-    `scalars` (b1, 1-b1, b2, 1-b2, step size, sqrt(bias2), eps, decay; _step_scalars):
+    `scalars` (b1, 1-b1, b2, 1-b2, step size, sqrt(bias2), eps, decay; step_scalars):
     m' = m*b1 + g*(1-b1), v' = v*b2 + (g*g)*(1-b2), denom = sqrt(v')/sqrt(bias2) + eps,
     p' = p*decay - (m'/denom)*step size. Each line below is one float32 op of that formula,
     in its order, on a fresh array (never on the inputs); a fused kernel
@@ -155,11 +155,11 @@ def nesterov_update(
     u = u*mu + delta,  p' = p - (u*mu + delta)*lr. Returns (new params, new momentum u).
     ShapeError for mismatched tensors, NonFiniteError for a non-finite result.
     """
-    if not (_is_real(lr) and lr > 0.0):
+    if not (is_real(lr) and lr > 0.0):
         raise OptimConfigError(f"outer lr must be a finite number > 0, got {lr!r}")
-    if not (_is_real(mu) and 0.0 <= mu < 1.0):
+    if not (is_real(mu) and 0.0 <= mu < 1.0):
         raise OptimConfigError(f"outer momentum must be in [0, 1), got {mu!r}")
-    _check_tensors(params, delta, AdamState(m=momentum, v=momentum, step=0))
+    check_tensors(params, delta, AdamState(m=momentum, v=momentum, step=0))
     lr32, mu32 = np.float32(lr), np.float32(mu)
     new_params, new_momentum = {}, {}
     with np.errstate(over="ignore", invalid="ignore"):  # checked below
@@ -204,7 +204,7 @@ def second_moment_from_codes(total: np.ndarray, count: int) -> np.ndarray:
     return np.asarray(v.astype(np.float32))
 
 
-def _step_scalars(cfg: AdamConfig, lr: float, t: int) -> tuple[np.float32, ...]:
+def step_scalars(cfg: AdamConfig, lr: float, t: int) -> tuple[np.float32, ...]:
     """The per-step float32 constants of the update, each rounded once from float64."""
     bias1 = 1.0 - _powi(cfg.beta1, t)
     bias2 = 1.0 - _powi(cfg.beta2, t)
@@ -241,7 +241,7 @@ def clip_by_global_norm(
     norm = global_norm(grads)
     if clip <= 0.0:
         return dict(grads), norm
-    coef = float(clip) / (norm + _CLIP_EPS)
+    coef = float(clip) / (norm + CLIP_EPS)
     if coef >= 1.0:
         return dict(grads), norm
     scale = np.float32(coef)
@@ -256,9 +256,9 @@ def lr_schedule(
     for name, value in (("step", step), ("warmup", warmup), ("total", total)):
         if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
             raise OptimConfigError(f"{name} must be an integer >= 0, got {value!r}")
-    if not (_is_real(base_lr) and base_lr >= 0.0):
+    if not (is_real(base_lr) and base_lr >= 0.0):
         raise OptimConfigError(f"base_lr must be a finite number >= 0, got {base_lr!r}")
-    if not (_is_real(min_ratio) and 0.0 <= min_ratio <= 1.0):
+    if not (is_real(min_ratio) and 0.0 <= min_ratio <= 1.0):
         raise OptimConfigError(f"min_ratio must be in [0, 1], got {min_ratio!r}")
     base_lr = float(base_lr)
     if step < warmup:
@@ -276,7 +276,7 @@ def cospi(x: float) -> float:
 
     The reduction to |y| <= 1/4 is exact (Sterbenz), so only the polynomial rounds.
     """
-    if not _is_real(x):
+    if not is_real(x):
         raise NonFiniteError(f"cospi needs a finite number, got {x!r}")
     r = abs(float(x))
     r = r - 2.0 * math.floor(r / 2.0)  # [0, 2); exact
@@ -328,9 +328,12 @@ def _merged_config(cfg: AdamConfig | None, **overrides: float | None) -> AdamCon
     return AdamConfig(**{**fields, **given})
 
 
-def _check_tensors(
+def check_tensors(
     params: dict[str, np.ndarray], grads: dict[str, np.ndarray], state: AdamState
 ) -> None:
+    """Refuse (ShapeError, NonFiniteError) an update whose tensors do not all name the
+    same parameters as float32 arrays of their shapes, or whose gradients are not finite:
+    adam_update's checks, in its order (pynode.core.flatadam uses them too)."""
     names = set(params)
     for label, other in (("grads", grads), ("adam m", state.m), ("adam v", state.v)):
         if set(other) != names:
@@ -355,6 +358,8 @@ def _check_tensors(
             )
 
 
-def _is_real(value: object) -> bool:
+def is_real(value: object) -> bool:
+    """A finite int or float (numpy's included), not a bool: what a rate or coefficient
+    must be."""
     return (isinstance(value, int | float | np.integer | np.floating)
             and not isinstance(value, bool) and math.isfinite(value))
