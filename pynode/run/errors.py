@@ -1,4 +1,4 @@
-"""The run layer's refusals (pynode.run.trainer and pynode.run.peercheck raise them)."""
+"""The run layer's refusals (pynode.run.trainer, .peercheck and the room protocol raise them)."""
 
 from __future__ import annotations
 
@@ -15,3 +15,12 @@ class ContributionError(DaisyError):
 
 class VerificationError(DaisyError):
     """Peers recomputed a microbatch to different results and no strict majority agrees."""
+
+
+class RoomError(DaisyError):
+    """A room action that cannot be done now (a run is going, no peer is ready, ...)."""
+
+
+class LeftRun(DaisyError):
+    """This peer leaves its run without a fault of its own (another peer took it over
+    without it): it asks the run's leader to join it again."""

@@ -59,10 +59,11 @@ from pynode.config import ConfigError, RunConfig
 from pynode.core import checkpoint
 from pynode.core.errors import DaisyError
 from pynode.run import failover
-from pynode.run.errors import ForkError
+from pynode.run.errors import ForkError, LeftRun, RoomError
 from pynode.run.failover import Agreed
 from pynode.run.loop import BeforeStep, train
-from pynode.run.schedule import change_from_dict
+from pynode.run.steering import Steering
+from pynode.run.takeover import Takeover
 from pynode.run.trainer import StepResult, Trainer
 
 log = logging.getLogger(__name__)
@@ -78,17 +79,7 @@ TrainerFactory = Callable[[RunConfig, Any, "checkpoint.CheckpointState | None"],
 Reporter = Callable[[str, dict], None]
 
 
-PAUSE_TICK_S = 1.0  # a paused leader repeats its control word this often (others wait on it)
 RESUME_WAIT_S = 10.0  # a resumed run waits this long for the ready peers to ask to join
-
-
-class RoomError(DaisyError):
-    """A room action that cannot be done now (a run is going, no peer is ready, ...)."""
-
-
-class LeftRun(DaisyError):
-    """This peer leaves its run without a fault of its own (another peer took it over
-    without it): it asks the run's leader to join it again."""
 
 
 def encode(kind: str, blob: bytes = b"", **fields: Any) -> bytes:
@@ -160,7 +151,7 @@ class Run:
         self.words = [w for w in self.words if w[0] >= self.agreed[0].step]
 
 
-class RoomPeer:
+class RoomPeer(Takeover, Steering):
     """This peer's part in the room's runs. `serve()` once; then `start` to lead a run.
 
     report(kind, fields) tells the page what happens:
@@ -499,190 +490,6 @@ class RoomPeer:
             self.announce()
         if rejoin:
             self.maybe_join()
-
-    # ----------------------------------------------------------------- failover
-    async def fail_over(self, run: Run, lost: PeerLost) -> bool:
-        """After `lost`: if it lost the leader, find the member that leads now (the next in
-        rank order that answers, or this peer) and rewind to where it continues. False when
-        this is no failover (the leader lost others, or a trainer behind a cluster bridge,
-        whose ranks could not rewind with it); LeftRun when the run went on without us."""
-        coll = run.coll
-        if run.leader == self.id or 0 not in lost.ranks or run.trainer.collective is not coll:
-            return False
-        gone, step = run.leader, run.trainer.state.step
-        order = [coll.ranks[r] for r in sorted(coll.members) if r != 0]
-        await coll.close()
-        self.report("event", {"level": "warn", "text": f"lost the leader {gone} after step "
-                                                       f"{step}: failing over"})
-        tried: set[str] = set()
-        while True:
-            leader = failover.next_leader(order, self.id, self.chan.peers, tried)
-            if leader == self.id:
-                await self.take_over(run, gone, order)
-                return True
-            self.takeovers.pop(run.id, None)
-            self.send(leader, "survivor", run=run.id, lost=gone,
-                      **failover.report_of(run.agreed, run.words))
-            answer = await self.answer_of(run, leader)
-            if answer is not None and answer["t"] == "takeover":
-                await self.follow(run, leader, answer, gone)
-                return True
-            if answer is not None and answer.get("leader"):
-                raise LeftRun(f"the run goes on under {answer['leader']} without this peer: "
-                              "asking to join it again")
-            tried.add(leader)  # gone, silent or not in the run: the next one
-
-    async def answer_of(self, run: Run, peer: str) -> dict[str, Any] | None:
-        """`peer`'s takeover or decline; None if it vanished or said nothing in time."""
-        until = time.monotonic() + run.trainer.deadline()
-        while time.monotonic() < until and peer in self.chan.peers:
-            answer = self.takeovers.get(run.id)
-            if answer is not None and answer[0] == peer:
-                del self.takeovers[run.id]
-                return answer[1]
-            await asyncio.sleep(0.02)
-        return None
-
-    def on_survivor(self, peer: str, head: dict[str, Any]) -> None:
-        """A survivor's report: kept while this peer may still take over (it has not seen
-        the loss yet, or is gathering reports), else declined with who leads now."""
-        run = self.run
-        if run is not None and run.id == head["run"] and run.leader == head["lost"]:
-            self.survivors.setdefault(run.id, {})[peer] = head
-            return
-        leader = run.leader if run is not None and run.id == head["run"] else None
-        self.send(peer, "decline", run=head["run"], leader=leader)
-
-    async def take_over(self, run: Run, gone: str, order: list[str]) -> None:
-        """Lead the run from here: wait for the survivors' reports (each one that this peer
-        still reaches, at most a step deadline), decide where to continue, tell them."""
-        def awaited(peer: str) -> bool:  # reachable, and its hello still says it is in
-            said = self.hellos.get(peer, {}).get("run") or {}
-            return peer in self.chan.peers and said.get("id") == run.id
-
-        expected = {p for p in order if p != self.id}
-        until = time.monotonic() + run.trainer.deadline()
-        while time.monotonic() < until:
-            reports = self.survivors.get(run.id, {})
-            if not {p for p in expected if awaited(p)} - set(reports):
-                break
-            await asyncio.sleep(0.02)
-        reports = {p: r for p, r in self.survivors.pop(run.id, {}).items() if r["lost"] == gone}
-        plan = failover.plan_takeover(
-            self.id, failover.report_of(run.agreed, run.words), reports, order)
-        old, trainer = run.coll.ranks, run.trainer
-        capacities = failover.remap(trainer.capacities, old, plan.ranks)
-        distrusted = sorted(failover.remap({r: 0 for r in trainer.distrusted}, old, plan.ranks))
-        group = secrets.randbits(32)
-        run.leader = self.id
-        self.announce()  # those left out find the run's new leader in our hello
-        for peer in plan.ranks[1:]:
-            self.send(peer, "takeover", run=run.id, ranks=plan.ranks, group=group,
-                      step=plan.step, hash=plan.hash, capacities=capacities,
-                      distrusted=distrusted)
-        for peer in plan.left_out:
-            self.send(peer, "decline", run=run.id, leader=self.id)
-        coll = await webrtc.connect(self.coll_chan, plan.ranks, group=group)
-        self.requested, self.paused, self.stopping = plan.change, plan.pause, False
-        self.rewind(run, plan.step, coll, capacities, distrusted, gone)
-
-    async def follow(self, run: Run, leader: str, head: dict[str, Any], gone: str) -> None:
-        """The new leader's takeover: rewind to its step and go on in its group."""
-        step = int(head["step"])
-        if not any(a.step == step and a.hash == head["hash"] for a in run.agreed):
-            raise LeftRun(f"{leader} took over from step {step}, whose state this peer does "
-                          "not hold: asking to join the run again")
-        coll = await webrtc.connect(self.coll_chan, head["ranks"], group=head["group"])
-        run.leader = leader
-        for peer in self.survivors.pop(run.id, {}):  # reported here: the run is `leader`'s
-            self.send(peer, "decline", run=run.id, leader=leader)
-        self.rewind(run, step, coll, {int(r): c for r, c in head["capacities"].items()},
-                    head["distrusted"], gone)
-        self.announce()
-
-    def rewind(self, run: Run, step: int, coll: webrtc.MeshCollective,
-               capacities: dict[int, float], distrusted: Sequence[int], gone: str) -> None:
-        """Continue `run` from its agreed boundary `step` in the group of `coll`."""
-        agreed = next(a for a in run.agreed if a.step == step)
-        trainer = run.trainer
-        trainer.rewind(agreed.state, agreed.cfg, agreed.schedule)
-        trainer.collective = coll
-        trainer.adopt_capacities(capacities)
-        trainer.distrusted = set(distrusted)
-        run.coll, run.cfg, run.joins = coll, trainer.cfg, {}
-        run.agreed = [a for a in run.agreed if a.step <= step]
-        run.words = [w for w in run.words if w[0] < step]
-        self.report("leader", {"leader": run.leader, "lost": gone, "step": step,
-                               "ranks": list(coll.ranks)})
-
-    async def control(self, run: Run) -> None:
-        """The leader's control word before each step, on every member alike: joiners to
-        admit, a change to apply from this step on, and a pause: while paused the leader
-        repeats the word every PAUSE_TICK_S and everyone waits here, between two steps."""
-        leader = run.leader == self.id
-        shown_pause = False
-        while True:
-            blob = self.control_word(run) if leader else None
-            ctl = json.loads(await run.coll.broadcast_bytes(blob, timeout=run.trainer.deadline()))
-            run.hear(run.trainer.state.step, ctl)
-            if ctl.get("change"):
-                run.trainer.apply_change(change_from_dict(ctl["change"]))
-                run.cfg = run.trainer.cfg
-                self.report("control", {"step": run.trainer.state.step,
-                                        "paused": bool(ctl.get("pause")),
-                                        "change": ctl["change"]})
-            # after the change: a joiner skips this word, its sync carries the changed run
-            for peer in ctl.get("admit", []):
-                if leader:
-                    self.send_sync(run, peer)
-                self.report("event", {"level": "info", "text": f"peer {peer} joined the run "
-                                                               f"at step {run.trainer.state.step}"})
-            if not ctl.get("pause"):
-                if shown_pause:
-                    self.report("control", {"step": run.trainer.state.step, "paused": False})
-                return
-            if not shown_pause:
-                shown_pause = True
-                self.report("control", {"step": run.trainer.state.step, "paused": True})
-            if leader:
-                await asyncio.sleep(PAUSE_TICK_S)
-
-    def control_word(self, run: Run) -> bytes:
-        """The leader's word for this step boundary (its change checked against the step
-        reached: one that no longer fits is dropped with the reason, never half applied)."""
-        change, self.requested = self.requested, None
-        if self.stopping:  # the run ends at the step it reached: its new total
-            change, self.stopping, self.paused = {"steps": run.trainer.state.step}, False, False
-        if change is not None:
-            try:
-                change_from_dict({**change, "step": run.trainer.state.step}).apply(run.cfg)
-                change = {**change, "step": run.trainer.state.step}
-            except ConfigError as exc:
-                self.report("event", {"level": "error", "text": f"change not applied: {exc}"})
-                change = None
-        admitted = [] if self.paused else self.admit_joiners(run)
-        return json.dumps({"admit": admitted, "change": change, "pause": self.paused}).encode()
-
-    def steer(self, lr: float | None = None, steps: int | None = None,
-              pause: bool | None = None, stop: bool = False) -> dict[str, Any]:
-        """The leader asks for a change at the next step boundary (lr, steps), a pause or
-        resume, or a stop (the run ends at the step it reached: steps becomes that step).
-        Checked now (ConfigError, nothing changed); returns what is pending."""
-        run = self.run
-        if run is None or run.leader != self.id:
-            raise RoomError("only the leader of a running run can steer it")
-        if lr is not None or steps is not None:
-            change = {k: v for k, v in (("lr", lr), ("steps", steps)) if v is not None}
-            change_from_dict({**change, "step": run.trainer.state.step}).apply(run.cfg)
-            self.requested = {**(self.requested or {}), **change}
-        if pause is not None:
-            self.paused = bool(pause)
-        if stop:
-            if run.trainer.state.step < 1:
-                raise RoomError("the run has no step yet to stop at")
-            self.stopping = True
-        return {"requested": self.requested, "paused": self.paused, "stopping": self.stopping,
-                "step": run.trainer.state.step}
 
     def report_step(self, run: Run, result: StepResult, before: set[str]) -> set[str]:
         now = set(run.coll.member_ids())
