@@ -8,6 +8,7 @@ outer.py      --sync-every: one outer step over virtual replicas (H inner steps,
 loop.py       the one training loop (hooks around each step)
 assemble.py   the one place a Trainer is built (verified units, gated GEMM, checkpoints)
 protocol.py   the run protocol (go / sync / stop ...) and a room peer's part in it
+room.py       a room peer's Run, and the factory and reporter a RoomPeer is given
 takeover.py   a room peer's failover messages: report, take over or follow, rewind
 failover.py   a room's lost leader: who takes over, from which agreed step (decisions)
 steering.py   a room leader's control word before each step: admit, change, pause

@@ -45,8 +45,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -58,10 +57,9 @@ from pynode.comm.wire import MessageError, pack_message, unpack_message
 from pynode.config import ConfigError, RunConfig
 from pynode.core import checkpoint
 from pynode.core.errors import DaisyError
-from pynode.run import failover
 from pynode.run.errors import ForkError, LeftRun, RoomError
-from pynode.run.failover import Agreed
 from pynode.run.loop import BeforeStep, train
+from pynode.run.room import Reporter, Run, TrainerFactory
 from pynode.run.steering import Steering
 from pynode.run.takeover import Takeover
 from pynode.run.trainer import StepResult, Trainer
@@ -73,10 +71,6 @@ PROPOSE_WAIT_S = 5.0  # how long the leader waits for answers to a proposal
 PENDING_S = 15.0  # a peer that accepted waits this long for `go` before it is free again
 BENCH_TIMEOUT_S = 120.0  # per collective of an all-reduce benchmark
 
-# make_trainer(cfg, collective, resume checkpoint or None) -> Trainer
-TrainerFactory = Callable[[RunConfig, Any, "checkpoint.CheckpointState | None"], Trainer]
-# report(kind, fields): "run", "step", "done", "failed", "event" (see RoomPeer)
-Reporter = Callable[[str, dict], None]
 
 
 RESUME_WAIT_S = 10.0  # a resumed run waits this long for the ready peers to ask to join
@@ -124,31 +118,6 @@ def read_start(data: bytes | memoryview | None = None, *, head: dict | None = No
                 f"the state sent hashes to {ckpt.state_hash[:16]}, the run agreed on "
                 f"{str(head['hash'])[:16]}")
     return head, cfg, ckpt
-
-
-@dataclass
-class Run:
-    id: str
-    leader: str
-    cfg: RunConfig
-    trainer: Trainer
-    coll: webrtc.MeshCollective
-    joins: dict[str, set[str]] = field(default_factory=dict)  # leader: joiner -> peers it reaches
-    agreed: list[Agreed] = field(default_factory=list)  # the last failover.KEEP boundaries
-    words: list[list] = field(default_factory=list)  # [boundary, change, pause] received since
-
-    def hear(self, step: int, ctl: dict[str, Any]) -> None:
-        """A control word at boundary `step`, for a failover (a pause's repeats once)."""
-        word = [step, ctl.get("change"), bool(ctl.get("pause"))]
-        if word[1] is not None or not self.words or self.words[-1][0::2] != word[0::2]:
-            self.words.append(word)
-
-    def keep(self) -> None:
-        """The trainer's state is one every member agreed on: keep it for a failover."""
-        t = self.trainer
-        self.agreed = [*self.agreed, Agreed(t.state.step, t.state, t.cfg, list(t.schedule))]
-        self.agreed = self.agreed[-failover.KEEP:]
-        self.words = [w for w in self.words if w[0] >= self.agreed[0].step]
 
 
 class RoomPeer(Takeover, Steering):

@@ -17,7 +17,7 @@ from pynode.run.errors import RoomError
 from pynode.run.schedule import change_from_dict
 
 if TYPE_CHECKING:
-    from pynode.run.protocol import Reporter, Run
+    from pynode.run.room import Reporter, Run
 
 PAUSE_TICK_S = 1.0  # a paused leader repeats its control word this often (others wait on it)
 

@@ -23,7 +23,7 @@ from pynode.run.errors import LeftRun
 
 if TYPE_CHECKING:
     from pynode.comm.mesh import MeshChannel
-    from pynode.run.protocol import Reporter, Run
+    from pynode.run.room import Reporter, Run
 
 
 class Takeover:

@@ -1,0 +1,52 @@
+"""A room peer's run, and what a RoomPeer is given: the pieces its parts share.
+
+RoomPeer (pynode.run.protocol) is made of its own methods and two parts of its own,
+pynode.run.takeover (failover) and pynode.run.steering (the control word); all three
+work on the `Run` this peer is in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pynode.comm import webrtc
+from pynode.config import RunConfig
+from pynode.core import checkpoint
+from pynode.run import failover
+from pynode.run.failover import Agreed
+from pynode.run.trainer import Trainer
+
+# make_trainer(cfg, collective, resume checkpoint or None) -> Trainer
+TrainerFactory = Callable[[RunConfig, Any, "checkpoint.CheckpointState | None"], Trainer]
+# report(kind, fields): "run", "step", "done", "failed", "event" (see RoomPeer)
+Reporter = Callable[[str, dict], None]
+
+
+@dataclass
+class Run:
+    """The run this peer is in: its id, leader, config, trainer and group (`coll`), and
+    what a failover needs (the agreed boundaries and the control words since)."""
+
+    id: str
+    leader: str
+    cfg: RunConfig
+    trainer: Trainer
+    coll: webrtc.MeshCollective
+    joins: dict[str, set[str]] = field(default_factory=dict)  # leader: joiner -> peers it reaches
+    agreed: list[Agreed] = field(default_factory=list)  # the last failover.KEEP boundaries
+    words: list[list] = field(default_factory=list)  # [boundary, change, pause] received since
+
+    def hear(self, step: int, ctl: dict[str, Any]) -> None:
+        """A control word at boundary `step`, for a failover (a pause's repeats once)."""
+        word = [step, ctl.get("change"), bool(ctl.get("pause"))]
+        if word[1] is not None or not self.words or self.words[-1][0::2] != word[0::2]:
+            self.words.append(word)
+
+    def keep(self) -> None:
+        """The trainer's state is one every member agreed on: keep it for a failover."""
+        t = self.trainer
+        self.agreed = [*self.agreed, Agreed(t.state.step, t.state, t.cfg, list(t.schedule))]
+        self.agreed = self.agreed[-failover.KEEP:]
+        self.words = [w for w in self.words if w[0] >= self.agreed[0].step]
