@@ -16,7 +16,7 @@ except ImportError:
     numba = None
 
 if numba is not None:
-    jit = numba.njit(cache=True, nogil=True)
+    jit = numba.njit(cache=True, nogil=True, error_model="numpy")  # as native_kernels
 
     @jit
     def pack(x, block, widths, out):
