@@ -134,8 +134,8 @@ def require_webrtc() -> None:
 
 
 def require_network() -> None:
-    """NoNetworkError at once on a machine with only loopback (pynode.comm.native_mesh)."""
-    from pynode.comm.native_mesh import require_network as check
+    """NoNetworkError at once on a machine with only loopback (pynode.comm.rtclink)."""
+    from pynode.comm.rtclink import require_network as check
 
     check()
 

@@ -26,16 +26,15 @@ import numpy as np
 import pytest
 from comm_helpers import REPO
 
-from pynode.comm.native_mesh import (
+from pynode.comm.fragments import (
     FRAGMENT_BYTES,
     HEADER,
     FragmentError,
     Reassembler,
-    _Link,
     fragment,
     fragment_count,
-    rtc_configuration,
 )
+from pynode.comm.rtclink import Link, rtc_configuration
 from pynode.comm.signaling import SignalingClient, SignalingError, ws_url
 
 SIZES = [0, 1, FRAGMENT_BYTES - 1, FRAGMENT_BYTES, FRAGMENT_BYTES + 1, 3 * FRAGMENT_BYTES,
@@ -273,7 +272,7 @@ class OfferSignaling:  # what a link needs of signaling: the server's config, se
 def test_a_link_follows_the_servers_relay_only_switch():
     async def candidates(policy: str) -> int:
         sig = OfferSignaling({"iceServers": [], "iceTransportPolicy": policy})
-        link = _Link(SimpleNamespace(signaling=sig, ice_servers=(), links={}), "b")
+        link = Link(SimpleNamespace(signaling=sig, ice_servers=(), links={}), "b")
         await link.offer()
         link.close()
         await asyncio.sleep(0)
