@@ -100,6 +100,8 @@ class NativePeer:
             say(f"waiting for the host to approve this peer ({self.signaling.peer_id}), "
                 f"at most {wait:g} s")
             if not await self.until(lambda: self.signaling.approved, wait):
+                if self.finished.done():  # declined or removed: it said so
+                    return await self.finished
                 # An unknown code and an undecided room answer alike (docs/SERVER.md "Rooms"):
                 # the wait is the same for both, so it tells nothing about the code.
                 self.finish(EXIT_REFUSED, f"nobody approved this peer within {wait:g} s: "
@@ -142,8 +144,8 @@ class NativePeer:
         lost: list[bool] = []
 
         def refused(frame: dict[str, Any]) -> None:
-            verb = "declined" if frame["type"] == "denied" else "removed"
-            text = f"the host {verb} this peer: {frame.get('reason', '')}"
+            verb = "the host declined" if frame["type"] == "denied" else "removed by the host"
+            text = f"this peer leaves the room: {frame.get('reason') or verb}"
             self.main.call_soon_threadsafe(self.finish, EXIT_REFUSED, text)
 
         def socket(frame: dict[str, Any]) -> None:
@@ -299,7 +301,7 @@ class NativePeer:
         result = StepResult(step=fields["step"], loss=fields["loss"], hash=fields["hash"],
                             probe=fields["probe"], seconds=fields["seconds"],
                             plan=fields.get("plan", {}), heldout=fields.get("heldout"),
-                            inner=fields.get("inner", 1))
+                            inner=fields.get("inner", 1), change=fields.get("change"))
         if self.reporter is not None:
             self.reporter(result)
         if self.status is not None:

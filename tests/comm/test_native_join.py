@@ -339,6 +339,55 @@ def test_nobody_approving_ends_alike_for_an_unknown_code_and_an_undecided_room(s
     assert hints[0] == hints[1], "an unknown code reads as an undecided room"
 
 
+def test_join_log_rows_carry_the_leaders_change(tmp_path):
+    """`join --log` writes the row of a step that applied a change with its `change`, as
+    `train --log` does (NativePeer.on_step hands it on to the StepReporter)."""
+    import types
+
+    from pynode.cli.peer import NativePeer
+    from pynode.cli.report import StepReporter
+
+    log_path = tmp_path / "join.jsonl"
+    reporter = StepReporter(types.SimpleNamespace(state=types.SimpleNamespace(step=0)), 10,
+                            str(log_path), progress=False)
+    peer = types.SimpleNamespace(reporter=reporter, status=None, shown={}, mesh=None,
+                                 save_step=None, last_status=time.monotonic())
+    base = {"loss": 2.5, "hash": "ab" * 32, "probe": "cd" * 8, "seconds": 0.1}
+    NativePeer.on_step(peer, {"step": 5, **base})
+    NativePeer.on_step(peer, {"step": 6, **base, "change": {"step": 5, "lr": 0.001}})
+    reporter.log_file.close()
+    rows = [json.loads(line) for line in log_path.read_text().splitlines()]
+    assert "change" not in rows[0] and rows[1]["change"] == {"step": 5, "lr": 0.001}
+
+
+def test_a_declined_join_says_so_once_and_ends_at_once(server):
+    """The host declines a waiting `join` at once: it says why and exits 4 then, without
+    also claiming that nobody approved it within the wait."""
+    async def decline() -> str:
+        host = SignalingClient(server[0].url, create=True)
+        await host.start()
+        proc = subprocess.Popen([sys.executable, "-m", "pynode", "join", "--server",
+                                 server[0].url, f"--room={host.room}", "--approval-wait", "300"],
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        try:
+            await eventually(lambda: any(p["id"] != host.peer_id for p in host.roster), 60)
+            started = time.monotonic()
+            host.send("deny", peer=next(p["id"] for p in host.roster if p["id"] != host.peer_id))
+            _, stderr = await asyncio.to_thread(proc.communicate, timeout=60)
+            assert proc.returncode == 4, stderr
+            assert time.monotonic() - started < 30, "ended when declined, not at the wait"
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            await host.close()
+        return stderr
+
+    stderr = asyncio.run(asyncio.wait_for(decline(), 120))
+    assert stderr.count("this peer leaves the room: the host declined") == 1, stderr
+    assert "nobody approved" not in stderr, stderr
+
+
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux)")
 def test_join_on_a_loopback_only_machine_says_so_at_once():
     probe = subprocess.run(["unshare", "-rn", "true"], capture_output=True)
