@@ -29,15 +29,17 @@ CONFIG_HELP = {
 }
 
 
-def add_config_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per RunConfig field (--microbatch-size for microbatch_size, ...)."""
+def add_config_flags(parser: argparse.ArgumentParser, helps: dict[str, str] | None = None) -> None:
+    """One flag per RunConfig field (--microbatch-size for microbatch_size, ...); `helps`
+    replaces CONFIG_HELP's text of a field where a command reads it differently."""
     defaults = RunConfig()
+    texts = {**CONFIG_HELP, **(helps or {})}
     for name, f in CONFIG_FLAGS.items():
         kind = {"int": int, "float": float, "str": str}[str(f.type)]
         flag = "--" + name.replace("_", "-")
         default = getattr(defaults, name)
         parser.add_argument(flag, type=kind, default=None,
-                            help=f"{CONFIG_HELP.get(name, '')}(default {default})")
+                            help=f"{texts.get(name, '')}(default {default})")
 
 
 def add_output_flags(parser: argparse.ArgumentParser, who: str = "") -> None:

@@ -52,7 +52,9 @@ def add_join_parser(subparsers: Any) -> argparse.ArgumentParser:
                        "and approve every peer that opens its link")
     p.add_argument("--start", action="store_true",
                    help="lead a run of the config flags (or of --resume) once approved")
-    add_config_flags(p)
+    # every peer of a room reads the run's text, and a tab has no disk to read a file from
+    add_config_flags(p, {"data": "the text: builtin or a DaisyChain server http://HOST:PORT "
+                                 "(a file is refused: the room's tabs cannot read it) "})
     p.add_argument("--min-peers", type=int, default=1, metavar="N",
                    help="--start: wait until N peers (this one included) are ready")
     p.add_argument("--wait", type=float, default=300.0, metavar="S",

@@ -360,6 +360,16 @@ def test_join_log_rows_carry_the_leaders_change(tmp_path):
     assert "change" not in rows[0] and rows[1]["change"] == {"step": 5, "lr": 0.001}
 
 
+def test_join_help_offers_only_the_data_a_room_can_read():
+    """`join --help` must not offer --data FILE, which join refuses (docs/JOIN.md)."""
+    shown = subprocess.run([sys.executable, "-m", "pynode", "join", "--help"], cwd=REPO,
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    data = re.search(r"--data DATA\s+(.*?)\(default", shown.stdout, re.S)
+    assert data is not None, shown.stdout
+    assert "a file is refused" in data.group(1) and "parquet" not in data.group(1), data.group(1)
+
+
 def test_a_declined_join_says_so_once_and_ends_at_once(server):
     """The host declines a waiting `join` at once: it says why and exits 4 then, without
     also claiming that nobody approved it within the wait."""
