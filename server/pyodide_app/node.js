@@ -294,9 +294,11 @@ export class PageNode extends EventTarget {
       this.say(f.level, f.text);
     } else if (kind === "leader") {
       // The leader vanished: the run goes on from step f.step (steps past it are computed
-      // again, to the same hashes), led by f.leader.
+      // again, to the same hashes), led by f.leader. The new leader's word at that boundary
+      // carries the old one's change of it again: the record keeps only those before it.
       Object.assign(s, { leader: f.leader, step: f.step,
-        history: s.history.filter(h => h.step <= f.step) });
+        history: s.history.filter(h => h.step <= f.step),
+        schedule: s.schedule.filter(c => c.step < f.step) });
       s.failovers.push({ lost: f.lost, leader: f.leader, step: f.step });
       this.say("warn", `the run goes on from step ${f.step} led by ` +
         `${f.leader === s.peerId ? "this page" : f.leader}, with ${f.ranks.length} peer(s)`);

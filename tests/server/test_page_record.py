@@ -1,0 +1,62 @@
+"""The page's record of a run (server/pyodide_app/node.js `PageNode.onReport`), replayed
+under Node: what `daisychain.status()` shows and what Download schedule saves."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Feeds PageNode.onReport the reports of stdin (a JSON list of [kind, fields]) on a bare
+# PageNode (no worker, no signaling) and prints the state it keeps.
+REPLAY = """
+import { readFileSync } from "node:fs";
+const { PageNode } = await import(process.argv[1]);
+const page = Object.create(PageNode.prototype);
+page.state = { peerId: "me", state: "ready", history: [], messages: [], failovers: [],
+               schedule: [], config: {}, paused: false };
+page.changed = () => {};
+page.tellPeers = () => {};
+for (const [kind, fields] of JSON.parse(readFileSync(0, "utf8"))) page.onReport(kind, fields);
+console.log(JSON.stringify(page.state));
+"""
+
+
+def replay(reports: list) -> dict:
+    if shutil.which("node") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("node is not installed (CI=true: the JS checks must run)")
+        pytest.skip("node is not installed")
+    module = (REPO / "server" / "pyodide_app" / "node.js").as_uri()
+    done = subprocess.run(["node", "--input-type=module", "-e", REPLAY, module],
+                          input=json.dumps(reports), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def step(n: int) -> list:
+    return ["step", {"step": n, "loss": 1.0, "hash": f"h{n}", "probe": "p", "seconds": 0.1,
+                     "heldout": None, "share": 0.5, "inner": 1, "members": ["me", "lead"]}]
+
+
+def test_a_failover_at_a_changed_boundary_keeps_the_change_once():
+    """The leader changed lr at boundary 4 and vanished before the group agreed on step 5:
+    the run goes on from 4 and the new leader's word brings the change again. The
+    schedule keeps it once (a duplicate made `train --schedule` refuse the download)."""
+    change = {"step": 4, "lr": 0.002}
+    run = ["run", {"run": "r", "leader": "lead", "config": {"steps": 60, "lr": 0.003},
+                   "ranks": ["lead", "me"], "joined_at": None}]
+    control = ["control", {"step": 4, "paused": False, "change": change}]
+    earlier = ["control", {"step": 2, "paused": False, "change": {"step": 2, "steps": 50}}]
+    leader = ["leader", {"leader": "me", "lost": "lead", "step": 4, "ranks": ["me"]}]
+    state = replay([run, step(1), step(2), earlier, step(3), step(4), control, step(5),
+                    leader, control, step(5)])
+    assert state["schedule"] == [{"step": 2, "steps": 50}, change], state["schedule"]
+    assert [h["step"] for h in state["history"]] == [1, 2, 3, 4, 5]
+    assert state["config"]["lr"] == 0.002 and state["steps"] == 50
