@@ -112,7 +112,7 @@ class NativePeer:
         from pynode.run.protocol import RoomPeer
 
         hooks = () if self.bridge is None else (self.bridge.before_step,)
-        self.room = RoomPeer(self.mesh, self.make_trainer, self.report, hooks)
+        self.room = RoomPeer(self.mesh, self.make_trainer, self.report, hooks, steerable=False)
         self.serving = asyncio.ensure_future(self.room.serve())
         if cfg is not None:
             await self.lead(cfg, resume)

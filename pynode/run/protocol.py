@@ -138,10 +138,13 @@ class RoomPeer(Takeover, Steering):
     """
 
     def __init__(self, mesh: Mesh, make_trainer: TrainerFactory, report: Reporter,
-                 before_step: Sequence[BeforeStep] = ()) -> None:
+                 before_step: Sequence[BeforeStep] = (), steerable: bool = True) -> None:
         """`before_step`: hooks of this peer's own (a cluster bridge's) after the control
-        word of every step (see pynode.run.loop)."""
+        word of every step (see pynode.run.loop). `steerable`: a person can steer the runs
+        this peer leads (a page can; `join` has no controls, so a paused run it takes over
+        goes on rather than wait for a resume nobody can give)."""
         self.id = mesh.self_id
+        self.steerable = steerable
         self.router = MeshRouter(mesh)
         self.chan = self.router.channel(TAG)
         self.coll_chan = self.router.channel(webrtc.TAG)

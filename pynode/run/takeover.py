@@ -40,6 +40,7 @@ class Takeover:
     requested: dict[str, Any] | None
     paused: bool
     stopping: bool
+    steerable: bool
     report: Reporter
     survivors: dict[str, dict[str, dict[str, Any]]]
     takeovers: dict[str, tuple[str, dict[str, Any]]]
@@ -126,7 +127,12 @@ class Takeover:
         for peer in plan.left_out:
             self.send(peer, "decline", run=run.id, leader=self.id)
         coll = await webrtc.connect(self.coll_chan, plan.ranks, group=group)
-        self.requested, self.paused, self.stopping = plan.change, plan.pause, False
+        self.requested, self.stopping = plan.change, False
+        self.paused = plan.pause and self.steerable
+        if plan.pause and not self.steerable:
+            self.report("event", {"level": "warn", "text": "the leader that left had paused "
+                                  "the run; this peer leads it now and has no controls to "
+                                  "resume it, so the run goes on"})
         self.rewind(run, plan.step, coll, capacities, distrusted, gone)
 
     async def follow(self, run: Run, leader: str, head: dict[str, Any], gone: str) -> None:

@@ -36,10 +36,10 @@ class Page:
     """A RoomPeer plus what it reported, like one browser tab."""
 
     def __init__(self, net: MemoryNetwork, peer_id: str, checks: Checks,
-                 mesh: Mesh | None = None, before_step=()) -> None:
+                 mesh: Mesh | None = None, before_step=(), steerable: bool = True) -> None:
         self.reports: list[tuple[str, dict]] = []
         self.peer = RoomPeer(mesh or net.join(peer_id), checks.make_trainer, self.record,
-                             before_step)
+                             before_step, steerable=steerable)
         self.task = asyncio.ensure_future(self.peer.serve())
         self.finished = asyncio.Event()
 
@@ -270,6 +270,43 @@ def test_the_leaders_change_and_pause_carry_over_to_the_next_leader(checks):
         await train(alone, before_step=(replay([change_from_dict(c) for c in schedule]),),
                     on_step=(lambda r: got.__setitem__(r.step, r.hash),))
         assert got == pages[1].hashes() == pages[2].hashes()
+    run(body())
+
+
+def test_a_peer_without_controls_that_takes_over_a_paused_run_goes_on(checks):
+    """As above, but the next leader is a `join` peer (no controls: nobody could resume
+    it): it says so and goes on with the change applied; the run ends on the hashes of one
+    trainer replaying the schedule."""
+    from pynode.config import RunConfig
+    from pynode.core.checkpoint import load_checkpoint
+    from pynode.run.loop import train
+    from pynode.run.schedule import change_from_dict, replay
+
+    async def body():
+        net = MemoryNetwork()
+        pages = [Page(net, "tab0", checks), Page(net, "tab1", checks, steerable=False),
+                 Page(net, "tab2", checks)]
+        await asyncio.sleep(0.05)
+        await pages[0].peer.start({**CONFIG, "steps": 6})
+        await wait_for_step(pages[1], 2)
+        pages[0].peer.steer(pause=True, lr=0.001)
+        while not all(p.kinds("control") for p in pages[1:]):
+            await asyncio.sleep(0.01)
+        net.cut("tab0")
+        await settle(pages[1:])
+        pages[0].peer.task.cancel()
+        (step,) = {p.kinds("leader")[0]["step"] for p in pages[1:]}
+        assert pages[1].kinds("leader")[0]["leader"] == "tab1"
+        warned = [e["text"] for e in pages[1].kinds("event") if "no controls" in e["text"]]
+        assert len(warned) == 1, pages[1].kinds("event")
+        schedule = load_checkpoint(pages[1].peer.checkpoint()).config["schedule"]
+        assert schedule == [{"step": step, "lr": 0.001}]
+        alone = checks.make_trainer(RunConfig.from_dict({**CONFIG, "steps": 6}), None, None)
+        got = {}
+        await train(alone, before_step=(replay([change_from_dict(c) for c in schedule]),),
+                    on_step=(lambda r: got.__setitem__(r.step, r.hash),))
+        assert got == pages[1].hashes() == pages[2].hashes()
+        assert max(got) == 6
     run(body())
 
 
