@@ -395,8 +395,13 @@ class BrowserPeer:
         nothing."""
         try:
             request = json.loads(request_json)
+            if not isinstance(request, dict):
+                raise ValueError(f"a steer request is an object, got {request!r}")
+            unknown = sorted(set(request) - {"lr", "steps", "pause", "stop"})
+            if unknown:  # a misspelt field must not pass as a request of nothing
+                raise ValueError(f"steer takes lr, steps, pause and stop, not {unknown}")
             answer = self.room.steer(request.get("lr"), request.get("steps"),
-                                     request.get("pause"), bool(request.get("stop")))
+                                     request.get("pause"), request.get("stop", False))
         except (DaisyError, ValueError, TypeError, AttributeError) as exc:
             return json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
         return json.dumps({"ok": True, **answer})

@@ -86,6 +86,9 @@ class Steering:
         """The leader asks for a change at the next step boundary (lr, steps), a pause or
         resume, or a stop (the run ends at the step it reached: steps becomes that step).
         Checked now (ConfigError, nothing changed); returns what is pending."""
+        for name, value in (("pause", pause), ("stop", stop)):
+            if value is not None and not isinstance(value, bool):
+                raise ConfigError(f"{name} must be true or false, got {value!r}")
         run = self.run
         if run is None or run.leader != self.id:
             raise RoomError("only the leader of a running run can steer it")

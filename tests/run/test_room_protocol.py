@@ -603,6 +603,8 @@ def test_the_leaders_pause_change_and_stop_apply_at_one_step_on_every_peer(check
             pages[1].peer.steer(lr=0.001)
         with pytest.raises(ConfigError, match="lr must be in"):
             leader.steer(lr=2.0)
+        with pytest.raises(ConfigError, match="pause must be true or false, got 'no'"):
+            leader.steer(pause="no")  # a string is not a resume
         await wait_for_step(pages[0], 2)
         leader.steer(pause=True)
         while not all(p.kinds("control") for p in pages):
@@ -631,3 +633,28 @@ def test_the_leaders_pause_change_and_stop_apply_at_one_step_on_every_peer(check
                     on_step=(lambda r: got.__setitem__(r.step, r.hash),))
         assert got == pages[0].hashes()
     run(body())
+
+
+def test_the_pages_steer_request_refuses_fields_it_does_not_know():
+    """`daisychain.steer({step: 100})` (for `steps`) is refused with the fields steer takes,
+    not accepted as a request of nothing; so is a pause that is not a boolean."""
+    import json
+    import types
+
+    from pynode.browser import BrowserPeer
+
+    asked = []
+
+    def steer(*args):
+        asked.append(args)
+        return {"requested": None, "paused": False, "stopping": False, "step": 3}
+
+    page = types.SimpleNamespace(room=types.SimpleNamespace(steer=steer))
+    for request in ({"step": 100}, {"lr": 0.001, "warmup": 3}, [1]):
+        answer = json.loads(BrowserPeer.steer(page, json.dumps(request)))
+        assert answer["ok"] is False, answer
+        assert "steer takes lr, steps, pause and stop" in answer["error"] or (
+            request == [1] and "is an object" in answer["error"]), answer
+    assert asked == []
+    assert json.loads(BrowserPeer.steer(page, json.dumps({"pause": True})))["ok"] is True
+    assert asked == [(None, None, True, False)]
