@@ -61,6 +61,7 @@ export class PageNode extends EventTarget {
     this.lastStatusSent = 0;
     this.signaling = new Signaling(target);
     this.mesh = null;
+    this.left = false; // declined or removed by the host: out of the room for good
     this.worker = new Worker("/app/worker.js");
     this.worker.onmessage = (e) => this.onWorker(e.data);
     this.worker.onerror = (e) => this.fail(`compute worker crashed: ${e.message}`);
@@ -89,7 +90,12 @@ export class PageNode extends EventTarget {
     this.tellPeers();
   }
 
+  // The host declined or removed this page: it leaves signaling for good, and nothing
+  // that arrives later (its checks passing, the socket closing) says it is waiting again.
   leave(text) {
+    this.left = true;
+    this.state.roomProblem = text;
+    this.signaling.close();
     if (this.mesh) this.mesh.close();
     this.fail(text);
   }
@@ -117,8 +123,8 @@ export class PageNode extends EventTarget {
       if (entry) entry.status = m;
       this.changed();
     });
-    on("denied", (m) => this.leave(`the host declined this page: ${m.reason}`));
-    on("removed", (m) => this.leave(`removed from the room: ${m.reason}`));
+    on("denied", (m) => this.leave(`this page leaves the room: ${m.reason || "the host declined"}`));
+    on("removed", (m) => this.leave(`this page leaves the room: ${m.reason || "removed by the host"}`));
     on("error", (m) => {
       if (m.code === "bad_room" && !this.state.peerId) {
         this.giveUp(`"${this.signaling.target.room}" is not a room code (a room link ends in ` +
@@ -127,7 +133,9 @@ export class PageNode extends EventTarget {
         this.say("error", `server: ${m.message} (${m.code})`);
       }
     });
-    on("socket", (m) => { if (!m.open) this.say("warn", "signaling connection lost; reconnecting"); });
+    on("socket", (m) => {
+      if (!m.open && !this.left) this.say("warn", "signaling connection lost; reconnecting");
+    });
   }
 
   // A pending page gives up after the approval wait, with one message whether the code is
@@ -239,7 +247,7 @@ export class PageNode extends EventTarget {
       if (this.mesh) this.mesh.send(msg.peer, msg.data);
     } else if (msg.type === "state") {
       if (msg.state === "failed") this.fail(`could not start Python: ${msg.error}`);
-      else s.state = msg.state;
+      else if (!this.left) s.state = msg.state;
       this.tellPeers();
       this.changed();
     } else if (msg.type === "checks") {
@@ -247,7 +255,7 @@ export class PageNode extends EventTarget {
       Object.assign(s, { backend: msg.backend, gemm: msg.backend, kernels: msg.kernels,
         webgpu: msg.webgpu });
       if (msg.ready) {
-        s.state = "ready";
+        if (!this.left) s.state = "ready";
         s.verified = true;
         this.say("info", `verified: ${msg.rows.length} checks passed; GEMM backend ${msg.backend}, kernels ${msg.kernels}`);
         this.tellPeers();

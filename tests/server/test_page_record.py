@@ -13,36 +13,39 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-# Feeds PageNode.onReport the reports of stdin (a JSON list of [kind, fields]) on a bare
-# PageNode (no worker, no signaling) and prints the state it keeps.
+# Calls the PageNode methods of stdin (a JSON list of [method, ...arguments]) on a bare
+# PageNode (no worker; a signaling stand-in that records closing) and prints its state.
 REPLAY = """
 import { readFileSync } from "node:fs";
 const { PageNode } = await import(process.argv[1]);
 const page = Object.create(PageNode.prototype);
 page.state = { peerId: "me", state: "ready", history: [], messages: [], failovers: [],
-               schedule: [], config: {}, paused: false };
+               schedule: [], config: {}, paused: false, roomProblem: null, approved: false };
 page.changed = () => {};
 page.tellPeers = () => {};
-for (const [kind, fields] of JSON.parse(readFileSync(0, "utf8"))) page.onReport(kind, fields);
+page.mesh = null;
+page.signaling = { close() { page.state.signalingClosed = true; } };
+for (const [method, ...args] of JSON.parse(readFileSync(0, "utf8"))) page[method](...args);
 console.log(JSON.stringify(page.state));
 """
 
 
-def replay(reports: list) -> dict:
+def replay(calls: list) -> dict:
     if shutil.which("node") is None:
         if os.environ.get("CI") == "true":
             pytest.fail("node is not installed (CI=true: the JS checks must run)")
         pytest.skip("node is not installed")
     module = (REPO / "server" / "pyodide_app" / "node.js").as_uri()
     done = subprocess.run(["node", "--input-type=module", "-e", REPLAY, module],
-                          input=json.dumps(reports), capture_output=True, text=True, timeout=60)
+                          input=json.dumps(calls), capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
 
 def step(n: int) -> list:
-    return ["step", {"step": n, "loss": 1.0, "hash": f"h{n}", "probe": "p", "seconds": 0.1,
-                     "heldout": None, "share": 0.5, "inner": 1, "members": ["me", "lead"]}]
+    return ["onReport", "step", {"step": n, "loss": 1.0, "hash": f"h{n}", "probe": "p",
+                                 "seconds": 0.1, "heldout": None, "share": 0.5, "inner": 1,
+                                 "members": ["me", "lead"]}]
 
 
 def test_a_failover_at_a_changed_boundary_keeps_the_change_once():
@@ -50,13 +53,29 @@ def test_a_failover_at_a_changed_boundary_keeps_the_change_once():
     the run goes on from 4 and the new leader's word brings the change again. The
     schedule keeps it once (a duplicate made `train --schedule` refuse the download)."""
     change = {"step": 4, "lr": 0.002}
-    run = ["run", {"run": "r", "leader": "lead", "config": {"steps": 60, "lr": 0.003},
+    run = ["onReport", "run", {"run": "r", "leader": "lead", "config": {"steps": 60, "lr": 0.003},
                    "ranks": ["lead", "me"], "joined_at": None}]
-    control = ["control", {"step": 4, "paused": False, "change": change}]
-    earlier = ["control", {"step": 2, "paused": False, "change": {"step": 2, "steps": 50}}]
-    leader = ["leader", {"leader": "me", "lost": "lead", "step": 4, "ranks": ["me"]}]
+    control = ["onReport", "control", {"step": 4, "paused": False, "change": change}]
+    earlier = ["onReport", "control",
+               {"step": 2, "paused": False, "change": {"step": 2, "steps": 50}}]
+    leader = ["onReport", "leader", {"leader": "me", "lost": "lead", "step": 4, "ranks": ["me"]}]
     state = replay([run, step(1), step(2), earlier, step(3), step(4), control, step(5),
                     leader, control, step(5)])
     assert state["schedule"] == [{"step": 2, "steps": 50}, change], state["schedule"]
     assert [h["step"] for h in state["history"]] == [1, 2, 3, 4, 5]
     assert state["config"]["lr"] == 0.002 and state["steps"] == 50
+
+
+def test_a_page_the_host_declined_stays_out_once_its_checks_pass():
+    """Declined while its checks still ran: the page leaves signaling, and the checks
+    passing later do not make it 'ready' (the banner then said it waited for approval)."""
+    checks = {"type": "checks", "ready": True, "rows": [], "backend": "wasm_simd",
+              "kernels": "wasm", "webgpu": None}
+    state = replay([["leave", "this page leaves the room: the host declined"],
+                    ["onWorker", {"type": "state", "state": "booting"}],
+                    ["onWorker", checks]])
+    assert state["state"] == "failed" and state["signalingClosed"] is True, state
+    assert state["roomProblem"] == "this page leaves the room: the host declined"
+    assert state["error"] == state["roomProblem"]
+    fresh = replay([["onWorker", checks]])  # the same checks without a decline
+    assert fresh["state"] == "ready" and fresh["roomProblem"] is None
