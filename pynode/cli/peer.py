@@ -261,6 +261,9 @@ class NativePeer:
             self.on_end(kind, fields)
         elif kind == "event":
             say(fields["text"])
+        elif kind == "joining" and fields["run"]:
+            say(f"asked {fields['leader']} to join its run: admitted at its next step (not "
+                "while it is paused)")
         elif kind == "leader":
             self.shown["leader"] = fields["leader"]
             who = "this peer" if fields["leader"] == self.room.id else fields["leader"]

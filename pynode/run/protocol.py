@@ -133,7 +133,9 @@ class RoomPeer(Takeover, Steering):
       leader  {leader, lost, step, ranks}               the leader `lost` vanished; the run
                                                         goes on from `step` under `leader`
       event   {level, text}                             peer lost, peer joined, ...
-      peers   {peer id: "ready" | "training"}           peers whose Python said hello
+      joining {run, leader}                             asked to join a run, admitted at its
+                                                        next step; {run: null}: no longer
+      peers   {peer id: "ready" | "joining" | "training"}   peers whose Python said hello
       bench   {size, members, seconds, bytes_sent, exact}   an all-reduce benchmark's timing
     """
 
@@ -196,7 +198,22 @@ class RoomPeer(Takeover, Steering):
         run = self.run
         info = None if run is None else {"id": run.id, "leader": run.leader,
                                          "step": run.trainer.state.step, "steps": run.cfg.steps}
-        return {"state": "training" if run else "ready", "run": info}
+        state = "training" if run else "joining" if self.joining() else "ready"
+        return {"state": state, "run": info}
+
+    def joining(self) -> tuple[str, str] | None:
+        """(run, leader) of the run this peer asked to join and waits to be admitted to."""
+        pending = self.pending
+        return pending[:2] if pending is not None and pending[2] == float("inf") else None
+
+    def check_free(self) -> None:
+        """RoomError unless this peer can start a run now."""
+        joining = self.joining()
+        if self.run is None and joining is not None:
+            raise RoomError(f"this peer waits to join the run of {joining[1]}: it is admitted "
+                            "at that run's next step (not while its leader has it paused)")
+        if self.run is not None or self.pending is not None or self.benching:
+            raise RoomError("this peer is already in a run")
 
     def report_peers(self) -> None:
         """Which peers' Python said hello, and in what state: who a run can be started with."""
@@ -255,8 +272,7 @@ class RoomPeer(Takeover, Steering):
         """Lead a run continuing the validated checkpoint `ckpt`: start alone from it and
         admit every ready idle peer before the first step; each receives the checkpoint in
         its `sync`, validates it and checks its hash. Returns the ranks (peer ids)."""
-        if self.run is not None or self.pending is not None or self.benching:
-            raise RoomError("this peer is already in a run")
+        self.check_free()
         check_task(cfg)
         ready = {p for p, h in self.hellos.items()
                  if h.get("state") == "ready" and h.get("run") is None and p in self.chan.peers}
@@ -282,8 +298,7 @@ class RoomPeer(Takeover, Steering):
 
     async def gather(self, plan: dict[str, Any]) -> tuple[str, list[str], webrtc.MeshCollective]:
         """Propose `plan` to every ready idle peer; ranks are this peer and those that accept."""
-        if self.run is not None or self.pending is not None or self.benching:
-            raise RoomError("this peer is already in a run")
+        self.check_free()
         run_id = secrets.token_hex(6)
         asked = sorted(p for p, h in self.hellos.items()
                        if h.get("state") == "ready" and h.get("run") is None
@@ -352,13 +367,17 @@ class RoomPeer(Takeover, Steering):
         now = asyncio.get_running_loop().time()
         if self.pending is not None and now <= self.pending[2] != float("inf"):
             return  # accepted a proposal (or proposing): wait for that
-        self.pending = None
+        was, self.pending = self.joining(), None
         for peer, hello in self.hellos.items():
             run = hello.get("run")
             if run and run.get("leader") == peer and peer in self.chan.peers:
                 self.pending = (run["id"], peer, float("inf"))
                 self.send(peer, "join", run=run["id"], open=sorted(self.chan.peers))
-                return
+                break
+        if self.joining() != was:  # the page says what it waits for, others not to count it
+            run_id, leader = self.joining() or (None, None)
+            self.report("joining", {"run": run_id, "leader": leader})
+            self.announce()
 
     def admit_joiners(self, run: Run) -> list[str]:
         """Leader, between steps: admit every joiner that reaches all members."""

@@ -45,6 +45,7 @@ export class PageNode extends EventTarget {
       // The run's changes at step boundaries ({step, lr, steps}: `train --schedule` replays
       // them) and whether it waits between steps.
       schedule: [], paused: false,
+      joining: null, // {run, leader}: asked to join that run, admitted at its next step
       // A --sync-every run: the last inner step this page took ({replica, step}) and how
       // many it took in the run (each replica it computes takes each inner step once)
       inner: null, innerSteps: 0,
@@ -275,7 +276,8 @@ export class PageNode extends EventTarget {
   onReport(kind, f) {
     const s = this.state;
     if (kind === "run") {
-      Object.assign(s, { state: "training", run: f.run, leader: f.leader, steps: f.config.steps,
+      Object.assign(s, { state: "training", joining: null, run: f.run, leader: f.leader,
+        steps: f.config.steps,
         config: f.config, error: null, heldout: null, schedule: [], paused: false,
         inner: null, innerSteps: 0, members: f.ranks });
       this.say("info", f.joined_at === null ? `training started by ${f.leader}`
@@ -300,6 +302,13 @@ export class PageNode extends EventTarget {
       return;
     } else if (kind === "event") {
       this.say(f.level, f.text);
+    } else if (kind === "joining") {
+      // Asked to join a run: not "ready" for another until admitted (or that run is gone).
+      s.joining = f.run ? f : null;
+      if (f.run && s.state === "ready") s.state = "joining";
+      else if (!f.run && s.state === "joining") s.state = "ready";
+      if (f.run) this.say("info", `asked ${f.leader} to join its run: admitted at its next ` +
+        "step (not while it is paused)");
     } else if (kind === "leader") {
       // The leader vanished: the run goes on from step f.step (steps past it are computed
       // again, to the same hashes), led by f.leader. The new leader's word at that boundary

@@ -285,6 +285,9 @@ function renderReadiness(s) {
       `${outerProgress(s)}.`, "training"];
   } else if (s.state === "done") {
     [text, kind] = [`Finished: step ${s.step}, state hash ${(s.hash || "").slice(0, 16)}.`, "ready"];
+  } else if (s.state === "joining") {
+    [text, kind] = [`Waiting to join the run of ${s.joining.leader}: admitted at its next step ` +
+      "(not while it is paused).", "waiting"];
   } else if (!s.verified) {
     [text, kind] = ["Checking this tab's arithmetic…", "waiting"];
   } else if (!s.approved) {
@@ -325,7 +328,8 @@ function renderProgress(s) {
   $("pause").disabled ||= s.paused;
   $("resume-run").disabled ||= !s.paused;
   // A verified page may lead again after a run ended, even one that failed (fork, lost leader).
-  $("start").disabled = starting || !s.verified || !s.approved || s.state === "training";
+  $("start").disabled = starting || !s.verified || !s.approved || s.state === "training"
+    || s.state === "joining";
 }
 
 // The loss chart (uPlot, fetched at set-up and served by this server): the training loss of

@@ -335,6 +335,11 @@ def test_a_joiner_admitted_with_a_change_syncs_into_the_changed_run(checks):
         late = Page(net, "late", checks)
         while not leader.run.joins:
             await asyncio.sleep(0.01)
+        # while it waits it says so, to its page and in its hello, and starts nothing else
+        assert late.kinds("joining") == [{"run": leader.run.id, "leader": "tab0"}]
+        assert late.peer.hello()["state"] == "joining"
+        with pytest.raises(RoomError, match="waits to join the run of tab0"):
+            await late.peer.start({**CONFIG, "steps": 4})
         leader.steer(pause=False, lr=0.001)
         while len(late.hashes()) < 2 and not late.kinds("failed"):
             await asyncio.sleep(0.01)

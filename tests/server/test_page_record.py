@@ -79,3 +79,20 @@ def test_a_page_the_host_declined_stays_out_once_its_checks_pass():
     assert state["error"] == state["roomProblem"]
     fresh = replay([["onWorker", checks]])  # the same checks without a decline
     assert fresh["state"] == "ready" and fresh["roomProblem"] is None
+
+
+def test_a_page_waiting_to_join_a_run_says_so_until_admitted():
+    """Asked to join a (paused) run, the page is 'joining', not 'ready' (its Start would be
+    refused); admitted, it trains; a run that went away leaves it ready again."""
+    checks = {"type": "checks", "ready": True, "rows": [], "backend": "wasm_simd",
+              "kernels": "wasm", "webgpu": None}
+    asked = ["onReport", "joining", {"run": "r", "leader": "lead"}]
+    waiting = replay([["onWorker", checks], asked])
+    assert waiting["state"] == "joining" and waiting["joining"]["leader"] == "lead"
+    assert "asked lead to join its run" in waiting["messages"][-1]["text"]
+    run = ["onReport", "run", {"run": "r", "leader": "lead", "config": {"steps": 9},
+                               "ranks": ["lead", "me"], "joined_at": 3}]
+    admitted = replay([["onWorker", checks], asked, run])
+    assert admitted["state"] == "training" and admitted["joining"] is None
+    gone = replay([["onWorker", checks], asked, ["onReport", "joining", {"run": None}]])
+    assert gone["state"] == "ready" and gone["joining"] is None
