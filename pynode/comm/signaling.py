@@ -221,9 +221,9 @@ class SignalingClient:
         return True
 
     async def close(self) -> None:
-        """Say `leave` and stop reconnecting. Safe to call twice."""
+        """Say `leave` (when in a room) and stop reconnecting. Safe to call twice."""
         self.closing = True
-        if self._outbox is not None:
+        if self._outbox is not None and self.peer_id is not None:
             self.send("leave")
             await asyncio.sleep(0.05)  # let the writer hand `leave` to the socket
         if self._task is not None:

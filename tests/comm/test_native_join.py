@@ -370,6 +370,18 @@ def test_join_help_offers_only_the_data_a_room_can_read():
     assert "a file is refused" in data.group(1) and "parquet" not in data.group(1), data.group(1)
 
 
+def test_a_malformed_room_code_is_one_clear_refusal(server):
+    """`join --room` with what cannot be a room code: the server's one refusal, exit 2, and
+    no second complaint about a `leave` sent from no room."""
+    done = subprocess.run([sys.executable, "-m", "pynode", "join", "--server", server[0].url,
+                           "--room", "nosuchroomcode123"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "not a room code" in done.stderr, done.stderr
+    assert "join a room first" not in done.stderr and "not_joined" not in done.stderr, \
+        done.stderr
+
+
 def test_a_declined_join_says_so_once_and_ends_at_once(server):
     """The host declines a waiting `join` at once: it says why and exits 4 then, without
     also claiming that nobody approved it within the wait."""
