@@ -337,7 +337,7 @@ class NativePeer:
         if kind == "failed":
             self.shown.update(state="failed", error=fields["error"])
             self.save(final=False)
-            self.finish(EXIT_FAILED, f"stopped: {fields['error']}")
+            self.finish(EXIT_FAILED)  # the status line above said why
             return
         self.shown["state"] = "done"
         self.save(final=True)

@@ -382,6 +382,30 @@ def test_a_malformed_room_code_is_one_clear_refusal(server):
         done.stderr
 
 
+def test_a_stopped_join_says_why_once(capsys):
+    """A native peer whose run failed prints one line with the reason (the status line with
+    its step and hash), not that line and then the reason again."""
+    import types
+
+    from pynode.cli.peer import EXIT_FAILED, NativePeer
+
+    async def stop() -> int:
+        state = types.SimpleNamespace(step=7, hash=lambda: "ab" * 32)
+        trainer = types.SimpleNamespace(state=state, cfg=types.SimpleNamespace(steps=60),
+                                        microbatch_seconds=0.1)
+        peer = types.SimpleNamespace(bridge=None, status=None, trainer=trainer, shown={},
+                                     save=lambda final: None,
+                                     finished=asyncio.get_running_loop().create_future())
+        peer.finish = types.MethodType(NativePeer.finish, peer)
+        NativePeer.on_end(peer, "failed", {"error": "lost the group: rank 0 is gone"})
+        return await peer.finished
+
+    assert asyncio.run(stop()) == EXIT_FAILED
+    lines = capsys.readouterr().err.splitlines()
+    assert sum("lost the group: rank 0 is gone" in line for line in lines) == 1, lines
+    assert "stopped: lost the group" in lines[-1] and "step 7/60" in lines[-1], lines
+
+
 def test_a_declined_join_says_so_once_and_ends_at_once(server):
     """The host declines a waiting `join` at once: it says why and exits 4 then, without
     also claiming that nobody approved it within the wait."""
