@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
-import subprocess
 from typing import Any
 
 import pytest
 from comm_helpers import REPO
+from node_check import node_check
 
 pytest.importorskip("aiortc")
 from pynode.comm import native_mesh  # noqa: E402
@@ -97,15 +95,8 @@ console.log(JSON.stringify({ inGrace, afterGrace, last: [...closed], left }));
 
 
 def test_the_pages_mesh_follows_the_approved_roster_the_same_way():
-    if shutil.which("node") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("node is not installed (CI=true: the JS checks must run)")
-        pytest.skip("node is not installed")
     module = (REPO / "server" / "pyodide_app" / "mesh.js").as_uri()
-    done = subprocess.run(["node", "--input-type=module", "-e", NODE_CHECK, module],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    got = json.loads(done.stdout)
+    got = json.loads(node_check(NODE_CHECK, module))
     assert got == {"inGrace": [], "afterGrace": ["1", "2"], "last": ["1", "2", "0"],
                    "left": []}
 
@@ -133,10 +124,6 @@ clearTimeout(mesh.pruneTimer);
 
 
 def test_the_pages_mesh_uses_the_servers_ice_servers_once_approved():
-    if shutil.which("node") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("node is not installed (CI=true: the JS checks must run)")
-        pytest.skip("node is not installed")
     turn = {"urls": ["turn:t.example.net:3478"], "username": "1700000000:a",
             "credential": "c2VjcmV0"}
     given = {"iceServers": [{"urls": ["stun:s.example.net"]}, turn],
@@ -148,11 +135,9 @@ def test_the_pages_mesh_uses_the_servers_ice_servers_once_approved():
          "rtcConfig": {**given, "iceTransportPolicy": "all"}},
     ]
     app = REPO / "server" / "pyodide_app"
-    done = subprocess.run(["node", "--input-type=module", "-e", ICE_CHECK,
-                           (app / "mesh.js").as_uri(), (app / "signaling.js").as_uri(),
-                           json.dumps(frames)], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == [
+    made = node_check(ICE_CHECK, (app / "mesh.js").as_uri(), (app / "signaling.js").as_uri(),
+                      json.dumps(frames))
+    assert json.loads(made) == [
         {"iceServers": []},  # pending: host candidates only
         given,  # approved: the server's servers and its relay-only switch
         {"iceServers": given["iceServers"]},  # a token resume: a fresh config

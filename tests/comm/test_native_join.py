@@ -25,6 +25,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from comm_helpers import REPO
+from node_check import node_check
 
 from pynode.comm.fragments import (
     FRAGMENT_BYTES,
@@ -102,19 +103,12 @@ console.log(JSON.stringify({ whole: Buffer.from(whole).toString("base64"), fragm
 
 
 def test_fragments_match_the_pages_fragments_js_both_ways():
-    if shutil.which("node") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("node is not installed (CI=true: the JS checks must run)")
-        pytest.skip("node is not installed")
     ours = message(2 * FRAGMENT_BYTES + 11, 5)
     theirs = message(3 * FRAGMENT_BYTES, 6)
     payload = {"fragments": [base64.b64encode(f).decode() for f in fragments_of(ours, 42)],
                "message": base64.b64encode(theirs).decode()}
     module = (REPO / "server" / "pyodide_app" / "fragments.js").as_uri()
-    done = subprocess.run(["node", "--input-type=module", "-e", NODE_CHECK, module],
-                          input=json.dumps(payload), capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    answer = json.loads(done.stdout)
+    answer = json.loads(node_check(NODE_CHECK, module, stdin=json.dumps(payload)))
     assert base64.b64decode(answer["whole"]) == ours, "fragments.js reassembled ours"
     js_fragments = [base64.b64decode(f) for f in answer["fragments"]]
     assert js_fragments == fragments_of(theirs, 99), "byte-identical fragments"

@@ -72,6 +72,32 @@ async def steps_of(trainer, count: int) -> list[str]:
     return [(await trainer.step()).hash for _ in range(count)]
 
 
+async def pause_and_lose_the_leader(net: MemoryNetwork, pages: list[Page]) -> None:
+    """tab0 starts a 6-step run, pauses it with a new lr after step 2 and vanishes once the
+    others heard that word."""
+    await asyncio.sleep(0.05)
+    await pages[0].peer.start({**CONFIG, "steps": 6})
+    await wait_for_step(pages[1], 2)
+    pages[0].peer.steer(pause=True, lr=0.001)
+    while not all(p.kinds("control") for p in pages[1:]):
+        await asyncio.sleep(0.01)
+    net.cut("tab0")
+
+
+async def replayed(checks: Checks, steps: int, schedule: list[dict]) -> dict[int, str]:
+    """Per-step hashes of one trainer alone running CONFIG for `steps` steps while it replays
+    `schedule` (what `train --schedule` does)."""
+    from pynode.config import RunConfig
+    from pynode.run.loop import train
+    from pynode.run.schedule import change_from_dict, replay
+
+    alone = checks.make_trainer(RunConfig.from_dict({**CONFIG, "steps": steps}), None, None)
+    got: dict[int, str] = {}
+    await train(alone, before_step=(replay([change_from_dict(c) for c in schedule]),),
+                on_step=(lambda r: got.__setitem__(r.step, r.hash),))
+    return got
+
+
 def test_three_peers_train_the_reference_hashes(checks, reference):
     async def body():
         net = MemoryNetwork()
@@ -232,21 +258,12 @@ def test_the_leaders_change_and_pause_carry_over_to_the_next_leader(checks):
     """The leader asks for a new lr and a pause at one boundary, and vanishes while the room
     waits: the next leader keeps the run paused with the change applied; resumed by it, the
     run ends on the hashes of one trainer replaying the recorded schedule."""
-    from pynode.config import RunConfig
     from pynode.core.checkpoint import load_checkpoint
-    from pynode.run.loop import train
-    from pynode.run.schedule import change_from_dict, replay
 
     async def body():
         net = MemoryNetwork()
         pages = [Page(net, f"tab{i}", checks) for i in range(3)]
-        await asyncio.sleep(0.05)
-        await pages[0].peer.start({**CONFIG, "steps": 6})
-        await wait_for_step(pages[1], 2)
-        pages[0].peer.steer(pause=True, lr=0.001)
-        while not all(p.kinds("control") for p in pages[1:]):
-            await asyncio.sleep(0.01)
-        net.cut("tab0")
+        await pause_and_lose_the_leader(net, pages)
         while not all(p.kinds("leader") for p in pages[1:]):
             await asyncio.sleep(0.01)
         paused_at = {p.kinds("leader")[0]["step"] for p in pages[1:]}
@@ -265,10 +282,7 @@ def test_the_leaders_change_and_pause_carry_over_to_the_next_leader(checks):
                 {"step": step, "lr": 0.001}] * 2, "applied once by each leader"
         schedule = load_checkpoint(pages[1].peer.checkpoint()).config["schedule"]
         assert schedule == [{"step": step, "lr": 0.001}]
-        alone = checks.make_trainer(RunConfig.from_dict({**CONFIG, "steps": 6}), None, None)
-        got = {}
-        await train(alone, before_step=(replay([change_from_dict(c) for c in schedule]),),
-                    on_step=(lambda r: got.__setitem__(r.step, r.hash),))
+        got = await replayed(checks, 6, schedule)
         assert got == pages[1].hashes() == pages[2].hashes()
     run(body())
 
@@ -277,22 +291,13 @@ def test_a_peer_without_controls_that_takes_over_a_paused_run_goes_on(checks):
     """As above, but the next leader is a `join` peer (no controls: nobody could resume
     it): it says so and goes on with the change applied; the run ends on the hashes of one
     trainer replaying the schedule."""
-    from pynode.config import RunConfig
     from pynode.core.checkpoint import load_checkpoint
-    from pynode.run.loop import train
-    from pynode.run.schedule import change_from_dict, replay
 
     async def body():
         net = MemoryNetwork()
         pages = [Page(net, "tab0", checks), Page(net, "tab1", checks, steerable=False),
                  Page(net, "tab2", checks)]
-        await asyncio.sleep(0.05)
-        await pages[0].peer.start({**CONFIG, "steps": 6})
-        await wait_for_step(pages[1], 2)
-        pages[0].peer.steer(pause=True, lr=0.001)
-        while not all(p.kinds("control") for p in pages[1:]):
-            await asyncio.sleep(0.01)
-        net.cut("tab0")
+        await pause_and_lose_the_leader(net, pages)
         await settle(pages[1:])
         pages[0].peer.task.cancel()
         (step,) = {p.kinds("leader")[0]["step"] for p in pages[1:]}
@@ -301,10 +306,7 @@ def test_a_peer_without_controls_that_takes_over_a_paused_run_goes_on(checks):
         assert len(warned) == 1, pages[1].kinds("event")
         schedule = load_checkpoint(pages[1].peer.checkpoint()).config["schedule"]
         assert schedule == [{"step": step, "lr": 0.001}]
-        alone = checks.make_trainer(RunConfig.from_dict({**CONFIG, "steps": 6}), None, None)
-        got = {}
-        await train(alone, before_step=(replay([change_from_dict(c) for c in schedule]),),
-                    on_step=(lambda r: got.__setitem__(r.step, r.hash),))
+        got = await replayed(checks, 6, schedule)
         assert got == pages[1].hashes() == pages[2].hashes()
         assert max(got) == 6
     run(body())
@@ -314,10 +316,7 @@ def test_a_joiner_admitted_with_a_change_syncs_into_the_changed_run(checks):
     """The leader resumes a pause with a new lr while a peer waits to join: one control word
     admits it and carries the change. The joiner skips that word, so its sync must carry the
     changed run (it used to carry the old lr: a fork at the next step)."""
-    from pynode.config import RunConfig
     from pynode.core.checkpoint import load_checkpoint
-    from pynode.run.loop import train
-    from pynode.run.schedule import change_from_dict, replay
 
     async def yielding(_trainer) -> None:
         await asyncio.sleep(0.01)  # alone, the leader's loop would never let the test in
@@ -350,10 +349,7 @@ def test_a_joiner_admitted_with_a_change_syncs_into_the_changed_run(checks):
         assert [c["change"] for c in page.kinds("control") if c.get("change")][0] == {
             "step": joined, "lr": 0.001}, "admitted with the change, in one word"
         schedule = load_checkpoint(late.peer.checkpoint()).config["schedule"]
-        alone = checks.make_trainer(RunConfig.from_dict({**CONFIG, "steps": 400}), None, None)
-        got = {}
-        await train(alone, before_step=(replay([change_from_dict(c) for c in schedule]),),
-                    on_step=(lambda r: got.__setitem__(r.step, r.hash),))
+        got = await replayed(checks, 400, schedule)
         assert late.hashes() and all(got[s] == h for s, h in late.hashes().items())
         assert page.hashes() == got
     run(body())
@@ -593,10 +589,7 @@ def test_the_leaders_pause_change_and_stop_apply_at_one_step_on_every_peer(check
     """Pause (the others wait between two steps), an lr change, then a stop: every peer
     applies each at the same step boundary, and one trainer replaying the recorded schedule
     (what `train --schedule` does) gives the same hashes."""
-    from pynode.config import RunConfig
     from pynode.core.checkpoint import load_checkpoint
-    from pynode.run.loop import train
-    from pynode.run.schedule import change_from_dict, replay
 
     async def body():
         net = MemoryNetwork()
@@ -632,10 +625,7 @@ def test_the_leaders_pause_change_and_stop_apply_at_one_step_on_every_peer(check
         ckpt_config = load_checkpoint(pages[1].peer.checkpoint()).config
         assert ckpt_config["schedule"] == changes[0] and ckpt_config["steps"] == stop["step"]
 
-        alone = checks.make_trainer(RunConfig.from_dict({**CONFIG, "steps": 12}), None, None)
-        got = {}
-        await train(alone, before_step=(replay([change_from_dict(c) for c in changes[0]]),),
-                    on_step=(lambda r: got.__setitem__(r.step, r.hash),))
+        got = await replayed(checks, 12, changes[0])
         assert got == pages[0].hashes()
     run(body())
 

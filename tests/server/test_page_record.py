@@ -4,14 +4,12 @@ under Node: what `daisychain.status()` shows and what Download schedule saves.""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
+import sys
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))
+from node_check import node_check  # noqa: E402
 
 # Calls the PageNode methods of stdin (a JSON list of [method, ...arguments]) on a bare
 # PageNode (no worker; a signaling stand-in that records closing) and prints its state.
@@ -31,15 +29,8 @@ console.log(JSON.stringify(page.state));
 
 
 def replay(calls: list) -> dict:
-    if shutil.which("node") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("node is not installed (CI=true: the JS checks must run)")
-        pytest.skip("node is not installed")
     module = (REPO / "server" / "pyodide_app" / "node.js").as_uri()
-    done = subprocess.run(["node", "--input-type=module", "-e", REPLAY, module],
-                          input=json.dumps(calls), capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    return json.loads(node_check(REPLAY, module, stdin=json.dumps(calls)))
 
 
 def step(n: int) -> list:
