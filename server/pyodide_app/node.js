@@ -444,7 +444,9 @@ export class PageNode extends EventTarget {
       return {
         id: p.id, self: p.id === s.peerId, role: p.role, approved: p.approved,
         connected: p.id === s.peerId || Boolean(this.mesh && this.mesh.openPeers().includes(p.id)),
-        state, trainable: p.id === s.peerId ? s.state === "ready" : Boolean(this.trainable[p.id]),
+        // a page waiting to join another run cannot be in a new one
+        state, trainable: p.id === s.peerId ? s.state === "ready"
+          : Boolean(this.trainable[p.id]) && this.trainable[p.id] !== "joining",
         step: info.step ?? fromServer.step ?? 0,
         loss: info.loss ?? fromServer.loss ?? null, hash: info.hash ?? fromServer.hash ?? null,
         probe: info.probe ?? fromServer.probe ?? null, error: info.error || null,

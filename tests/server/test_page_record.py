@@ -23,8 +23,12 @@ page.changed = () => {};
 page.tellPeers = () => {};
 page.mesh = null;
 page.signaling = { close() { page.state.signalingClosed = true; } };
+page.roster = new Map();
+page.info = new Map();
+page.trainable = {};
+page.links = () => [];
 for (const [method, ...args] of JSON.parse(readFileSync(0, "utf8"))) page[method](...args);
-console.log(JSON.stringify(page.state));
+console.log(JSON.stringify({ ...page.state, status: page.status() }));
 """
 
 
@@ -87,3 +91,13 @@ def test_a_page_waiting_to_join_a_run_says_so_until_admitted():
     assert admitted["state"] == "training" and admitted["joining"] is None
     gone = replay([["onWorker", checks], asked, ["onReport", "joining", {"run": None}]])
     assert gone["state"] == "ready" and gone["joining"] is None
+
+
+def test_other_pages_do_not_count_a_joining_page_as_ready():
+    """Its Python's hello says 'joining': the peers list shows it, and no longer as
+    trainable (the banner counted it among the peers ready to train)."""
+    hello = ["onReport", "peers", {"a": "ready", "b": "joining"}]
+    roster = ["onRoster", {"peers": [{"id": "a", "role": "member", "state": "approved"},
+                                     {"id": "b", "role": "member", "state": "approved"}]}]
+    peers = {p["id"]: p for p in replay([roster, hello])["status"]["peers"]}
+    assert peers["a"]["trainable"] is True and peers["b"]["trainable"] is False
