@@ -70,9 +70,6 @@ TAG = b"R"
 PROPOSE_WAIT_S = 5.0  # how long the leader waits for answers to a proposal
 PENDING_S = 15.0  # a peer that accepted waits this long for `go` before it is free again
 BENCH_TIMEOUT_S = 120.0  # per collective of an all-reduce benchmark
-
-
-
 RESUME_WAIT_S = 10.0  # a resumed run waits this long for the ready peers to ask to join
 
 
@@ -156,7 +153,7 @@ class RoomPeer(Takeover, Steering):
         self.hellos: dict[str, dict[str, Any]] = {}  # peer -> its last hello
         self.run: Run | None = None
         self.last_trainer: Trainer | None = None  # of the run that ended last (checkpoints)
-        self.pending: tuple[str, str, float] | None = None  # (run, leader, until) accepted
+        self._pending: tuple[str, str, float] | None = None  # see `pending`
         self.answers: dict[str, dict[str, str]] = {}  # run -> peer -> "accept"/"refuse"
         self.task: asyncio.Task | None = None
         self.benching = False
@@ -200,6 +197,21 @@ class RoomPeer(Takeover, Steering):
                                          "step": run.trainer.state.step, "steps": run.cfg.steps}
         state = "training" if run else "joining" if self.joining() else "ready"
         return {"state": state, "run": info}
+
+    @property
+    def pending(self) -> tuple[str, str, float] | None:
+        """(run, leader, until): a proposal this peer accepted (until: when it gives up on
+        its `go`) or a run it asked to join (until: inf)."""
+        return self._pending
+
+    @pending.setter
+    def pending(self, value: tuple[str, str, float] | None) -> None:
+        was = self.joining()
+        self._pending = value
+        now = self.joining()
+        if now != was:  # its page says what it waits for; others do not count it as ready
+            self.report("joining", {"run": now and now[0], "leader": now and now[1]})
+            self.announce()
 
     def joining(self) -> tuple[str, str] | None:
         """(run, leader) of the run this peer asked to join and waits to be admitted to."""
@@ -367,17 +379,13 @@ class RoomPeer(Takeover, Steering):
         now = asyncio.get_running_loop().time()
         if self.pending is not None and now <= self.pending[2] != float("inf"):
             return  # accepted a proposal (or proposing): wait for that
-        was, self.pending = self.joining(), None
         for peer, hello in self.hellos.items():
             run = hello.get("run")
             if run and run.get("leader") == peer and peer in self.chan.peers:
                 self.pending = (run["id"], peer, float("inf"))
                 self.send(peer, "join", run=run["id"], open=sorted(self.chan.peers))
-                break
-        if self.joining() != was:  # the page says what it waits for, others not to count it
-            run_id, leader = self.joining() or (None, None)
-            self.report("joining", {"run": run_id, "leader": leader})
-            self.announce()
+                return
+        self.pending = None
 
     def admit_joiners(self, run: Run) -> list[str]:
         """Leader, between steps: admit every joiner that reaches all members."""

@@ -345,6 +345,8 @@ def test_a_joiner_admitted_with_a_change_syncs_into_the_changed_run(checks):
         leader.steer(stop=True)
         await settle([page, late])
         assert not page.kinds("failed") and not late.kinds("failed")
+        # admitted (synced), it no longer waits: every change of its wait is reported
+        assert late.kinds("joining")[-1] == {"run": None, "leader": None}
         joined = late.kinds("run")[0]["joined_at"]
         assert [c["change"] for c in page.kinds("control") if c.get("change")][0] == {
             "step": joined, "lr": 0.001}, "admitted with the change, in one word"
