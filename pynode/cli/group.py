@@ -94,7 +94,7 @@ async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities,
 
     options = train_options(args, capacities=capacities)
     try:
-        trainer, traffic, phases = await run_member(
+        trainer, traffic, timings = await run_member(
             collective, cfg, resume=resume, backend=args.backend, kernels=args.kernels,
             options=options,
             check_products=args.check_products,
@@ -120,7 +120,7 @@ async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities,
     end_status(status, 0, trainer, "finished", "", collective)
     saver.final(trainer)
     if args.summary:
-        write_summary(args.summary, trainer, collective.world_size, traffic, phases)
+        write_summary(args.summary, trainer, collective.world_size, traffic, timings)
     elapsed = reporter.elapsed if reporter is not None else 0.0
     print_summary(trainer, last[-1] if last else None, elapsed, local_units=False)
     print(trainer.state.hash())

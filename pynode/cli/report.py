@@ -164,13 +164,13 @@ def final_status(rank: int, trainer: Trainer | None, state: str, reason: str = "
 
 
 def write_summary(path: str, trainer: Trainer, peers: int, traffic: dict | None,
-                  phases: dict[int, dict[str, float]] | None = None) -> None:
-    """The run's end as JSON: final hash and step, peers, traffic, and by rank the
-    milliseconds per step in each phase (pynode.run.trainer.PHASES) over all its steps but
-    the first, with their count (this trainer's alone where `phases` is not given)."""
-    if phases is None:
-        phases = {0: trainer.phase_ms_per_step()}
+                  timings: dict[str, dict[int, Any]] | None = None) -> None:
+    """The run's end as JSON: final hash and step, peers, traffic, and by rank where its
+    steps went (Trainer.timings: the milliseconds per step in each phase of all its steps
+    but the first, with their count, and each such step's milliseconds and whether it had
+    a cross-check round); this trainer's alone where `timings` is not given."""
+    if timings is None:
+        timings = {key: {0: value} for key, value in trainer.timings().items()}
     summary = {"hash": trainer.state.hash(), "step": trainer.state.step, "peers": peers,
-               "traffic": traffic, "phase_ms_per_step": phases,
-               "phase_timed_steps": trainer.timed_steps}
+               "traffic": traffic, **timings, "phase_timed_steps": trainer.timed_steps}
     Path(path).write_text(json.dumps(summary, sort_keys=True) + "\n", encoding="utf-8")

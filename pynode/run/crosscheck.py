@@ -74,6 +74,16 @@ def sampled(cfg: RunConfig, step: int, plan: dict[int, list[int]]) -> list[int]:
                   for position, i in enumerate(sorted(indices)) if position % cfg.cross_check == u)
 
 
+def picked_share(cfg: RunConfig, plan: dict[int, list[int]]) -> float:
+    """The share of steps whose sample under `plan` picks anything: sampled's draw u picks
+    when some owner has more than u microbatches, so min(max owned, cross_check) /
+    cross_check (0 with cross_check 0). In a group those steps have a check round."""
+    if cfg.cross_check == 0:
+        return 0.0
+    owned = max((len(indices) for indices in plan.values()), default=0)
+    return min(owned, cfg.cross_check) / cfg.cross_check
+
+
 def checkers(cfg: RunConfig, step: int, picks: list[int], owners: dict[int, int],
              capacities: dict[int, float]) -> dict[int, int]:
     """Who recomputes each pick (microbatch -> rank): a worker (a rank of `capacities`)

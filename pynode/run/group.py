@@ -12,6 +12,7 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -77,10 +78,10 @@ async def run_member(
     on_step: Sequence[OnStep] = (),
     report: Callable[[str], None] = print,
     prepare: Callable[[Trainer], None] | None = None,
-) -> tuple[Trainer, dict, dict[int, dict[str, float]]]:
+) -> tuple[Trainer, dict, dict[str, dict[int, Any]]]:
     """Join the group's run and train it to the end; returns the trainer (final state),
     the traffic each member sent (see report_traffic) and where each member's steps went
-    (report_phases)."""
+    (report_timings)."""
     cfg, state = await agree_on_config(collective, cfg, resume)
     trainer = build_trainer(cfg, collective, state, backend=backend, kernels=kernels,
                             options=options, check_products=check_products)
@@ -103,7 +104,7 @@ async def run_member(
     await report_unit_counts(collective, trainer, report)
     first_step = state.step if state is not None else 0
     traffic = await report_traffic(collective, trainer, report, steps=cfg.steps - first_step)
-    return trainer, traffic, await report_phases(collective, trainer)
+    return trainer, traffic, await report_timings(collective, trainer)
 
 
 def plan_table(peers: list[PeerInfo], plan: dict[int, list[int]]) -> str:
@@ -132,18 +133,24 @@ async def report_unit_counts(collective, trainer: Trainer, report: Callable[[str
         report(f"cluster-wide unit invocations: {pretty}")
 
 
-async def report_phases(collective, trainer: Trainer) -> dict[int, dict[str, float]]:
-    """Every member's milliseconds per step in each phase of its steps
-    (pynode.run.trainer.PHASES), by rank; a member that sent nothing readable is left out."""
-    sent = await collective.allgather_bytes(json.dumps(trainer.phase_ms_per_step()).encode(),
+async def report_timings(collective, trainer: Trainer) -> dict[str, dict[int, Any]]:
+    """Where every member's steps went (Trainer.timings), by rank: phase_ms_per_step
+    (pynode.run.trainer.PHASES) and step_ms (each kept step as [step, ms, whether it had a
+    cross-check round]); a member that sent nothing readable is left out."""
+    sent = await collective.allgather_bytes(json.dumps(trainer.timings()).encode(),
                                             timeout=SETUP_TIMEOUT)
-    phases = {}
+    timings: dict[str, dict[int, Any]] = {"phase_ms_per_step": {}, "step_ms": {}}
     for rank, blob in enumerate(sent):
         try:
-            phases[rank] = {str(k): float(v) for k, v in json.loads(blob).items()}
-        except (TypeError, ValueError, AttributeError):
-            log.warning("rank %d sent no readable phase times", rank)
-    return phases
+            said = json.loads(blob)
+            phases = {str(k): float(v) for k, v in said["phase_ms_per_step"].items()}
+            steps = [[int(s), float(ms), bool(checked)] for s, ms, checked in said["step_ms"]]
+        except (TypeError, ValueError, AttributeError, KeyError):
+            log.warning("rank %d sent no readable step times", rank)
+            continue
+        timings["phase_ms_per_step"][rank] = phases
+        timings["step_ms"][rank] = steps
+    return timings
 
 
 async def report_traffic(collective, trainer: Trainer, report, steps: int) -> dict:

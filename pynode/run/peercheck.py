@@ -36,6 +36,7 @@ class PeerCheck:
         self._sample: tuple[int, list[int], crosscheck.DigestKey | None] | None = None
         # this peer's recomputations of the step under way (start)
         self._rechecks: asyncio.Future | None = None
+        self.round_step: int | None = None  # the last step that had a check round (verify)
 
     def sample(self, step: int, plan: dict[int, list[int]] | None = None) -> list[int]:
         """Step `step`'s picks (crosscheck.sampled), drawn from its plan once: microbatches
@@ -106,6 +107,7 @@ class PeerCheck:
         sample = [i for i in self.sample(step) if i in owners]
         if t.collective is None or len(t.members()) < 2 or not sample:
             return total
+        self.round_step = step
         committed = self.committed(total)
         early = early or {}
         checks = {i: early[i, owners[i]] if (i, owners[i]) in early else t.recheck(i)

@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +57,9 @@ ALONE = TrainOptions()  # the defaults: alone, or planned by measured speeds
 # verify the cross-check sample, update (AdamW), hash the state, probe the kernels, the
 # held-out loss when one is due, agree on (hash, probe) with the group (waiting included).
 PHASES = ("compute", "reduce", "verify", "update", "hash", "probe", "eval", "agreement")
+# Timed steps whose whole time a trainer keeps (Trainer.step_times): a run's summary, and
+# `bench scaling`, read them; a long run keeps its newest.
+STEP_TIMES_KEPT = 4096
 
 
 @dataclass
@@ -128,6 +132,9 @@ class Trainer:
         self.phase_seconds = dict.fromkeys(PHASES, 0.0)
         self.timed_steps = 0
         self._steps_run = 0
+        # the same steps one by one: (step, ms, whether it had a cross-check round), the
+        # newest STEP_TIMES_KEPT
+        self.step_times: deque[tuple[int, float, bool]] = deque(maxlen=STEP_TIMES_KEPT)
         self.peers = PeerCheck(self)  # the cross-peer check of its steps (peercheck.py)
         # Changes applied to cfg at step boundaries (pynode.run.schedule), in order; the
         # checkpoints carry them. `_change`: the one the next StepResult reports.
@@ -332,12 +339,20 @@ class Trainer:
         for phase, begun, ended in zip(PHASES, marks[:-1], marks[1:], strict=True):
             self.phase_seconds[phase] += ended - begun
         self.timed_steps += 1
+        rechecked = self.peers.round_step == self.state.step
+        self.step_times.append((self.state.step, 1000 * (marks[-1] - marks[0]), rechecked))
 
     def phase_ms_per_step(self) -> dict[str, float]:
         """Milliseconds per step in each phase (PHASES) over the timed steps ({} if none)."""
         if not self.timed_steps:
             return {}
         return {p: 1000 * s / self.timed_steps for p, s in self.phase_seconds.items()}
+
+    def timings(self) -> dict[str, Any]:
+        """Where this trainer's timed steps went: phase_ms_per_step, and step_ms, each
+        kept step as [step, ms, whether it had a cross-check round]."""
+        return {"phase_ms_per_step": self.phase_ms_per_step(),
+                "step_ms": [list(row) for row in self.step_times]}
 
     def rewind(self, state: TrainState, cfg: RunConfig, schedule: list[dict]) -> None:
         """Back to a step boundary the group agreed on (a room's leader failover): its

@@ -231,6 +231,13 @@ def test_the_summary_says_where_each_ranks_steps_went(runs, name):
     assert set(phases) == {str(r) for r in range(3 if name == "peers3" else 2)}
     for ms in phases.values():
         assert set(ms) == set(PHASES) and ms["compute"] > 0 and ms["reduce"] > 0
+    # and each timed step on its own (bench scaling takes their medians), the same steps on
+    # every rank, flagged alike (no step of these has a cross-check round: seed 1)
+    steps = summary["step_ms"]
+    assert set(steps) == set(phases)
+    for rows in steps.values():
+        assert [s for s, _, _ in rows] == list(range(2, summary["step"] + 1))
+        assert all(ms > 0 and had is False for _, ms, had in rows)
 
 
 def test_capacity_plan_is_reported(runs):

@@ -1,10 +1,15 @@
-"""`bench scaling`: 1 and 2 peers alternate, and the scaling is the median of the rounds."""
+"""`bench scaling`: 1 and 2 peers alternate, and the scaling is the median of the rounds; a
+run's step is its plain steps' median plus the cross-check round's cost in the share of
+steps that have one."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
+
 from pynode.bench import scaling
+from pynode.config import RunConfig
 
 TRAFFIC = {"per_rank_bytes_per_step": {"0": 400.0, "1": 380.0},
            "per_rank_unpacked_bytes_per_step": {"0": 1000.0, "1": 1000.0},
@@ -12,34 +17,63 @@ TRAFFIC = {"per_rank_bytes_per_step": {"0": 400.0, "1": 380.0},
 ONE = {"0": {"compute": 100.0, "reduce": 0.0, "update": 2.0}}
 TWO = {"0": {"compute": 52.0, "reduce": 6.0, "update": 2.0},
        "1": {"compute": 50.0, "reduce": 8.5, "update": 2.0}}
+TOKENS = 8 * 8 * 64  # the default config at 8 microbatches
+SHARE = 4 / 32  # 2 equal peers of 8 microbatches, cross_check 32
+
+
+def a_run(peers, plain_ms, round_ms=None, hash_="h", rounds=0):
+    return {"peers": peers, "plain_ms": plain_ms, "round_ms": round_ms, "timed_steps": 19,
+            "round_steps": rounds, "final_hash": hash_, "traffic": TRAFFIC,
+            "phases": ONE if peers == 1 else TWO}
 
 
 def test_rounds_alternate_and_the_median_ratio_is_the_scaling(monkeypatch, capsys):
-    # tokens/s of each run in order: a machine that slows down and has one odd round
-    speeds = iter([100.0, 150.0, 80.0, 200.0, 60.0, 90.0])
+    # each run's plain step in order: a machine that slows down and has one odd round; the
+    # 2-peer runs' check rounds cost 16, 8 and (none held) the median of those, 12 ms
+    runs = iter([a_run(1, 100.0), a_run(2, 60.0, 16.0, rounds=1),
+                 a_run(1, 130.0), a_run(2, 50.0, 8.0, rounds=2),
+                 a_run(1, 150.0), a_run(2, 98.5)])
     order = []
 
     def run(peers, cfg, folder):
         order.append(peers)
-        return {"peers": peers, "tokens_per_s": next(speeds), "final_hash": "h",
-                "traffic": TRAFFIC, "phases": ONE if peers == 1 else TWO}
+        return next(runs)
 
     monkeypatch.setattr(scaling, "run_peers", run)
     assert scaling.main(["--rounds", "3", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert order == [1, 2, 1, 2, 1, 2]
-    assert result["scaling_rounds"] == [1.5, 2.5, 1.5]
-    assert result["scaling_2_over_1"] == 1.5  # not 2.5, and not the ratio of the medians
-    assert result["tokens_per_s_1"] == 80.0 and result["tokens_per_s_2"] == 150.0
+    steps_2 = [60.0 + SHARE * 16.0, 50.0 + SHARE * 8.0, 98.5 + SHARE * 12.0]  # 62, 51, 100
+    assert result["scaling_rounds"] == pytest.approx([100 / 62, 130 / 51, 150 / 100])
+    # the median round, not 130 / 51, nor the ratio of the medians (130 / 62)
+    assert result["scaling_2_over_1"] == pytest.approx(100 / 62)
+    assert result["tokens_per_s_1"] == 1000 * TOKENS / 130.0
+    assert result["tokens_per_s_2"] == 1000 * TOKENS / steps_2[0]
+    assert result["check_round_share"] == SHARE and result["check_round_ms"] == 12.0
+    assert result["check_rounds_timed"] == [[1, 19], [2, 19], [0, 19]]
     assert result["same_final_hash"] is True
     assert result["packing_ratio"] == 2.5
     assert result["phase_ms_per_step_1"] == ONE and result["phase_ms_per_step_2"] == TWO
 
 
+def test_without_a_measured_round_the_report_says_the_cross_check_is_left_out(
+        monkeypatch, capsys):
+    monkeypatch.setattr(scaling, "run_peers",
+                        lambda peers, cfg, folder: a_run(peers, 120.0 if peers == 1 else 60.0))
+    assert scaling.main(["--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "x2.00" in out
+    assert "none in the 2-peer runs' 19 timed steps" in out and "12.5 %" in out
+    monkeypatch.setattr(scaling, "run_peers", lambda peers, cfg, folder: a_run(
+        peers, 120.0 if peers == 1 else 58.0, None if peers == 1 else 16.0, rounds=2))
+    assert scaling.main(["--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "x2.00" in out  # 120 / (58 + 16 / 8)
+    assert "2 of the 2-peer runs' 19 timed steps; each took 16.0 ms more" in out
+
+
 def test_the_report_shows_where_each_ranks_step_goes(monkeypatch, capsys):
-    monkeypatch.setattr(scaling, "run_peers", lambda peers, cfg, folder: {
-        "peers": peers, "tokens_per_s": 1.0, "final_hash": "h", "traffic": TRAFFIC,
-        "phases": ONE if peers == 1 else TWO})
+    monkeypatch.setattr(scaling, "run_peers", lambda peers, cfg, folder: a_run(peers, 1.0))
     assert scaling.main(["--rounds", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("ms per step"))
@@ -49,40 +83,54 @@ def test_the_report_shows_where_each_ranks_step_goes(monkeypatch, capsys):
     assert lines[at + 3].split() == ["2", "peers,", "rank", "1", "50.0", "8.5", "2.0", "60.5"]
 
 
-def test_a_step_is_the_slowest_ranks_whole_step_after_the_first(monkeypatch, tmp_path):
-    """tokens/s from the summary's phases (agreement round included), the slowest rank's;
-    the log's seconds (which end at the probe) only where no phase was timed."""
-    from pynode.config import RunConfig
-
-    cfg = RunConfig.from_dict({"microbatches": 8, "steps": 3})  # 8 x 8 x 64 = 4096 tokens
-    summary = {"hash": "h", "traffic": TRAFFIC, "phase_ms_per_step": TWO}
-
+def write_run(folder, step_ms, log_seconds=(0.050, 0.050, 0.050)):
+    """What `train --peers 2 --log --summary` leaves: a log row a step, and the summary."""
     def train(cmd, **kwargs):
-        folder = tmp_path
         (folder / "log2.jsonl").write_text("".join(
-            json.dumps({"step": s, "seconds": 0.050}) + "\n" for s in (1, 2, 3)))
-        (folder / "summary2.json").write_text(json.dumps(summary))
+            json.dumps({"step": s, "seconds": t}) + "\n"
+            for s, t in enumerate(log_seconds, start=1)))
+        (folder / "summary2.json").write_text(json.dumps(
+            {"hash": "h", "traffic": TRAFFIC, "phase_ms_per_step": TWO, "step_ms": step_ms}))
+    return train
 
-    monkeypatch.setattr(scaling.subprocess, "run", train)
+
+def test_a_step_is_the_slowest_ranks_and_a_check_round_is_measured_apart(monkeypatch,
+                                                                          tmp_path):
+    """Each step every rank timed counts at its slowest rank's time; the plain steps'
+    median is the run's step, and the steps with a check round what such a round costs."""
+    cfg = RunConfig.from_dict({"microbatches": 8, "steps": 7})
+    step_ms = {"0": [[2, 60.0, False], [3, 61.0, False], [4, 90.0, False], [5, 77.0, True],
+                     [6, 59.0, False], [7, 62.0, False]],
+               "1": [[2, 60.5, False], [3, 60.0, False], [4, 90.5, False], [5, 76.0, True],
+                     [6, 63.0, False]]}  # rank 1 never timed step 7
+    monkeypatch.setattr(scaling.subprocess, "run", write_run(tmp_path, step_ms))
     run = scaling.run_peers(2, cfg, tmp_path)
-    assert run["tokens_per_s"] == 4096 / 0.0605  # rank 1: 50 + 8.5 + 2 ms
+    # plain steps 2, 3, 4, 6 at 60.5, 61, 90.5 (a stall the median leaves out), 63
+    assert run["plain_ms"] == 62.0
+    assert run["round_ms"] == 77.0 - 62.0
+    assert (run["timed_steps"], run["round_steps"]) == (5, 1)
     assert run["phases"] == TWO
-    summary["phase_ms_per_step"] = {"0": {}}  # a one-step run: nothing timed
-    assert scaling.run_peers(2, cfg, tmp_path)["tokens_per_s"] == 4096 * 2 / 0.1
+
+
+def test_a_run_with_nothing_timed_takes_its_logs_steps(monkeypatch, tmp_path):
+    cfg = RunConfig.from_dict({"microbatches": 8, "steps": 3})
+    monkeypatch.setattr(scaling.subprocess, "run",
+                        write_run(tmp_path, {"0": [], "1": []}, (0.5, 0.04, 0.06)))
+    run = scaling.run_peers(2, cfg, tmp_path)
+    assert run["plain_ms"] == pytest.approx(50.0)  # the median of the rows after the first
+    assert run["round_ms"] is None and run["timed_steps"] == 0
 
 
 def test_a_run_too_short_to_time_says_so(monkeypatch, capsys):
     monkeypatch.setattr(scaling, "run_peers", lambda peers, cfg, folder: {
-        "peers": peers, "tokens_per_s": 1.0, "final_hash": "h", "traffic": TRAFFIC,
-        "phases": {"0": {}} if peers == 1 else {"0": {}, "1": {}}})
+        **a_run(peers, 1.0), "phases": {"0": {}} if peers == 1 else {"0": {}, "1": {}}})
     assert scaling.main(["--rounds", "1", "--steps", "1"]) == 0
     assert "where a step goes: not measured" in capsys.readouterr().out
 
 
 def test_a_hash_that_differs_in_any_round_is_reported(monkeypatch, capsys):
     hashes = iter(["a", "a", "a", "b"])
-    monkeypatch.setattr(scaling, "run_peers", lambda peers, cfg, folder: {
-        "peers": peers, "tokens_per_s": 1.0, "final_hash": next(hashes), "traffic": TRAFFIC,
-        "phases": {}})
+    monkeypatch.setattr(scaling, "run_peers",
+                        lambda peers, cfg, folder: a_run(peers, 1.0, hash_=next(hashes)))
     assert scaling.main(["--rounds", "2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["same_final_hash"] is False

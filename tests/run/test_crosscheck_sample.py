@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import pytest
 
 from pynode.config import RunConfig
@@ -97,3 +98,20 @@ def test_cross_check_one_picks_everything_and_zero_nothing():
     plan = microbatch_plan(CFG.microbatches, {0: 1.0, 1: 1.0})
     assert crosscheck.sampled(CFG.with_(cross_check=1), 3, plan) == list(range(8))
     assert crosscheck.sampled(CFG.with_(cross_check=0), 3, plan) == []
+
+
+@pytest.mark.parametrize(("every", "caps"), [
+    (32, {0: 1.0, 1: 1.0}), (32, {0: 1.0, 1: 2.0, 2: 5.0}), (4, {0: 1.0, 1: 2.0, 2: 5.0}),
+    (2, {0: 1.0, 1: 1.0}), (1, {0: 1.0}), (0, {0: 1.0, 1: 1.0}),
+])
+def test_the_share_of_steps_with_picks_is_the_samples_law(monkeypatch, every, caps):
+    """Every value of the step's draw, once: the steps that pick something are the share
+    picked_share states (bench scaling weighs a step's check round by it)."""
+    cfg = CFG.with_(cross_check=every)
+    plan = microbatch_plan(cfg.microbatches, caps)
+    draws = range(max(every, 1))
+    words = iter(draws)
+    monkeypatch.setattr(crosscheck.rng, "raw64",
+                        lambda key, n: np.array([next(words)], np.uint64))
+    picking = sum(bool(crosscheck.sampled(cfg, 1, plan)) for _ in draws)
+    assert crosscheck.picked_share(cfg, plan) == picking / len(draws)

@@ -146,3 +146,38 @@ def test_a_peer_named_wrong_earlier_neither_votes_nor_recomputes_for_the_group(c
     hashes, distrusted = asyncio.run(group())
     assert hashes == [want] * 4
     assert distrusted == [{1, 2}] * 4
+
+
+def test_each_timed_step_says_whether_it_had_a_check_round(checks):
+    """Trainer.step_times (what `bench scaling` weighs): every step after the first, with
+    its time, flagged where the group recomputed its sample; a trainer alone has no round
+    whatever its sample."""
+    from pynode.run import crosscheck
+
+    cfg = CFG.with_(cross_check=4, steps=8)  # 2 of each peer's 2: half the steps
+    plan = {0: [0, 1], 1: [2, 3]}
+    want = [(s, bool(crosscheck.sampled(cfg, s, plan))) for s in range(2, cfg.steps + 1)]
+    assert {True, False} <= {had for _, had in want}  # both kinds in these steps
+
+    def make(collective):
+        return build_trainer(cfg, collective, None, arithmetic=(checks.units, checks.gemm),
+                             options=TrainOptions(capacities={0: 1.0, 1: 1.0}))
+
+    async def pair() -> list:
+        net = MemoryNetwork()
+        ids = ["a", "b"]
+        colls = [await webrtc.connect(net.join(i), ids, group=1) for i in ids]
+        trainers = [make(c) for c in colls]
+        await train_together(trainers, colls, cfg.steps)
+        return [list(t.step_times) for t in trainers]
+
+    async def alone() -> list:
+        trainer = make(None)
+        for _ in range(cfg.steps):
+            await trainer.step()
+        return list(trainer.step_times)
+
+    for times in asyncio.run(pair()):
+        assert [(s, had) for s, _, had in times] == want
+        assert all(ms > 0 for _, ms, _ in times)
+    assert [(s, had) for s, _, had in asyncio.run(alone())] == [(s, False) for s, _ in want]
