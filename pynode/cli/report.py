@@ -166,11 +166,12 @@ def final_status(rank: int, trainer: Trainer | None, state: str, reason: str = "
 def write_summary(path: str, trainer: Trainer, peers: int, traffic: dict | None,
                   timings: dict[str, dict[int, Any]] | None = None) -> None:
     """The run's end as JSON: final hash and step, peers, traffic, and by rank where its
-    steps went (Trainer.timings: the milliseconds per step in each phase of all its steps
-    but the first, with their count, and each such step's milliseconds and whether it had
-    a cross-check round); this trainer's alone where `timings` is not given."""
+    steps went (StepClock.timings: the milliseconds per step in each phase of all its steps
+    but the first, with their count, and each such step's milliseconds, whether it had a
+    check round and the share of steps with one); this trainer's alone where `timings` is
+    not given."""
     if timings is None:
-        timings = {key: {0: value} for key, value in trainer.timings().items()}
+        timings = {key: {0: value} for key, value in trainer.clock.timings().items()}
     summary = {"hash": trainer.state.hash(), "step": trainer.state.step, "peers": peers,
-               "traffic": traffic, **timings, "phase_timed_steps": trainer.timed_steps}
+               "traffic": traffic, **timings, "phase_timed_steps": trainer.clock.timed_steps}
     Path(path).write_text(json.dumps(summary, sort_keys=True) + "\n", encoding="utf-8")

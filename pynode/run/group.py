@@ -134,17 +134,19 @@ async def report_unit_counts(collective, trainer: Trainer, report: Callable[[str
 
 
 async def report_timings(collective, trainer: Trainer) -> dict[str, dict[int, Any]]:
-    """Where every member's steps went (Trainer.timings), by rank: phase_ms_per_step
-    (pynode.run.trainer.PHASES) and step_ms (each kept step as [step, ms, whether it had a
-    cross-check round]); a member that sent nothing readable is left out."""
-    sent = await collective.allgather_bytes(json.dumps(trainer.timings()).encode(),
+    """Where every member's steps went (StepClock.timings), by rank: phase_ms_per_step
+    (pynode.run.stepclock.PHASES) and step_ms (each kept step as [step, ms, whether it had a
+    check round, the share of steps with one]); a member that sent nothing readable is
+    left out."""
+    sent = await collective.allgather_bytes(json.dumps(trainer.clock.timings()).encode(),
                                             timeout=SETUP_TIMEOUT)
     timings: dict[str, dict[int, Any]] = {"phase_ms_per_step": {}, "step_ms": {}}
     for rank, blob in enumerate(sent):
         try:
             said = json.loads(blob)
             phases = {str(k): float(v) for k, v in said["phase_ms_per_step"].items()}
-            steps = [[int(s), float(ms), bool(checked)] for s, ms, checked in said["step_ms"]]
+            steps = [[int(s), float(ms), bool(checked), float(share)]
+                     for s, ms, checked, share in said["step_ms"]]
         except (TypeError, ValueError, AttributeError, KeyError):
             log.warning("rank %d sent no readable step times", rank)
             continue

@@ -72,6 +72,14 @@ class PeerCheck:
         return t.shared(sorted(i for i, r in self.checkers(sample, owners).items()
                                if r == t.rank()))
 
+    def round_share(self, plan: dict[int, list[int]]) -> float:
+        """The share of steps that have a check round under `plan`: those whose sample
+        picks anything (crosscheck.picked_share) in a group, none alone."""
+        t = self.trainer
+        if t.collective is None or len(t.members()) < 2:
+            return 0.0
+        return crosscheck.picked_share(t.cfg, plan)
+
     def start(self, plan: dict[int, list[int]]) -> None:
         """Start this peer's recomputations: the sample and who recomputes what follow from
         the plan, so natively a worker thread recomputes while the reduce waits for the

@@ -14,7 +14,6 @@ import asyncio
 import json
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +30,7 @@ from pynode.core.probe import probe_hash, probe_operands
 from pynode.core.statehash import state_hash
 from pynode.run.errors import ContributionError, ForkError
 from pynode.run.peercheck import PeerCheck, same_length
+from pynode.run.stepclock import StepClock
 from pynode.tasks.base import Task
 
 log = logging.getLogger("pynode.run")
@@ -52,14 +52,6 @@ class TrainOptions:
 
 ALONE = TrainOptions()  # the defaults: alone, or planned by measured speeds
 
-# Where a step's time goes (Trainer.phase_ms_per_step; `bench scaling` prints it per rank):
-# compute its microbatches, reduce them with the group (waiting for the slowest included),
-# verify the cross-check sample, update (AdamW), hash the state, probe the kernels, the
-# held-out loss when one is due, agree on (hash, probe) with the group (waiting included).
-PHASES = ("compute", "reduce", "verify", "update", "hash", "probe", "eval", "agreement")
-# Timed steps whose whole time a trainer keeps (Trainer.step_times): a run's summary, and
-# `bench scaling`, read them; a long run keeps its newest.
-STEP_TIMES_KEPT = 4096
 
 
 @dataclass
@@ -127,14 +119,7 @@ class Trainer:
         self.distrusted: set[int] = set()
         self.microbatch_seconds = 0.0
         self.probe = probe_operands()  # the kernel probe's fixed operands, drawn once
-        # seconds per phase (PHASES) of the steps this trainer ran, all but its first (which
-        # pays for start-up), and how many those were
-        self.phase_seconds = dict.fromkeys(PHASES, 0.0)
-        self.timed_steps = 0
-        self._steps_run = 0
-        # the same steps one by one: (step, ms, whether it had a cross-check round), the
-        # newest STEP_TIMES_KEPT
-        self.step_times: deque[tuple[int, float, bool]] = deque(maxlen=STEP_TIMES_KEPT)
+        self.clock = StepClock()  # where its steps go (stepclock.py)
         self.peers = PeerCheck(self)  # the cross-peer check of its steps (peercheck.py)
         # Changes applied to cfg at step boundaries (pynode.run.schedule), in order; the
         # checkpoints carry them. `_change`: the one the next StepResult reports.
@@ -287,6 +272,7 @@ class Trainer:
         cfg = self.cfg
         plan = self.plan()
         self.peers.sample(self.state.step + 1, plan)
+        round_share = self.peers.round_share(plan)
         partial = self.microbatch_partial(plan.get(self.rank(), []))
         self.peers.start(plan)
         marks.append(time.perf_counter())
@@ -327,32 +313,9 @@ class Trainer:
         self._change = None
         await self.check_agreement(result)
         marks.append(time.perf_counter())
-        self._time_phases(marks)
+        self.clock.record(marks, self.state.step, self.peers.round_step == self.state.step,
+                          round_share)
         return result
-
-    def _time_phases(self, marks: list[float]) -> None:
-        """Add a step's phases (PHASES, marks: its start and each phase's end) to
-        phase_seconds, unless it was this trainer's first step."""
-        self._steps_run += 1
-        if self._steps_run == 1:
-            return
-        for phase, begun, ended in zip(PHASES, marks[:-1], marks[1:], strict=True):
-            self.phase_seconds[phase] += ended - begun
-        self.timed_steps += 1
-        rechecked = self.peers.round_step == self.state.step
-        self.step_times.append((self.state.step, 1000 * (marks[-1] - marks[0]), rechecked))
-
-    def phase_ms_per_step(self) -> dict[str, float]:
-        """Milliseconds per step in each phase (PHASES) over the timed steps ({} if none)."""
-        if not self.timed_steps:
-            return {}
-        return {p: 1000 * s / self.timed_steps for p, s in self.phase_seconds.items()}
-
-    def timings(self) -> dict[str, Any]:
-        """Where this trainer's timed steps went: phase_ms_per_step, and step_ms, each
-        kept step as [step, ms, whether it had a cross-check round]."""
-        return {"phase_ms_per_step": self.phase_ms_per_step(),
-                "step_ms": [list(row) for row in self.step_times]}
 
     def rewind(self, state: TrainState, cfg: RunConfig, schedule: list[dict]) -> None:
         """Back to a step boundary the group agreed on (a room's leader failover): its

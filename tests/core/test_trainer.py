@@ -81,23 +81,28 @@ def test_each_step_after_the_first_is_timed_phase_by_phase():
     starts up); the phases add up to the steps' time, none of which is counted twice."""
     import time
 
-    from pynode.run.trainer import PHASES
+    from pynode.run.stepclock import PHASES
 
     trainer = build_trainer(TINY.with_(eval_every=2))
-    assert trainer.phase_ms_per_step() == {}
+    assert trainer.clock.phase_ms_per_step() == {}
     one_step(trainer)
-    assert trainer.timed_steps == 0 and trainer.phase_ms_per_step() == {}
+    assert trainer.clock.timed_steps == 0 and trainer.clock.phase_ms_per_step() == {}
     started = time.perf_counter()
     results = train(trainer, TINY.steps)
     took = time.perf_counter() - started
-    assert trainer.timed_steps == len(results) == TINY.steps - 1
-    ms = trainer.phase_ms_per_step()
+    assert trainer.clock.timed_steps == len(results) == TINY.steps - 1
+    ms = trainer.clock.phase_ms_per_step()
     assert list(ms) == list(PHASES) and all(v >= 0 for v in ms.values())
     assert ms["compute"] > 0 and ms["eval"] > 0  # steps 2 and 4 measured the held-out loss
-    total = sum(ms.values()) * trainer.timed_steps / 1000
+    total = sum(ms.values()) * trainer.clock.timed_steps / 1000
     assert sum(r.seconds for r in results) < total <= took
     # StepResult.seconds ends at the probe: the held-out loss and agreement are outside it
-    assert sum(r.seconds for r in results) <= total - ms["eval"] * trainer.timed_steps / 1000
+    assert sum(r.seconds for r in results) <= total - ms["eval"] * trainer.clock.timed_steps / 1000
+    # each timed step kept on its own, whole: alone, never a check round, share 0
+    kept = list(trainer.clock.steps)
+    assert [s for s, _, _, _ in kept] == [r.step for r in results]
+    assert sum(ms for _, ms, _, _ in kept) == pytest.approx(1000 * total)
+    assert all(not checked and share == 0.0 for _, _, checked, share in kept)
 
 
 def test_hashes_change_every_step_and_loss_is_finite(reference):

@@ -9,6 +9,7 @@ import threading
 from pynode.comm import webrtc
 from pynode.comm.mesh import MemoryNetwork
 from pynode.config import RunConfig
+from pynode.run import crosscheck
 from pynode.run.assemble import build_trainer
 from pynode.run.trainer import TrainOptions
 
@@ -149,11 +150,9 @@ def test_a_peer_named_wrong_earlier_neither_votes_nor_recomputes_for_the_group(c
 
 
 def test_each_timed_step_says_whether_it_had_a_check_round(checks):
-    """Trainer.step_times (what `bench scaling` weighs): every step after the first, with
-    its time, flagged where the group recomputed its sample; a trainer alone has no round
-    whatever its sample."""
-    from pynode.run import crosscheck
-
+    """StepClock.steps (what `bench scaling` weighs): every step after the first, with its
+    time, flagged where the group recomputed its sample, with the share of steps that have
+    a round under its plan; a trainer alone has no round whatever its sample."""
     cfg = CFG.with_(cross_check=4, steps=8)  # 2 of each peer's 2: half the steps
     plan = {0: [0, 1], 1: [2, 3]}
     want = [(s, bool(crosscheck.sampled(cfg, s, plan))) for s in range(2, cfg.steps + 1)]
@@ -169,15 +168,16 @@ def test_each_timed_step_says_whether_it_had_a_check_round(checks):
         colls = [await webrtc.connect(net.join(i), ids, group=1) for i in ids]
         trainers = [make(c) for c in colls]
         await train_together(trainers, colls, cfg.steps)
-        return [list(t.step_times) for t in trainers]
+        return [list(t.clock.steps) for t in trainers]
 
     async def alone() -> list:
         trainer = make(None)
         for _ in range(cfg.steps):
             await trainer.step()
-        return list(trainer.step_times)
+        return list(trainer.clock.steps)
 
     for times in asyncio.run(pair()):
-        assert [(s, had) for s, _, had in times] == want
-        assert all(ms > 0 for _, ms, _ in times)
-    assert [(s, had) for s, _, had in asyncio.run(alone())] == [(s, False) for s, _ in want]
+        assert [(s, had) for s, _, had, _ in times] == want
+        assert all(ms > 0 and share == 0.5 for _, ms, _, share in times)
+    assert [(s, had, share) for s, _, had, share in asyncio.run(alone())] == [
+        (s, False, 0.0) for s, _ in want]
