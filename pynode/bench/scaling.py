@@ -106,12 +106,14 @@ def typical_step_ms(run: dict, typical, extra: float | None) -> float:
     return run["log_ms"]
 
 
-def scaling(pairs: list[tuple[dict, dict]], tokens: int, typical) -> tuple[list, list]:
-    """Each round's tokens/s at (1 peer, 2 peers) and its ratio, `typical` step of each."""
+def scaling(pairs: list[tuple[dict, dict]], tokens: int,
+            typical) -> tuple[list, list, float | None]:
+    """Each round's tokens/s at (1 peer, 2 peers) and its ratio, `typical` step of each, and
+    what a check round cost the 2-peer runs (round_extra)."""
     extra = round_extra([two for _, two in pairs], typical)
     speeds = [(1000 * tokens / typical_step_ms(one, typical, None),
                1000 * tokens / typical_step_ms(two, typical, extra)) for one, two in pairs]
-    return speeds, [two / one for one, two in speeds]
+    return speeds, [two / one for one, two in speeds], extra
 
 
 def phase_table(one: dict, two: dict) -> list[str]:
@@ -149,15 +151,15 @@ def main(argv: list[str]) -> int:
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:
-        print("\n".join(report_lines(result, pairs, cfg)))
+        print("\n".join(report_lines(result, cfg)))
     return 0
 
 
 def report(pairs: list[tuple[dict, dict]], cfg: RunConfig) -> dict:
     """The JSON report of the rounds' runs."""
     tokens = cfg.microbatches * cfg.microbatch_size * cfg.seq
-    speeds, ratios = scaling(pairs, tokens, statistics.median)
-    _, by_means = scaling(pairs, tokens, statistics.fmean)
+    speeds, ratios, extra = scaling(pairs, tokens, statistics.median)
+    _, by_means, _ = scaling(pairs, tokens, statistics.fmean)
     twos = [two for _, two in pairs]
     one, two = pairs[-1]
     traffic = two["traffic"]
@@ -177,7 +179,7 @@ def report(pairs: list[tuple[dict, dict]], cfg: RunConfig) -> dict:
         # both kinds; None: none did, and the figures leave the rounds out), and each run's
         # [steps with a round, steps timed]
         "check_round_share": statistics.median(r["share"] for r in twos),
-        "check_round_ms": round_extra(twos, statistics.median),
+        "check_round_ms": extra,
         "check_rounds_timed": [[len(r["checked"]), len(r["checked"]) + len(r["plain"])]
                                for r in twos],
         "same_final_hash": len({run["final_hash"] for pair in pairs for run in pair}) == 1,
@@ -194,7 +196,7 @@ def report(pairs: list[tuple[dict, dict]], cfg: RunConfig) -> dict:
     }
 
 
-def report_lines(result: dict, pairs: list[tuple[dict, dict]], cfg: RunConfig) -> list[str]:
+def report_lines(result: dict, cfg: RunConfig) -> list[str]:
     """The report for a reader."""
     rounds = result["scaling_rounds"]
     lines = [f"machine: {machine_line(result['machine'])}", f"config: {cfg.to_json()}",
@@ -213,13 +215,12 @@ def report_lines(result: dict, pairs: list[tuple[dict, dict]], cfg: RunConfig) -
         lines.append(f"cross-check rounds: {held} of the 2-peer runs' {timed} timed steps, "
                      f"not both kinds in one run, so these figures leave out the "
                      f"{100 * share:.1f} % of steps that have one; run more --steps")
-    traffic = pairs[-1][1]["traffic"]
-    raw = max(traffic["per_rank_unpacked_bytes_per_step"].values())
-    worst = max(traffic["per_rank_bytes_per_step"].values())
+    raw = max(result["unpacked_bytes_per_peer_per_step"].values())
+    worst = max(result["bytes_per_peer_per_step"].values())
     lines += [f"same final hash: {result['same_final_hash']}",
               f"bytes per peer per step: {raw / 1e6:.3f} MB as raw int64 (before), "
               f"{worst / 1e6:.3f} MB packed (after): {result['packing_ratio']:.2f}x fewer",
-              f"ring optimum of raw int64 {traffic['ring_optimum_bytes_per_step'] / 1e6:.3f} "
+              f"ring optimum of raw int64 {result['ring_optimum_bytes_per_step'] / 1e6:.3f} "
               f"MB (sent x{result['traffic_over_optimum']:.2f})"]
     table = phase_table(result["phase_ms_per_step_1"], result["phase_ms_per_step_2"])
     if table:

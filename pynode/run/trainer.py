@@ -53,7 +53,6 @@ class TrainOptions:
 ALONE = TrainOptions()  # the defaults: alone, or planned by measured speeds
 
 
-
 @dataclass
 class TrainState:
     step: int                          # optimizer steps done
@@ -268,7 +267,7 @@ class Trainer:
     async def step(self) -> StepResult:
         """Compute, reduce and apply one step; returns what every peer must agree on."""
         started = time.perf_counter()
-        marks = [started]  # the end of each phase, PHASES in order
+        marks = [started]  # the end of each phase, stepclock.PHASES in order
         cfg = self.cfg
         plan = self.plan()
         self.peers.sample(self.state.step + 1, plan)
