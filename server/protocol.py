@@ -48,7 +48,7 @@ _SDP = Field("str", required=True, max_len=65536)
 # type -> {field: Field}. "v" and "type" are implied on every frame.
 CLIENT_SCHEMAS: dict[str, dict[str, Field]] = {
     "join": {"room": Field("code"), "token": Field("str", max_len=512)},
-    "create": {"token": Field("str", max_len=512)},
+    "create": {},  # a resume token goes with `join`: a new room has nothing to resume
     "approve": _PEER,
     "deny": _PEER,
     "remove": _PEER,

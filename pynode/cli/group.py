@@ -2,8 +2,8 @@
 
 Rank 0 is the leader: it prints the plan, the per-step progress and the final hash, writes
 --log and --save. Other ranks are quiet. When a gloo member dies the group cannot go on:
-the survivors stop within the collective's deadline and rank 0 (or the lowest surviving
-rank) writes a checkpoint of the last step everybody agreed on. Under torchrun's elastic
+the survivors stop within the collective's deadline and rank 0, if it is among them, writes
+a checkpoint of the last step everybody agreed on. Under torchrun's elastic
 agent (`cluster --elastic`, pynode.cli.elastic) the agent restarts the group instead and
 it resumes from the last checkpoint the ranks agreed on.
 """

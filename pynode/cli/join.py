@@ -56,9 +56,10 @@ def add_join_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_config_flags(p, {"data": "the text: builtin or a DaisyChain server http://HOST:PORT "
                                  "(a file is refused: the room's tabs cannot read it) "})
     p.add_argument("--min-peers", type=int, default=1, metavar="N",
-                   help="--start: wait until N peers (this one included) are ready")
+                   help="--start: wait until N peers (this one included) are ready (default 1)")
     p.add_argument("--wait", type=float, default=300.0, metavar="S",
-                   help="--start: give up if --min-peers are not ready after S seconds")
+                   help="--start: give up if --min-peers are not ready after S seconds "
+                        "(default 300)")
     p.add_argument("--resume", help="--start: continue from this .pt checkpoint; it is "
                    "validated here and sent to every peer that joins the run")
     add_output_flags(p)

@@ -1,4 +1,4 @@
-"""Command line: `python -m pynode {train,generate,verify,bench,cluster,join} ...`."""
+"""Command line: `python -m pynode {train,generate,kit,verify,bench,cluster,join} ...`."""
 
 from __future__ import annotations
 

@@ -349,7 +349,6 @@ export class PageNode extends EventTarget {
     return this.request({ type: "start", config });
   }
 
-  // Lead `repeats` all-reduces of `size` int64 with every ready peer; resolves to the timing.
   // Lead a run continuing an uploaded .pt (ArrayBuffer): validated, then sent to every peer.
   resume(data) {
     return this.request({ type: "resume", data });
@@ -366,6 +365,7 @@ export class PageNode extends EventTarget {
     return this.request({ type: "steer", request });
   }
 
+  // Lead `repeats` all-reduces of `size` int64 with every ready peer; resolves to the timing.
   benchAllreduce(size, repeats) {
     return this.request({ type: "bench", size, repeats });
   }

@@ -58,6 +58,8 @@ def test_every_type_has_a_good_example_and_it_passes() -> None:
         ('{"v": 1, "type": "shout"}', "unknown_type"),
         ('{"v": 1, "type": 5}', "unknown_type"),
         ('{"v": 1, "type": "join", "admin": true}', "unknown_field"),
+        # a token goes with join (a resume); create has nothing to resume
+        ('{"v": 1, "type": "create", "token": "t"}', "unknown_field"),
         ('{"v": 1, "type": "offer", "to": "p1"}', "missing_field"),
         ('{"v": 1, "type": "offer", "to": 5, "sdp": ""}', "bad_field"),
         ('{"v": 1, "type": "offer", "to": "../etc", "sdp": ""}', "bad_field"),
