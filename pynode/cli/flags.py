@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pynode import datafile
 from pynode.config import ConfigError, RunConfig
+from pynode.run.errors import OutputError
 from pynode.run.trainer import TrainOptions
 
 CONFIG_FLAGS = {f.name: f for f in fields(RunConfig)}
@@ -79,9 +80,14 @@ def add_arithmetic_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
-    values = explicit_config(args)
+    return config_from_values(explicit_config(args))
+
+
+def config_from_values(values: dict) -> RunConfig:
+    """The config of the flags given (`explicit_config`) over the defaults (PYNODE_TASK, if
+    set, for the task)."""
     if "task" not in values and os.environ.get("PYNODE_TASK"):
-        values["task"] = os.environ["PYNODE_TASK"]
+        values = {**values, "task": os.environ["PYNODE_TASK"]}
     return RunConfig(**values)
 
 
@@ -97,13 +103,44 @@ def explicit_config(args: argparse.Namespace) -> dict:
 
 
 def check_output_flags(args: argparse.Namespace) -> None:
-    """ConfigError for --save or --log into a missing folder, --save-every without --save."""
-    for flag, path in (("--save", args.save), ("--log", args.log)):
-        parent = Path(path).resolve().parent if path else None
-        if parent is not None and not parent.is_dir():
-            raise ConfigError(f"{flag}: folder {parent} does not exist")
+    """Before anything runs: OutputError for an output file (--save, --log, --summary) that
+    cannot be written, and ConfigError for two of them (or --resume and an output that
+    would write into it) naming one file, or --save-every without --save."""
+    outputs = [(flag, getattr(args, name, None)) for flag, name in
+               (("--save", "save"), ("--log", "log"), ("--summary", "summary"))]
+    outputs = [(flag, path) for flag, path in outputs if path is not None]
+    for flag, path in outputs:
+        check_writable(flag, path, append=flag == "--log")
+    named = outputs + ([("--resume", args.resume)] if getattr(args, "resume", None) else [])
+    seen: dict[Path, str] = {}
+    for flag, path in named:
+        key = Path(path).resolve()
+        if key in seen and {flag, seen[key]} != {"--save", "--resume"}:  # save over resume
+            raise ConfigError(f"{seen[key]} and {flag} name the same file {path}: give each "
+                              "its own")
+        seen.setdefault(key, flag)
     if args.save_every is not None and (args.save_every < 1 or not args.save):
         raise ConfigError("--save-every needs --save and a positive number of steps")
+
+
+def check_writable(flag: str, path: str, append: bool = False) -> None:
+    """OutputError unless a file can be written at `path` (`append`: added to, as --log
+    is), found by creating and removing a file beside it; nothing else changes."""
+    target = Path(path)
+    if not target.name or target.is_dir():
+        raise OutputError(f"{flag} {path}: that is a folder; give a file name")
+    parent = target.resolve().parent
+    if not parent.is_dir():
+        what = "is not a folder" if parent.exists() else "does not exist"
+        raise OutputError(f"{flag} {path}: {parent} {what}")
+    probe = parent / f".{target.name}.probe-{os.getpid()}"
+    try:
+        probe.open("xb").close()
+        probe.unlink()
+        if append and target.exists():
+            target.open("ab").close()
+    except OSError as exc:
+        raise OutputError(f"{flag} {path}: cannot write there ({exc.strerror or exc})") from None
 
 
 def parse_capacity(text: str | None, peers: int) -> dict[int, float] | None:

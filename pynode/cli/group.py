@@ -103,14 +103,15 @@ async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities,
     except (CommError, ForkError, VerificationError) as exc:
         if reporter is not None:
             reporter.close()
-        saved = saver.last_agreed()
-        if saved:
-            print(saved, file=sys.stderr)
+        saver.tell_last_agreed()
         reason = f"{type(exc).__name__}: {exc}"
         end_status(status, 0, reporter and reporter.trainer, "stopped", reason, collective)
         print(f"error: the group stopped: {reason}", file=sys.stderr)
         return 3
-    except BaseException as exc:
+    except BaseException as exc:  # refused mid-run (a non-finite step, ...), or interrupted
+        if reporter is not None:
+            reporter.close()
+        saver.tell_last_agreed()
         end_status(status, 0, reporter and reporter.trainer, "stopped",
                    f"{type(exc).__name__}: {exc}", collective, quiet=True)
         raise

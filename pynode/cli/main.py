@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train":
             from pynode.cli.train import train_command
 
-            return asyncio.run(train_command(args, config_from_args(args)))
+            return asyncio.run(train_command(args))
         if args.command == "cluster":
             from pynode.cli.group import cluster_command
 

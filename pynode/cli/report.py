@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pynode.core.errors import DaisyError
 from pynode.run.assemble import write_atomically
 from pynode.run.trainer import StepResult, Trainer
 
@@ -138,6 +139,16 @@ class Saver:
             return None
         write_atomically(self.path, self.agreed)
         return f"saved the last agreed state (step {self.agreed_step}) to {self.path}"
+
+    def tell_last_agreed(self) -> None:
+        """After a stop (an error, an interrupt): write the last agreed state and say so.
+        A write that fails says why, and leaves the stop's own error to be told."""
+        try:
+            saved = self.last_agreed()
+        except DaisyError as exc:
+            saved = f"the last agreed state (step {self.agreed_step}) was not saved: {exc}"
+        if saved:
+            print(saved, file=sys.stderr)
 
 
 def print_summary(trainer: Trainer, last: StepResult | None, elapsed: float,

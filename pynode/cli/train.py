@@ -8,7 +8,13 @@ import time
 
 from pynode.cli.dashboard import StatusReporter, register
 from pynode.cli.faults import install_fault
-from pynode.cli.flags import check_output_flags, explicit_config, parse_capacity, resume_notes
+from pynode.cli.flags import (
+    check_output_flags,
+    config_from_values,
+    explicit_config,
+    parse_capacity,
+    resume_notes,
+)
 from pynode.cli.generate import check_train_sample_flags, print_train_sample
 from pynode.cli.report import (
     Saver,
@@ -19,7 +25,7 @@ from pynode.cli.report import (
     write_summary,
 )
 from pynode.config import ConfigError, RunConfig
-from pynode.core.errors import DaisyError
+from pynode.core.checkpoint import CheckpointState
 from pynode.run.assemble import build_trainer, load_resume
 from pynode.run.loop import train
 from pynode.run.schedule import read_schedule, replay
@@ -41,8 +47,23 @@ def check_sync_every_flags(args: argparse.Namespace, cfg: RunConfig, changes: li
                           f"of {every}; steps {off} are not")
 
 
-async def train_command(args: argparse.Namespace, cfg: RunConfig) -> int:
+def run_config(args: argparse.Namespace) -> tuple[RunConfig, CheckpointState | None]:
+    """The run's config and the checkpoint it continues (None). Without --resume: the flags
+    given, over the defaults. With it: the checkpoint's config with the flags given over it,
+    checked together (a flag is judged against the run it changes, never against the
+    defaults), and the checkpoint read and checked before any peer starts."""
+    given = explicit_config(args)  # --data FILE: its sha256, computed once
+    if not args.resume:
+        return config_from_values(given), None
+    cfg, resume = load_resume(args.resume, given)
+    for note in resume_notes(resume.config, resume.step, given):
+        print(note, file=sys.stderr)
+    return cfg, resume
+
+
+async def train_command(args: argparse.Namespace) -> int:
     check_output_flags(args)
+    cfg, resume = run_config(args)
     load_task(cfg.task)  # a task's own extras, before any peer starts
     check_train_sample_flags(args, cfg)
     if args.capacity is not None and args.peers == 1:
@@ -57,12 +78,6 @@ async def train_command(args: argparse.Namespace, cfg: RunConfig) -> int:
         from pynode.cli.group import train_local_peers
 
         return await train_local_peers(args, cfg, parse_capacity(args.capacity, args.peers))
-    resume = None
-    if args.resume:
-        given = explicit_config(args)  # --data FILE: its sha256, computed once
-        cfg, resume = load_resume(args.resume, given)
-        for note in resume_notes(resume.config, resume.step, given):
-            print(note, file=sys.stderr)
     dashboard = register(args.dashboard, "train", 1) if args.dashboard else None
     trainer = build_trainer(cfg, resume=resume, backend=args.backend,
                             kernels=args.kernels, check_products=args.check_products)
@@ -78,14 +93,11 @@ async def train_command(args: argparse.Namespace, cfg: RunConfig) -> int:
     started = time.perf_counter()
     try:
         last = await train(trainer, before_step=(replay(changes),), on_step=hooks)
-    except BaseException as exc:  # refused mid-run (bad data, a non-finite step): keep
-        reporter.close()          # what was agreed
+    except BaseException as exc:  # refused mid-run (bad data, a non-finite step), or
+        reporter.close()          # interrupted: keep what was agreed
         if status is not None:
             status.finish("stopped", f"{type(exc).__name__}: {exc}")
-        if isinstance(exc, DaisyError):
-            saved = saver.last_agreed()
-            if saved:
-                print(saved, file=sys.stderr)
+        saver.tell_last_agreed()
         raise
     finally:
         reporter.close()

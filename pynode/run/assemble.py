@@ -6,6 +6,7 @@ cluster's ranks, the page) starts a peer the same way and refuses the same thing
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 from pynode.config import ConfigError, RunConfig
 from pynode.core import checkpoint
+from pynode.run.errors import OutputError
 from pynode.run.trainer import ALONE, Trainer, TrainOptions, TrainState
 from pynode.tasks import load_task
 
@@ -134,8 +136,14 @@ def checkpoint_expectations(cfg: RunConfig) -> dict:
 
 
 def write_atomically(path: str | os.PathLike, data: bytes) -> None:
-    """Write `data` to `path` so a crash leaves either the old file or the new one."""
+    """Write `data` to `path` so a crash leaves either the old file or the new one.
+    OutputError (naming `path`, no temporary file left behind) if it cannot."""
     target = Path(path)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, target)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, target)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None

@@ -24,3 +24,9 @@ class RoomError(DaisyError):
 class LeftRun(DaisyError):
     """This peer leaves its run without a fault of its own (another peer took it over
     without it): it asks the run's leader to join it again."""
+
+
+class OutputError(DaisyError):
+    """A file this peer was asked to write (--save, --log, --summary, a kit) cannot be
+    written there: found before the run where it can be, else when it is written (the file
+    that was there, if any, is left as it was)."""

@@ -8,6 +8,7 @@ command line draws a progress bar and writes checkpoints. Those are the hooks.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
 from pynode.run.trainer import StepResult, Trainer
@@ -24,6 +25,10 @@ async def train(
     order, the step, then every `on_step` hook with its result."""
     last = None
     while trainer.state.step < trainer.cfg.steps:
+        # A step alone awaits nothing that suspends: give the event loop its turn between
+        # steps, so an interrupt (asyncio.run cancels this task on Ctrl-C) stops the run
+        # at a step boundary, not after its last step.
+        await asyncio.sleep(0)
         for hook in before_step:
             await hook(trainer)
         if trainer.state.step >= trainer.cfg.steps:  # a hook stopped the run here

@@ -18,6 +18,7 @@ from comm_helpers import free_port
 from pynode_runs import Done, Launched
 
 from pynode import native_kernels
+from pynode.core.checkpoint import load_checkpoint
 
 # Every test reads `runs`: some 30 interpreters on 2 cores, half a minute or more.
 pytestmark = pytest.mark.slow
@@ -124,6 +125,11 @@ def runs(tmp_path_factory, full_suite) -> dict:
                                           "--capacity", "1,1,1"], {"PYNODE_FAULT": "1:2:grad"}),
         "nan": Launched(folder, "nan", [*TRAIN, *QUICK, "--peers", "3", "--capacity", "1,1,1"],
                         {"PYNODE_FAULT": "1:2:nan"}),
+        # The leader's own gradient is not finite at step 3: the group stops, and --save
+        # holds step 2, the last step everybody agreed on.
+        "nan0": Launched(folder, "nan0", [*TRAIN, *QUICK, "--peers", "2", "--capacity", "1,1",
+                                          "--save", str(folder / "nan0.pt")],
+                         {"PYNODE_FAULT": "0:3:nan"}),
         # Steps 1-2 lie inside the 10-step warm-up, whose learning rate does not depend on
         # the run length: a 2-step run is the prefix of the 4-step run.
         "first2": Launched(folder, "first2", ["train", "--steps", "2", *CONFIG, *QUICK,
@@ -349,6 +355,16 @@ def test_nan_on_one_peer_is_refused_by_that_peer(runs, reference):
     assert run.hashes == reference.hashes and run.final_hash == reference.final_hash
 
 
+def test_a_leader_that_stops_on_an_error_saves_the_last_agreed_step(runs, reference):
+    """Not only a lost peer or a fork: any error that stops rank 0 (here its own NaN
+    gradient) leaves --save at the last agreed step, as one peer does."""
+    run = runs["nan0"]
+    assert run.rc == 2 and "NonFiniteError" in run.err, run.err[-2000:]
+    assert "saved the last agreed state (step 2)" in run.err
+    state = load_checkpoint((runs["folder"] / "nan0.pt").read_bytes())
+    assert (state.step, state.state_hash) == (2, reference.hashes[1]) == (2, run.hashes[-1])
+
+
 # --- resume on another group shape -----------------------------------------------------------
 
 def test_resume_on_three_peers_from_a_one_peer_checkpoint(runs, reference):
@@ -361,8 +377,6 @@ def test_resume_on_three_peers_from_a_one_peer_checkpoint(runs, reference):
 
 @pytest.mark.full
 def test_gloo_rank_death_stops_rank0_in_bounded_time_with_a_checkpoint(runs, reference):
-    from pynode.core.checkpoint import load_checkpoint
-
     rank0, rank1 = runs["death"], runs["death-rank1"]
     assert rank1.rc == -9, rank1.err[-2000:]  # the fault hook SIGKILLed rank 1
     assert rank0.rc not in (0, None), rank0.err[-2000:]

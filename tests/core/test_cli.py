@@ -12,8 +12,10 @@ import io
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -23,6 +25,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the run harness
 from pynode_runs import ONE_THREAD, Done, Launched  # noqa: E402
 
+from pynode.core.checkpoint import load_checkpoint  # noqa: E402
 from pynode.unitfiles import SHIPPED_DIR  # noqa: E402
 
 # All but one test read `runs`: some 20 interpreters on 2 cores, tens of seconds.
@@ -133,8 +136,6 @@ def test_saved_checkpoint_is_read_by_torch_weights_only(runs):
     assert obj["magic"] == "DAISYCHAIN-CKPT" and obj["step"] == 3
     assert obj["state_hash"] == ref.final_hash
     assert obj["config"]["seed"] == 1 and obj["task"] == "gpt"
-    from pynode.core.checkpoint import load_checkpoint
-
     ours = load_checkpoint((runs["folder"] / "ref.pt").read_bytes())
     for name, tensor in obj["params"].items():
         assert tensor.dtype == torch.float32
@@ -269,3 +270,30 @@ def test_train_refuses_corrupted_unit_weights(runs):
     assert done.rc == 2, done.err
     assert "UnitVerificationError" in done.err and "mul8.npz is corrupted" in done.err
     assert done.log == []
+
+
+# --- interrupted ------------------------------------------------------------------------------
+
+def test_ctrl_c_stops_a_run_between_steps_and_saves_the_last_agreed_step(tmp_path):
+    """SIGINT (a terminal's Ctrl-C) stops a one-peer run at the next step boundary, exit
+    130, with --save holding the last step it logged: it used to train on to the last step
+    (a one-peer step never yields to the event loop that takes the signal) and say
+    "interrupted" only then, or leave the last --save-every checkpoint behind."""
+    saved = tmp_path / "c.pt"
+    run = Launched(tmp_path, "long", ["train", "--steps", "20000", "--seed", "1", *SMALL,
+                                      "--no-progress", "--save", str(saved),
+                                      "--save-every", "10000"])
+    for _ in range(1200):  # start-up (the gates) takes seconds
+        if run.log.exists() and len(run.log.read_text().splitlines()) >= 3:
+            break
+        if run.proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    os.kill(run.proc.pid, signal.SIGINT)
+    done = run.wait(120)
+    steps = len(done.log)
+    assert done.rc == 130 and "interrupted" in done.err, done.err[-2000:]
+    assert 3 <= steps < 20000, steps
+    assert f"saved the last agreed state (step {steps}) to {saved}" in done.err
+    state = load_checkpoint(saved.read_bytes())
+    assert (state.step, state.state_hash) == (steps, done.log[-1]["hash"])

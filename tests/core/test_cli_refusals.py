@@ -42,10 +42,55 @@ def test_a_checkpoint_that_does_not_fit_is_named_before_the_step_count(tmp_path,
 
 
 def test_output_into_a_missing_folder_is_refused_before_training(tmp_path, capsys):
-    for flag in ("--save", "--log"):
+    for flag in ("--save", "--log", "--summary"):
         err = refused(["train", flag, str(tmp_path / "no" / "x"), "--steps", "1"], capsys)
-        assert f"ConfigError: {flag}: folder" in err and "does not exist" in err
+        assert f"OutputError: {flag} " in err and "does not exist" in err
         assert "task " not in err  # refused before the run's header line
+
+
+def test_outputs_that_cannot_be_written_are_refused_before_training(tmp_path, capsys):
+    """A folder, a file's name used as a folder, a place nobody can write (/proc): named
+    before the run (they used to fail after it, losing the run), nothing left behind."""
+    (tmp_path / "dir.pt").mkdir()
+    (tmp_path / "run.pt").write_bytes(b"kept")
+    cases = [(str(tmp_path / "dir.pt"), "is a folder"),
+             (str(tmp_path / "run.pt" / "x.pt"), "is not a folder"),
+             ("/proc/x.pt", "cannot write there")]
+    for path, reason in cases:
+        for flag in ("--save", "--log", "--summary"):
+            err = refused(["train", flag, path, "--steps", "1"], capsys)
+            assert f"OutputError: {flag} {path}: " in err and reason in err, err
+            assert "task " not in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.pt", "run.pt"]
+    assert (tmp_path / "run.pt").read_bytes() == b"kept"
+
+
+def test_two_outputs_in_one_file_are_refused(tmp_path, capsys):
+    """--log and --save (or --summary) in one file would overwrite each other; --log into
+    the checkpoint being resumed would spoil it. --save over --resume is what users do."""
+    same = str(tmp_path / "same.pt")
+    for first, second in (("--log", "--save"), ("--save", "--summary"), ("--log", "--summary")):
+        err = refused(["train", first, same, second, same, "--steps", "1"], capsys)
+        assert "ConfigError: " in err and "name the same file" in err, err
+    saved = checkpoint_at(2, tmp_path / "at2.pt")
+    err = refused(["train", "--resume", saved, "--log", saved, "--steps", "3"], capsys)
+    assert "--log and --resume name the same file" in err
+    assert not (tmp_path / "same.pt").exists()
+
+
+def test_flags_given_with_resume_are_judged_against_the_checkpoints_config(tmp_path, capsys):
+    """--heads with --resume fits or not the checkpoint's width, never the default's (64):
+    3 heads divide a width of 48 and the run goes on; they do not divide 32, and the refusal
+    names 32."""
+    saved = checkpoint_at(2, tmp_path / "w32.pt")
+    err = refused(["train", "--resume", saved, "--heads", "3", "--steps", "3"], capsys)
+    assert "heads (3) must divide width (32)" in err
+    trainer = Trainer(RunConfig(steps=4, seed=1, width=48, layers=1, heads=2, seq=16),
+                      GPTTask(), None)
+    (tmp_path / "w48.pt").write_bytes(trainer.state_bytes())
+    assert main(["train", "--resume", str(tmp_path / "w48.pt"), "--heads", "3", "--steps", "1",
+                 "--no-progress", "--save", str(tmp_path / "w48.pt")]) == 0
+    assert "note:" in capsys.readouterr().err
 
 
 def test_capacity_without_local_peers_is_refused(capsys):
