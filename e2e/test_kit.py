@@ -89,7 +89,15 @@ def test_the_kit_gives_the_cli_bytes_offline(tmp_path: Path):
         shown = CASES[2][0] + bytes.fromhex(want[2]).decode("utf-8", "replace")
         page.wait_for_function("(t) => document.querySelector('#output').textContent === t",
                                arg=shown, timeout=30_000)
+        page.fill("#form [name=temperature]", "")  # an emptied field: the form's NaN
+        page.click("#form button")
+        page.wait_for_function("() => document.querySelector('#output').textContent === "
+                               "'error: temperature must be a finite number >= 0, got NaN'",
+                               timeout=30_000)
+        refused = page.evaluate("""() => { try { kit.generate("a", {tokens: 5,
+            temperature: 1, top_k: NaN, seed: 0}); } catch (e) { return e.message; } }""")
         browser.close()
+    assert refused == "top_k must be an integer >= 0, got NaN"
     assert not errors, errors
     assert requests == [kit.as_uri()], requests  # the file itself, nothing else
     for case, g, w in zip(CASES, got, want, strict=True):

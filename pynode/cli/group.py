@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from pynode import platform
@@ -54,10 +55,12 @@ from pynode.tasks import load_task
 
 async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities,
                dashboard: DashboardRun | None = None, elastic: ElasticRank | None = None,
-               ) -> int:
+               followers: Callable[[], Awaitable[None]] | None = None) -> int:
     """Rank 0's side: everything the user sees. `dashboard`: the run registered for
     --dashboard, shared with every rank here; `elastic`: this rank under torchrun's agent
-    (resume from the checkpoint the ranks agree on)."""
+    (resume from the checkpoint the ranks agree on); `followers`: awaited once the run is
+    done, before the last lines (local peers: until they have said how they ended, so the
+    final hash is the last line of the terminal too)."""
     pin_to_core(0)
     if collective.world_size > 1:
         name_rank_in_logs(0)
@@ -118,6 +121,8 @@ async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities,
     finally:
         if reporter is not None:
             reporter.close()
+    if followers is not None:
+        await followers()
     end_status(status, 0, trainer, "finished", "", collective)
     saver.final(trainer)
     if args.summary:
@@ -208,15 +213,22 @@ async def train_local_peers(args, cfg: RunConfig, capacities) -> int:
                 "loopback", rank=0, world_size=args.peers, address=address, timeout=60.0
             )
             try:
-                return await lead(args, cfg, collective, capacities, dashboard)
+                return await lead(args, cfg, collective, capacities, dashboard,
+                                  followers=lambda: asyncio.to_thread(wait_for, children))
             finally:
                 await collective.close()
         finally:
-            for child in children:
-                try:
-                    child.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    child.kill()
+            wait_for(children)
+
+
+def wait_for(children: list[subprocess.Popen]) -> None:
+    """Until each local peer has ended (killed if it has not within 30 s)."""
+    for child in children:
+        try:
+            child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
 
 
 def spawn_peer(rank: int, world: int, address: str, args) -> subprocess.Popen:

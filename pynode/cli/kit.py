@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from pynode.cli.flags import check_writable
 from pynode.run.assemble import write_atomically
+from pynode.run.errors import OutputError
 from pynode.run.kit import build_kit
 
 
@@ -16,6 +18,10 @@ def add_kit_parser(sub) -> None:
 
 
 def kit_command(args: argparse.Namespace) -> int:
+    check_writable("-o", args.output)
+    if Path(args.output).resolve() == Path(args.checkpoint).resolve():
+        raise OutputError(f"-o {args.output} is the checkpoint the kit is made of: give the "
+                          "page its own file name")
     html = build_kit(Path(args.checkpoint).read_bytes())
     write_atomically(args.output, html.encode("utf-8"))
     print(f"wrote {args.output} ({len(html) / 1024:.0f} KiB)")

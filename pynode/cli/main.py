@@ -87,6 +87,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The parsed command line. A flag the command does not know is told with that
+    command's usage (argparse tells it with the top level's, which lists no flag)."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        commands = next(a for a in parser._actions
+                        if isinstance(a, argparse._SubParsersAction)).choices
+        commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
+
+
 # The commands that train in this process: their cross-check recomputes in a worker thread.
 TRAINING_COMMANDS = ("train", "cluster", "_peer", "join")
 
@@ -95,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     # torch's C++ warnings (gloo's socket retries and timeouts, with stack frames) say
     # nothing our own error lines do not; set before torch loads, a user's choice kept.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     if args.command in TRAINING_COMMANDS:  # before the cross-check's worker thread allocates
         platform.share_malloc_arena()
     logging.basicConfig(
@@ -148,4 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # whoever read stdout stopped (`| head`): nothing left to tell
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor at exit
+        return 128 + 13  # what a shell reports for a command SIGPIPE stopped
     return 0

@@ -54,7 +54,8 @@ def run_header(trainer: Trainer) -> str:
     """The first line a run prints: task, arithmetic, size and starting step."""
     params = sum(p.size for p in trainer.state.params.values())
     cfg = trainer.cfg
-    outer = (f"  sync every {cfg.sync_every} steps over {cfg.replicas} replicas"
+    outer = (f"  sync every {cfg.sync_every} steps over {cfg.replicas} "
+             f"replica{'s' if cfg.replicas != 1 else ''}"
              if cfg.outer else "")
     return (f"task {cfg.task}  backend {gemm_summary(trainer.gemm)}  "
             f"params {params:,}  from step {trainer.state.step}{outer}")

@@ -28,7 +28,7 @@ from pynode.config import ConfigError, RunConfig
 from pynode.core.checkpoint import CheckpointState
 from pynode.run.assemble import build_trainer, load_resume
 from pynode.run.loop import train
-from pynode.run.schedule import read_schedule, replay
+from pynode.run.schedule import check_reached, read_schedule, replay
 from pynode.tasks import load_task
 
 
@@ -70,6 +70,7 @@ async def train_command(args: argparse.Namespace) -> int:
         raise ConfigError("--capacity sets the relative speeds of local peers: it needs "
                           "--peers N with N > 1 (one peer computes every microbatch)")
     changes = read_schedule(args.schedule) if args.schedule else []
+    check_reached(changes, cfg.steps)
     check_sync_every_flags(args, cfg, changes)
     if args.peers != 1:
         if changes:

@@ -374,7 +374,20 @@ function sampleToken(logits, s, position) { // pynode.run.generate.sample_token
   return kept[cumulative.findIndex((c) => c > draw)];
 }
 
+function checkSampling(s) { // Sampling's refusals, in its words (an empty field: NaN)
+  for (const name of ["tokens", "top_k", "seed"]) {
+    if (!Number.isSafeInteger(s[name]) || s[name] < 0) {
+      throw new Error(`${name} must be an integer >= 0, got ${s[name]}`);
+    }
+  }
+  const t = s.temperature;
+  if (typeof t !== "number" || !Number.isFinite(t) || t < 0) {
+    throw new Error(`temperature must be a finite number >= 0, got ${t}`);
+  }
+}
+
 function* generate(model, prompt, s) { // Generator.generate: bytes one by one
+  checkSampling(s);
   if (!prompt.length) throw new Error("the prompt is empty: give at least one byte to continue");
   const seq = model.c.seq;
   const keep = Math.max(1, seq >> 1);

@@ -110,16 +110,21 @@ def read_resume(
     stored = checkpoint.load_checkpoint(data)
     config = {k: v for k, v in stored.config.items() if k not in ("vocab", "schedule")}
     try:
+        stored_outer = RunConfig.from_dict(config).outer
+    except ValueError as exc:
+        raise checkpoint.CheckpointError(f"checkpoint config is not valid: {exc}") from exc
+    every = overrides.get("sync_every", config.get("sync_every", 1))
+    valid = isinstance(every, int) and not isinstance(every, bool) and every >= 1
+    if valid and (every > 1) != stored_outer:  # Adam's moments are not an outer momentum,
+        raise ConfigError(  # nor back; said before the switch's other flags are judged
+            f"the checkpoint is of a {'--sync-every' if stored_outer else 'per-step'} run and "
+            f"cannot continue as a {'per-step' if stored_outer else '--sync-every'} run (its "
+            "optimizer state is of the other kind); resume it with its own --sync-every")
+    try:
         cfg = RunConfig.from_dict({**config, **overrides})
     except ValueError as exc:
         raise checkpoint.CheckpointError(f"checkpoint config cannot be resumed: {exc}") from exc
     ckpt = checkpoint.load_checkpoint(data, expect=checkpoint_expectations(cfg))
-    stored_outer = RunConfig.from_dict(config).outer
-    if cfg.outer != stored_outer:  # Adam's moments are not an outer momentum, nor back
-        raise ConfigError(
-            f"the checkpoint is of a {'--sync-every' if stored_outer else 'per-step'} run and "
-            f"cannot continue as a {'--sync-every' if cfg.outer else 'per-step'} run (its "
-            "optimizer state is of the other kind); resume it with its own --sync-every")
     if cfg.steps <= ckpt.step:  # checked once the file is known to fit the model
         raise ConfigError(f"the checkpoint is at step {ckpt.step} and the run ends at step "
                           f"{cfg.steps}: nothing to train (give --steps above {ckpt.step})")

@@ -212,7 +212,7 @@ def read_model(data: bytes) -> tuple[RunConfig, checkpoint.CheckpointState]:
 
     stored = checkpoint.load_checkpoint(data)
     if stored.task != "gpt":
-        raise GenerateError(f"generate needs a checkpoint of the gpt task; this one trains "
+        raise GenerateError(f"text generation needs a checkpoint of the gpt task; this one trains "
                             f"{stored.task!r}")
     config = {k: v for k, v in stored.config.items() if k not in ("vocab", "schedule")}
     try:

@@ -87,6 +87,17 @@ def read_schedule(path: str) -> list[Change]:
     return changes
 
 
+def check_reached(changes: list[Change], steps: int) -> None:
+    """ScheduleError for a change a run of `steps` steps (as the changes before it leave
+    it) never reaches: a change applies after its step, before the next, so one at or past
+    the run's last step would be dropped without a word."""
+    for change in changes:
+        if change.step >= steps:
+            raise ScheduleError(f"change at step {change.step} is never reached: the run ends "
+                                f"at step {steps}")
+        steps = change.steps if change.steps is not None else steps
+
+
 def replay(changes: list[Change]):
     """A loop hook (before_step) applying each change when the trainer reaches its step."""
     pending = list(changes)

@@ -34,6 +34,8 @@ def load_task(name: str) -> Task:
             f"unknown task {name!r}: use one of {', '.join(sorted(REGISTERED))} or module:Class"
         )
     module_name, _, class_name = target.partition(":")
+    if not module_name or not class_name:
+        raise UnknownTaskError(f"task {name!r}: give it as module:Class")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -41,7 +43,15 @@ def load_task(name: str) -> Task:
     cls = getattr(module, class_name, None)
     if cls is None:
         raise UnknownTaskError(f"task {name!r}: module {module_name!r} has no {class_name!r}")
-    task = cls()
+    if not isinstance(cls, type):
+        raise UnknownTaskError(f"task {name!r}: {target} is not a class (it is a "
+                               f"{type(cls).__name__} object; a task is a class with the Task "
+                               "interface, made with no arguments: docs/CUSTOM_TASK.md)")
+    try:
+        task = cls()
+    except TypeError as exc:
+        raise UnknownTaskError(f"task {name!r}: {target} cannot be made with no arguments "
+                               f"({exc})") from None
     if not isinstance(task, Task):
         raise UnknownTaskError(f"task {name!r}: {target} does not implement the Task interface")
     require(f"task {name!r}", *getattr(task, "requires", ()))

@@ -9,7 +9,10 @@ resumes starts as soon as the run that writes its checkpoint has ended.
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -405,3 +408,18 @@ def test_periodic_checkpoint_survives_a_crash_and_resumes_exactly(runs, referenc
     assert [row["step"] for row in resumed.log] == [3, 4]
     assert resumed.hashes == reference.hashes[2:]
     assert resumed.final_hash == reference.final_hash
+
+
+def test_the_final_hash_is_the_last_line_a_terminal_shows(tmp_path):
+    """stdout and stderr in one terminal: the local peers' status lines (their stderr) came
+    after rank 0's hash line, or inside it; rank 0 now waits for them to end first."""
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-m", "pynode", *TRAIN, *QUICK, "--peers", "3", "--no-progress"],
+        cwd=repo, env={**os.environ, "PYTHONPATH": str(repo), "OPENBLAS_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    lines = done.stdout.strip().splitlines()
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert re.fullmatch("[0-9a-f]{64}", lines[-1]), lines[-4:]
+    finished = [i for i, line in enumerate(lines) if re.match(r"rank \d: finished", line)]
+    assert len(finished) == 3 and max(finished) < len(lines) - 1

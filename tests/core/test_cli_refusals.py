@@ -153,3 +153,18 @@ def test_capacity_says_how_whole_microbatches_split(count, capacity, line):
 
     peers = len(capacity.split(","))
     assert capacity_note(count, parse_capacity(capacity, peers)) == line
+
+
+def test_a_mistyped_flag_is_told_with_its_commands_usage(capsys):
+    """argparse told it with the top level's usage, which lists no flag of the command."""
+    cases = [(["train", "--stpes", "3"], "train", "--stpes 3"),
+             (["verify", "--bogus"], "verify", "--bogus"),
+             (["generate", "--checkpoint", "x.pt", "--prompt", "a", "--tokns", "5"], "generate",
+              "--tokns 5")]
+    for argv, command, unknown in cases:
+        with pytest.raises(SystemExit) as stopped:
+            main(argv)
+        err = capsys.readouterr().err
+        assert stopped.value.code == 2
+        assert f"usage: python -m pynode {command} " in err
+        assert f"python -m pynode {command}: error: unrecognized arguments: {unknown}" in err

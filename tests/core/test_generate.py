@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import codecs
 import io
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -207,7 +211,8 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, checkpoint):
     base = ["generate", "--prompt", "hi", "--checkpoint"]
     assert "No such file" in refused([*base, str(tmp_path / "none.pt")], capsys)
     assert "CheckpointError" in refused([*base, str(junk)], capsys)
-    want = "GenerateError: generate needs a checkpoint of the gpt task; this one trains 'mlp'"
+    want = ("GenerateError: text generation needs a checkpoint of the gpt task; this one "
+            "trains 'mlp'")
     assert want in refused([*base, str(mlp)], capsys)
     for flag, value, what in (("--temperature", "-1", "temperature"), ("--top-k", "-2", "top_k"),
                               ("--tokens", "-5", "tokens"), ("--temperature", "nan", "temper")):
@@ -301,7 +306,40 @@ def test_the_kit_refuses_what_generate_refuses(tmp_path, capsys):
                     .state_bytes())
     assert main(["kit", str(mlp), "-o", str(tmp_path / "kit.html")]) == 2
     err = capsys.readouterr().err
-    assert "GenerateError: generate needs a checkpoint of the gpt task" in err
+    assert "GenerateError: text generation needs a checkpoint of the gpt task" in err
     assert not (tmp_path / "kit.html").exists()
     assert main(["kit", str(tmp_path / "none.pt"), "-o", str(tmp_path / "k.html")]) == 2
 
+
+def test_the_kit_never_writes_over_its_checkpoint(tmp_path, capsys):
+    """`kit run.pt -o run.pt` used to replace the trained model with the page."""
+    saved = tmp_path / "run.pt"
+    saved.write_bytes(Trainer(RunConfig(steps=2, width=32, layers=1, heads=2, seq=16),
+                              load_task("gpt"), None).state_bytes())
+    before = saved.read_bytes()
+    for output in (str(saved), str(tmp_path / "." / "run.pt")):
+        assert main(["kit", str(saved), "-o", output]) == 2
+        assert "OutputError: -o " in capsys.readouterr().err
+    assert saved.read_bytes() == before
+    (tmp_path / "dir.html").mkdir()
+    assert main(["kit", str(saved), "-o", str(tmp_path / "dir.html")]) == 2
+    assert "is a folder" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.html", "run.pt"]
+
+
+
+def test_a_reader_that_stops_early_ends_generate_quietly(tmp_path, checkpoint):
+    """`generate ... | head -c 10`: the pipe closes while bytes still stream; the command
+    ends with a shell's SIGPIPE status and no traceback (it printed BrokenPipeError's)."""
+    saved = tmp_path / "run.pt"
+    saved.write_bytes(checkpoint)
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pynode", "generate", "--checkpoint", str(saved), "--prompt",
+         "The ", "--tokens", "100000", "--kernels", "numpy"],
+        cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert len(proc.stdout.read(10)) == 10
+    proc.stdout.close()
+    err = proc.communicate(timeout=300)[1].decode()
+    assert proc.returncode == 141 and "Traceback" not in err and "Error" not in err, err

@@ -82,3 +82,26 @@ def test_a_schedule_with_several_local_peers_is_refused_before_anything_starts(t
 def test_a_change_keeps_its_json_form():
     change = change_from_dict({"step": 3, "lr": 0.002})
     assert change.to_dict() == {"step": 3, "lr": 0.002}
+
+
+def test_a_change_the_run_never_reaches_is_refused(tmp_path, capsys):
+    """A change at or past the run's last step (as the changes before it leave that) used
+    to be dropped without a word."""
+    from pynode.cli.main import main
+    from pynode.run.schedule import check_reached
+
+    def changes(*items):
+        return [change_from_dict(item) for item in items]
+
+    check_reached(changes({"step": 1, "steps": 10}, {"step": 5, "lr": 0.001}), 3)  # extended
+    for items, steps in ((({"step": 10, "lr": 0.001},), 3),
+                         (({"step": 3, "lr": 0.001},), 3),
+                         (({"step": 1, "steps": 2}, {"step": 2, "lr": 0.001}), 8)):
+        with pytest.raises(ScheduleError, match="is never reached: the run ends at step"):
+            check_reached(changes(*items), steps)
+    path = tmp_path / "s.json"
+    path.write_text('[{"step": 10, "lr": 0.001}]')
+    assert main(["train", "--steps", "3", *CONFIG, "--schedule", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "change at step 10 is never reached: the run ends at step 3" in err
+    assert "task " not in err  # before the run

@@ -236,6 +236,16 @@ def test_unknown_task_is_refused_by_name():
         load_task("pynode.tasks.gpt:Nope")
     with pytest.raises(UnknownTaskError, match="Task interface"):
         load_task("pynode.config:RunConfig")
+    # what a slip in module:Class names: no traceback, a named refusal
+    with pytest.raises(UnknownTaskError, match="cannot be made with no arguments"):
+        load_task("pynode.core.layers:LinearCache")  # a class that needs arguments
+    with pytest.raises(UnknownTaskError, match="is not a class .it is a int object"):
+        load_task("pynode.tasks.mlp:DATA_PURPOSE")
+    with pytest.raises(UnknownTaskError, match="is not a class .it is a module object"):
+        load_task("os:path")
+    for name in (":GPTTask", "pynode.tasks.gpt:"):
+        with pytest.raises(UnknownTaskError, match="give it as module:Class"):
+            load_task(name)
     assert isinstance(UnknownTaskError("x"), DaisyError)
 
 

@@ -281,6 +281,12 @@ def test_a_per_step_config_keeps_its_bytes_and_a_resume_cannot_switch_kinds(tmp_
                        None)
     with pytest.raises(ConfigError, match="per-step run and cannot continue as a --sync-every"):
         read_resume(per_step.state_bytes(), {"sync_every": 3, "replicas": 4})
+    # and back: said as such, before the replicas a per-step run cannot have are judged
+    # (that came out as "CheckpointError: ... replicas 4 needs sync_every H > 1")
+    outer_ckpt = Trainer(RunConfig(width=32, layers=1, heads=2, seq=16, microbatches=8,
+                                   sync_every=2, replicas=4), GPTTask(), None)
+    with pytest.raises(ConfigError, match="--sync-every run and cannot continue as a per-step"):
+        read_resume(outer_ckpt.state_bytes(), {"sync_every": 1})
 
 
 def test_mesh_sim_counts_a_sync_every_run_per_inner_step(checks):
