@@ -27,3 +27,8 @@ class GateError(DaisyError):
 
 class FixedPointOverflowError(DaisyError, OverflowError):
     """A value does not fit the int64 fixed-point format, or a reduction would wrap."""
+
+
+class NoGemmError(DaisyError, TypeError):
+    """An int8 GEMM was asked of a model built without one (its task says uses_units =
+    False: a plain-float task has no verified GEMM)."""

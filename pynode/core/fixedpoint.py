@@ -40,7 +40,7 @@ def to_fixed(g: np.ndarray, frac_bits: int = DEFAULT_FRAC_BITS) -> np.ndarray:
         raise ShapeError(f"to_fixed takes float32 gradients, got {g.dtype}")
     if not np.isfinite(g).all():
         bad = ~np.isfinite(g)
-        first = np.unravel_index(int(np.argmax(bad)), g.shape) if g.ndim else ()
+        first = tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), g.shape))
         raise NonFiniteError(
             f"{int(bad.sum())} non-finite gradient value(s), first {g[first]} at index {first}"
         )

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from pynode.core import detmath, rng
-from pynode.core.errors import NonFiniteError, ShapeError
+from pynode.core.errors import NoGemmError, NonFiniteError, ShapeError
 from pynode.core.kernels import REFERENCE, Kernels
 
 RMS_EPS = np.float32(1e-5)
@@ -43,6 +43,13 @@ def kernels_of(gemm: Any) -> Kernels:
     return getattr(gemm, "kernels", REFERENCE)
 
 
+def need_gemm(gemm: Any) -> None:
+    if gemm is None:
+        raise NoGemmError("int8_matmul / int8_bmm need the verified GEMM, and this model was "
+                          "built without one: its task says uses_units = False (only a "
+                          "plain-float task does; docs/CUSTOM_TASK.md)")
+
+
 def int8_matmul(
     gemm: Any,
     a: np.ndarray,
@@ -56,6 +63,7 @@ def int8_matmul(
     `a` is quantized per row, `b` per column; a key switches that operand from
     round-to-nearest to stochastic rounding (used for incoming gradients only).
     """
+    need_gemm(gemm)
     ops = kernels_of(gemm)
     qa, sa = ops.quantize(a, -1, a_key)  # (M, K) int8, (M,) f32
     qb, sb = ops.quantize(b, -2, b_key)  # (K, N) int8, (N,) f32
@@ -71,6 +79,7 @@ def int8_bmm(
     b_key: tuple[int, ...] | None = None,
 ) -> np.ndarray:
     """Batched `int8_matmul`: a (G, M, K) f32, b (G, K, N) f32 -> (G, M, N) f32."""
+    need_gemm(gemm)
     ops = kernels_of(gemm)
     qa, sa = ops.quantize(a, -1, a_key)  # (G, M, K) int8, (G, M) f32
     qb, sb = ops.quantize(b, -2, b_key)  # (G, K, N) int8, (G, N) f32

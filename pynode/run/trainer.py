@@ -76,6 +76,36 @@ class StepResult:
     inner: int = 1                     # the steps it advanced (an outer step's inner steps)
 
 
+def check_params(params: Any, shapes: dict[str, tuple]) -> None:
+    """ContributionError unless a model's init_params gave one float32 array of its declared
+    shape for each name of param_shapes, and nothing else (a custom task's slips)."""
+    if not isinstance(params, dict):
+        raise ContributionError(f"init_params returned a {type(params).__name__}, not a dict "
+                                "of parameter name -> array")
+    missing, extra = sorted(set(shapes) - set(params)), sorted(set(params) - set(shapes))
+    if missing or extra:
+        raise ContributionError(f"init_params and param_shapes name different parameters: "
+                                f"missing {missing}, not declared {extra}")
+    for name, shape in shapes.items():
+        p = params[name]
+        if not isinstance(p, np.ndarray) or p.shape != tuple(shape) or p.dtype != np.float32:
+            got = (f"{p.shape} {p.dtype}" if isinstance(p, np.ndarray)
+                   else type(p).__name__)
+            raise ContributionError(f"init_params: parameter {name!r} must be a float32 array "
+                                    f"of shape {tuple(shape)}, got {got}")
+
+
+def not_finite(grads: dict[str, np.ndarray]) -> str:
+    """Where the first gradient that is not finite everywhere is not: name, count, place."""
+    for name, g in grads.items():
+        bad = ~np.isfinite(g)
+        if bad.any():
+            first = tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), g.shape))
+            return (f"the gradient of {name!r} holds {int(bad.sum())} non-finite value(s), "
+                    f"the first {g[first]} at {first}")
+    return "every gradient is finite"
+
+
 class Trainer:
     """Trains `task` under `cfg`. Alone when `collective` is None, else as one member.
 
@@ -134,6 +164,7 @@ class Trainer:
 
     def initial_state(self) -> TrainState:
         params = self.model.init_params(self.cfg.seed)
+        check_params(params, self.shapes)
         return TrainState(step=0, params=params, opt=optim.AdamState.zeros(params))
 
     # --- one microbatch -------------------------------------------------------------
@@ -173,8 +204,17 @@ class Trainer:
         cfg, step = self.cfg, self.state.step
         batch = self.task.sample(cfg, step, index)
         loss, grads = self.task.loss(self.model, self.state.params, batch, (cfg.seed, step, index))
-        fixed = fixedpoint.to_fixed(self.flatten(grads), cfg.frac_bits)
-        return fixed, int(fixedpoint.to_fixed(np.asarray([loss], np.float32), LOSS_FRAC_BITS)[0])
+        flat = self.flatten(grads)
+        try:
+            fixed = fixedpoint.to_fixed(flat, cfg.frac_bits)
+        except NonFiniteError:  # said again with the parameter it is in (found only now)
+            raise NonFiniteError(f"step {step + 1}, microbatch {index}: "
+                                 f"{not_finite(self.unflatten(flat))}") from None
+        mean = np.asarray([loss], np.float32)
+        if not np.isfinite(mean[0]):
+            raise NonFiniteError(f"step {step + 1}, microbatch {index}: the task's loss is "
+                                 f"{float(mean[0])}")
+        return fixed, int(fixedpoint.to_fixed(mean, LOSS_FRAC_BITS)[0])
 
     def flatten(self, grads: dict[str, np.ndarray]) -> np.ndarray:
         missing = [name for name in self.shapes if name not in grads]

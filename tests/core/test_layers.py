@@ -330,3 +330,15 @@ def test_scatter_add_refuses_nan():
     values[1, 1] = np.nan
     with pytest.raises(NonFiniteError):
         nn.scatter_add_exact(np.array([0, 1, 0]), values, rows=2)
+
+
+def test_an_int8_product_without_a_gemm_is_named():
+    """A task that says uses_units = False is built with no GEMM; calling the int8 layers
+    then was "AttributeError: 'NoneType' object has no attribute 'matmul'"."""
+    from pynode.core.errors import NoGemmError
+
+    a = np.ones((2, 3), np.float32)
+    with pytest.raises(NoGemmError, match="uses_units = False"):
+        nn.int8_matmul(None, a, a.T)
+    with pytest.raises(NoGemmError, match="uses_units = False"):
+        nn.int8_bmm(None, a[None], a.T[None])

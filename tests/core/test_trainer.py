@@ -276,6 +276,19 @@ def too_large(g):
     return {**g, "wpe": np.full_like(g["wpe"], 1e9)}  # |g| * 2**32 > 2**53
 
 
+def nan_in_wpe(g):
+    wpe = g["wpe"].copy()
+    wpe[3, 5] = np.nan
+    return {**g, "wpe": wpe}
+
+
+class NanLossTask(GPTTask):
+    """Finite gradients, a loss that is not: a custom task's slip."""
+
+    def loss(self, model, params, batch, key):
+        return float("nan"), super().loss(model, params, batch, key)[1]
+
+
 @pytest.mark.parametrize(
     ("edit", "error", "match"),
     [
@@ -283,11 +296,20 @@ def too_large(g):
         (without_wpe, ContributionError, "no gradient for wpe"),
         (as_float64, ContributionError, "float64"),
         (too_large, FixedPointOverflowError, "fixed-point bound"),
+        # the parameter named, its place as plain integers (it said "a gradient value at
+        # index (np.int64(1221),)" of the flat vector)
+        (nan_in_wpe, NonFiniteError, r"step 1, microbatch 0: the gradient of 'wpe' holds 1 "
+                                     r"non-finite value\(s\), the first nan at \(3, 5\)"),
     ],
 )
 def test_bad_gradient_is_refused_and_state_untouched(gemm, edit, error, match):
     trainer = Trainer(TINY, GradientTask(edit), gemm)
     assert_refused_unchanged(trainer, error, match)
+
+
+def test_a_loss_that_is_not_finite_is_named_as_the_loss(gemm):
+    assert_refused_unchanged(Trainer(TINY, NanLossTask(), gemm), NonFiniteError,
+                             "step 1, microbatch 0: the task's loss is nan")
 
 
 class ScriptedCollective:
@@ -391,3 +413,30 @@ def test_the_planning_speed_is_the_mean_of_the_steps_microbatches(gemm):
     trainer.microbatch_partial([0, 1, 2, 3])
     # the mean (0.08 / 4 and three quick ones), not the last one alone (0.08 or more)
     assert 0.02 <= trainer.microbatch_seconds < 0.07
+
+
+class InitTask(GPTTask):
+    """The GPT task, with its initial parameters passed through `edit`."""
+
+    def __init__(self, edit) -> None:
+        self.edit = edit
+
+    def build_model(self, cfg, gemm):
+        model = super().build_model(cfg, gemm)
+        init = model.init_params
+        model.init_params = lambda seed: self.edit(dict(init(seed)))
+        return model
+
+
+@pytest.mark.parametrize(("edit", "match"), [
+    (lambda p: {**p, "wpe": p["wpe"].astype(np.float64)},
+     r"parameter 'wpe' must be a float32 array of shape \(16, 32\), got \(16, 32\) float64"),
+    (lambda p: {("w1" if k == "wpe" else k): v for k, v in p.items()},
+     r"missing \['wpe'\], not declared \['w1'\]"),
+    (lambda p: list(p.values()), "returned a list, not a dict"),
+])
+def test_initial_parameters_a_task_gets_wrong_are_named(gemm, edit, match):
+    """A custom task's init_params slips (float64, other names, no dict) were a ShapeError
+    from deep in a kernel or a KeyError traceback."""
+    with pytest.raises(ContributionError, match=match):
+        Trainer(TINY, InitTask(edit), gemm)
