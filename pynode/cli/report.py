@@ -61,6 +61,18 @@ def run_header(trainer: Trainer) -> str:
             f"params {params:,}  from step {trainer.state.step}{outer}")
 
 
+def last_logged_step(path: str) -> int | None:
+    """The step of a --log file's last row (None: no file, no row, not a log)."""
+    try:
+        with open(path, "rb") as log:
+            log.seek(0, 2)
+            log.seek(max(0, log.tell() - 65536))
+            lines = log.read().splitlines()
+        return int(json.loads(lines[-1])["step"]) if lines else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 class StepReporter:
     """Progress bar on a terminal, JSON lines to --log, nothing else. A loop hook."""
 
@@ -68,6 +80,11 @@ class StepReporter:
         self.trainer = trainer
         self.started = time.perf_counter()
         self.elapsed = 0.0  # seconds from here to the end of the last step reported
+        logged = last_logged_step(log_path) if log_path else None
+        if logged is not None and logged > trainer.state.step:  # a resume from an older save
+            echo(f"note: {log_path} already has rows up to step {logged}; this run's steps "
+                 f"{trainer.state.step + 1} on are appended after them (for each step, the "
+                 "last row is this run's)")
         self.log_file = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115
         self.bar = None
         if progress and sys.stderr.isatty():

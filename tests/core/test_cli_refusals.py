@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from pynode.cli.main import main
@@ -168,3 +170,20 @@ def test_a_mistyped_flag_is_told_with_its_commands_usage(capsys):
         assert stopped.value.code == 2
         assert f"usage: python -m pynode {command} " in err
         assert f"python -m pynode {command}: error: unrecognized arguments: {unknown}" in err
+
+
+def test_a_resume_into_a_log_that_went_further_says_so(tmp_path, capsys):
+    """--log appends: after a crash past the last --save-every checkpoint, the resumed steps
+    come again after rows of the same steps; a plot of the file would hold both."""
+    saved = checkpoint_at(2, tmp_path / "c.pt")
+    log = tmp_path / "run.jsonl"
+    log.write_text("".join(json.dumps({"step": s, "loss": 5.0, "hash": "h"}) + "\n"
+                           for s in (1, 2, 3)))
+    assert main(["train", "--resume", saved, "--steps", "3", "--log", str(log),
+                 "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert f"note: {log} already has rows up to step 3; this run's steps 3 on are appended" in err
+    assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [1, 2, 3, 3]
+    assert main(["train", "--resume", saved, "--steps", "4", "--log", str(tmp_path / "new.jsonl"),
+                 "--no-progress"]) == 0
+    assert "already has rows" not in capsys.readouterr().err
