@@ -102,13 +102,14 @@ def explicit_config(args: argparse.Namespace) -> dict:
     return values
 
 
-def check_output_flags(args: argparse.Namespace) -> None:
+def check_output_flags(args: argparse.Namespace, writes: bool = True) -> None:
     """Before anything runs: OutputError for an output file (--save, --log, --summary) that
     cannot be written, and ConfigError for two of them (or --resume and an output that
-    would write into it) naming one file, or --save-every without --save."""
+    would write into it) naming one file, or --save-every without --save. `writes`: this
+    process writes them (a cluster's other ranks only pass them on)."""
     outputs = [(flag, getattr(args, name, None)) for flag, name in
                (("--save", "save"), ("--log", "log"), ("--summary", "summary"))]
-    outputs = [(flag, path) for flag, path in outputs if path is not None]
+    outputs = [(flag, path) for flag, path in outputs if path is not None and writes]
     for flag, path in outputs:
         check_writable(flag, path, append=flag == "--log")
     named = outputs + ([("--resume", args.resume)] if getattr(args, "resume", None) else [])
@@ -124,21 +125,24 @@ def check_output_flags(args: argparse.Namespace) -> None:
 
 
 def check_writable(flag: str, path: str, append: bool = False) -> None:
-    """OutputError unless a file can be written at `path` (`append`: added to, as --log
-    is), found by creating and removing a file beside it; nothing else changes."""
+    """OutputError unless a file can be written at `path`, nothing changed: `append` (as
+    --log is) to an existing file by opening it to add; else by creating and removing a file
+    where pynode.run.assemble.write_atomically puts its own, beside `path` (beside the link,
+    if `path` is one)."""
     target = Path(path)
     if not target.name or target.is_dir():
         raise OutputError(f"{flag} {path}: that is a folder; give a file name")
-    parent = target.resolve().parent
-    if not parent.is_dir():
-        what = "is not a folder" if parent.exists() else "does not exist"
-        raise OutputError(f"{flag} {path}: {parent} {what}")
-    probe = parent / f".{target.name}.probe-{os.getpid()}"
     try:
+        if append and target.exists():  # /dev/stdout too
+            target.open("ab").close()
+            return
+        folder = Path(os.path.abspath(path)).parent
+        if not folder.is_dir():
+            what = "is not a folder" if folder.exists() else "does not exist"
+            raise OutputError(f"{flag} {path}: {folder} {what}")
+        probe = folder / f".{target.name}.probe-{os.getpid()}"
         probe.open("xb").close()
         probe.unlink()
-        if append and target.exists():
-            target.open("ab").close()
     except OSError as exc:
         raise OutputError(f"{flag} {path}: cannot write there ({exc.strerror or exc})") from None
 

@@ -53,14 +53,17 @@ from pynode.run.trainer import StepResult, Trainer
 from pynode.tasks import load_task
 
 
-async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities,
+async def lead(args: argparse.Namespace, cfg: RunConfig | None, collective, capacities,
                dashboard: DashboardRun | None = None, elastic: ElasticRank | None = None,
-               followers: Callable[[], Awaitable[None]] | None = None) -> int:
-    """Rank 0's side: everything the user sees. `dashboard`: the run registered for
-    --dashboard, shared with every rank here; `elastic`: this rank under torchrun's agent
-    (resume from the checkpoint the ranks agree on); `followers`: awaited once the run is
-    done, before the last lines (local peers: until they have said how they ended, so the
-    final hash is the last line of the terminal too)."""
+               followers: Callable[[], Awaitable[None]] | None = None,
+               resumed: bytes | None = None) -> int:
+    """Rank 0's side: everything the user sees. `cfg`: the run's config (None: --resume's,
+    read here); `dashboard`: the run registered for --dashboard, shared with every rank
+    here; `elastic`: this rank under torchrun's agent (resume from the checkpoint the ranks
+    agree on); `followers`: awaited once the run is done and saved, before the last lines
+    (local peers: until they have said how they ended, so the final hash is the last line
+    of the terminal too); `resumed`: the --resume checkpoint the caller read, checked and
+    told about already, `cfg` being its run's."""
     pin_to_core(0)
     if collective.world_size > 1:
         name_rank_in_logs(0)
@@ -69,12 +72,13 @@ async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities,
     if elastic is not None:  # its --resume, or a newer checkpoint after a restart
         resume = await elastic.agree(cfg)
     else:
-        resume = Path(args.resume).read_bytes() if args.resume else None
+        resume = Path(args.resume).read_bytes() if args.resume and resumed is None else None
     if resume is not None:
-        given = explicit_config(args)  # --data FILE: its sha256, computed once
+        given = explicit_config(args)  # --data FILE: its sha256
         cfg, ckpt = read_resume(resume, given)
         for note in resume_notes(ckpt.config, ckpt.step, given):
             print(note, file=sys.stderr)
+    resume = resume if resume is not None else resumed
     note = capacity_note(cfg.microbatches, capacities)
     if note:
         print(note, file=sys.stderr)
@@ -121,12 +125,12 @@ async def lead(args: argparse.Namespace, cfg: RunConfig, collective, capacities,
     finally:
         if reporter is not None:
             reporter.close()
-    if followers is not None:
-        await followers()
-    end_status(status, 0, trainer, "finished", "", collective)
     saver.final(trainer)
     if args.summary:
         write_summary(args.summary, trainer, collective.world_size, traffic, timings)
+    if followers is not None:
+        await followers()
+    end_status(status, 0, trainer, "finished", "", collective)
     elapsed = reporter.elapsed if reporter is not None else 0.0
     print_summary(trainer, last[-1] if last else None, elapsed, local_units=False)
     print(trainer.state.hash())
@@ -199,8 +203,10 @@ def end_status(status: StatusReporter | None, rank: int, trainer: Trainer | None
         print(final_status(rank, trainer, state, reason, collective), file=sys.stderr)
 
 
-async def train_local_peers(args, cfg: RunConfig, capacities) -> int:
-    """Rank 0 in this process, ranks 1..N-1 as child processes over a Unix socket."""
+async def train_local_peers(args, cfg: RunConfig, capacities, resumed: bytes | None = None,
+                            ) -> int:
+    """Rank 0 in this process, ranks 1..N-1 as child processes over a Unix socket.
+    `resumed`: the --resume checkpoint, read and checked (cfg is its run's)."""
     if args.peers < 1:
         raise ConfigError(f"--peers must be >= 1, got {args.peers}")
     dashboard = register(args.dashboard, f"train --peers {args.peers}", args.peers) \
@@ -214,7 +220,8 @@ async def train_local_peers(args, cfg: RunConfig, capacities) -> int:
             )
             try:
                 return await lead(args, cfg, collective, capacities, dashboard,
-                                  followers=lambda: asyncio.to_thread(wait_for, children))
+                                  followers=lambda: asyncio.to_thread(wait_for, children),
+                                  resumed=resumed)
             finally:
                 await collective.close()
         finally:
@@ -266,15 +273,19 @@ async def peer_command(args) -> int:
         await collective.close()
 
 
-async def cluster_command(args, cfg: RunConfig, argv: list[str] | None = None) -> int:
+async def cluster_command(args, cfg: RunConfig | None, argv: list[str] | None = None) -> int:
     """gloo group from MASTER_ADDR / MASTER_PORT / WORLD_SIZE / RANK; with --elastic (outside
-    torchrun's agent) the agent that starts this machine's ranks from `argv`."""
+    torchrun's agent) the agent that starts this machine's ranks from `argv`. `cfg`: the
+    flags' config, None with --resume (rank 0 reads the checkpoint's and judges the flags
+    given with it)."""
     check_elastic_flags(args)
     if args.elastic and not os.environ.get("TORCHELASTIC_RUN_ID"):
         return launch(args, argv if argv is not None else sys.argv[1:])  # its signal handlers
     require("cluster (the gloo transport)", "torch")
-    check_output_flags(args)
-    load_task(cfg.task)  # a task's own extras (a resumed checkpoint's task: by its reading)
+    # rank 0 writes the outputs; under torchrun's agent every rank writes --save
+    check_output_flags(args, writes=os.environ.get("RANK", "0") == "0" or args.elastic)
+    if cfg is not None:  # a task's own extras (a resumed checkpoint's task: by its reading)
+        load_task(cfg.task)
     dashboard = None
     if args.dashboard and os.environ.get("RANK") == "0":  # refused before the group forms
         dashboard = register(args.dashboard, "cluster", int(os.environ.get("WORLD_SIZE", "1")))

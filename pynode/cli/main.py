@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import select
 import sys
 
 from pynode import platform
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     # The metavar lists the commands a user runs (the internal `_peer` stays out of help).
     sub = parser.add_subparsers(dest="command", required=True,
                                 metavar="{train,generate,kit,cluster,join,verify,bench}")
+    parser.set_defaults(commands=sub.choices)  # name -> its parser, for parse_args
 
     train = sub.add_parser("train", help="train on this machine (one or more local peers)")
     add_config_flags(train)
@@ -92,10 +94,23 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
     command's usage (argparse tells it with the top level's, which lists no flag)."""
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        commands = next(a for a in parser._actions
-                        if isinstance(a, argparse._SubParsersAction)).choices
-        commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+        args.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     return args
+
+
+def stdout_gone() -> bool:
+    """Whether the pipe stdout writes into lost its reader (`| head`); then nothing more is
+    written to it, at exit either. (A BrokenPipeError from any other pipe is a bug.)"""
+    try:
+        fd = sys.stdout.fileno()
+        poll = select.poll()
+        poll.register(fd, select.POLLOUT)
+        if not any(event & select.POLLERR for _, event in poll.poll(0)):
+            return False
+        os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+    except (AttributeError, OSError, ValueError):  # no poll (Windows), no file descriptor
+        return False
+    return True
 
 
 # The commands that train in this process: their cross-check recomputes in a worker thread.
@@ -121,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "cluster":
             from pynode.cli.group import cluster_command
 
-            return asyncio.run(cluster_command(args, config_from_args(args), argv))
+            # with --resume, the checkpoint's config and the flags given over it: rank 0 reads it
+            cfg = None if args.resume else config_from_args(args)
+            return asyncio.run(cluster_command(args, cfg, argv))
         if args.command == "_peer":
             from pynode.cli.group import peer_command
 
@@ -159,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # whoever read stdout stopped (`| head`): nothing left to tell
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor at exit
+    except BrokenPipeError:
+        if not stdout_gone():
+            raise
         return 128 + 13  # what a shell reports for a command SIGPIPE stopped
     return 0

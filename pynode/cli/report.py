@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -63,6 +64,8 @@ def run_header(trainer: Trainer) -> str:
 
 def last_logged_step(path: str) -> int | None:
     """The step of a --log file's last row (None: no file, no row, not a log)."""
+    if not os.path.isfile(path):  # /dev/stdout, a pipe: nothing to read back
+        return None
     try:
         with open(path, "rb") as log:
             log.seek(0, 2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from pynode.cli.dashboard import StatusReporter, register
 from pynode.cli.faults import install_fault
@@ -26,7 +27,7 @@ from pynode.cli.report import (
 )
 from pynode.config import ConfigError, RunConfig
 from pynode.core.checkpoint import CheckpointState
-from pynode.run.assemble import build_trainer, load_resume
+from pynode.run.assemble import build_trainer, read_resume
 from pynode.run.loop import train
 from pynode.run.schedule import check_reached, read_schedule, replay
 from pynode.tasks import load_task
@@ -47,23 +48,25 @@ def check_sync_every_flags(args: argparse.Namespace, cfg: RunConfig, changes: li
                           f"of {every}; steps {off} are not")
 
 
-def run_config(args: argparse.Namespace) -> tuple[RunConfig, CheckpointState | None]:
-    """The run's config and the checkpoint it continues (None). Without --resume: the flags
-    given, over the defaults. With it: the checkpoint's config with the flags given over it,
-    checked together (a flag is judged against the run it changes, never against the
-    defaults), and the checkpoint read and checked before any peer starts."""
+def run_config(args: argparse.Namespace) -> tuple[RunConfig, CheckpointState | None, bytes]:
+    """The run's config, the checkpoint it continues (None) and that file's bytes. Without
+    --resume: the flags given, over the defaults. With it: the checkpoint's config with the
+    flags given over it, checked together (a flag is judged against the run it changes,
+    never against the defaults), and the checkpoint read and checked before any peer
+    starts."""
     given = explicit_config(args)  # --data FILE: its sha256, computed once
     if not args.resume:
-        return config_from_values(given), None
-    cfg, resume = load_resume(args.resume, given)
+        return config_from_values(given), None, b""
+    data = Path(args.resume).read_bytes()
+    cfg, resume = read_resume(data, given)
     for note in resume_notes(resume.config, resume.step, given):
         print(note, file=sys.stderr)
-    return cfg, resume
+    return cfg, resume, data
 
 
 async def train_command(args: argparse.Namespace) -> int:
     check_output_flags(args)
-    cfg, resume = run_config(args)
+    cfg, resume, data = run_config(args)
     load_task(cfg.task)  # a task's own extras, before any peer starts
     check_train_sample_flags(args, cfg)
     if args.capacity is not None and args.peers == 1:
@@ -78,7 +81,8 @@ async def train_command(args: argparse.Namespace) -> int:
                               "as any group): drop --peers")
         from pynode.cli.group import train_local_peers
 
-        return await train_local_peers(args, cfg, parse_capacity(args.capacity, args.peers))
+        return await train_local_peers(args, cfg, parse_capacity(args.capacity, args.peers),
+                                       resumed=data if resume is not None else None)
     dashboard = register(args.dashboard, "train", 1) if args.dashboard else None
     trainer = build_trainer(cfg, resume=resume, backend=args.backend,
                             kernels=args.kernels, check_products=args.check_products)

@@ -46,8 +46,8 @@ def kernels_of(gemm: Any) -> Kernels:
 def need_gemm(gemm: Any) -> None:
     if gemm is None:
         raise NoGemmError("int8_matmul / int8_bmm need the verified GEMM, and this model was "
-                          "built without one: its task says uses_units = False (only a "
-                          "plain-float task does; docs/CUSTOM_TASK.md)")
+                          "built without one (gemm=None): a task that says uses_units = False "
+                          "gets none (only a plain-float task should; docs/CUSTOM_TASK.md)")
 
 
 def int8_matmul(

@@ -148,7 +148,9 @@ def write_atomically(path: str | os.PathLike, data: bytes) -> None:
     try:
         tmp.write_bytes(data)
         os.replace(tmp, target)
-    except OSError as exc:
+    except BaseException as exc:  # a full disk, or a second Ctrl-C mid-write: no stray file
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
-        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+        if isinstance(exc, OSError):
+            raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+        raise

@@ -49,7 +49,7 @@ class OuterTrainer(Trainer):
     """
 
     def initial_state(self) -> TrainState:
-        params = self.model.init_params(self.cfg.seed)
+        params = self.initial_params()
         return TrainState(step=0, params=params, opt=optim.AdamState.zeros(params))
 
     def inner_steps(self) -> int:

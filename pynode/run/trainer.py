@@ -22,9 +22,10 @@ import numpy as np
 
 from pynode.config import ConfigError, RunConfig
 from pynode.core import checkpoint, fixedpoint, optim
-from pynode.core.errors import NonFiniteError
+from pynode.core.errors import NonFiniteError, ShapeError
 from pynode.core.flatadam import FlatAdamW
 from pynode.core.kernels import REFERENCE
+from pynode.core.layers import check_params
 from pynode.core.plan import microbatch_plan
 from pynode.core.probe import probe_hash, probe_operands
 from pynode.core.statehash import state_hash
@@ -76,27 +77,20 @@ class StepResult:
     inner: int = 1                     # the steps it advanced (an outer step's inner steps)
 
 
-def check_params(params: Any, shapes: dict[str, tuple]) -> None:
-    """ContributionError unless a model's init_params gave one float32 array of its declared
-    shape for each name of param_shapes, and nothing else (a custom task's slips)."""
+def check_initial(params: Any, shapes: dict[str, Any]) -> None:
+    """ContributionError for a model's init_params that do not fit its param_shapes (a
+    custom task's slips: another dtype, other names), in the core check's words."""
     if not isinstance(params, dict):
         raise ContributionError(f"init_params returned a {type(params).__name__}, not a dict "
-                                "of parameter name -> array")
-    missing, extra = sorted(set(shapes) - set(params)), sorted(set(params) - set(shapes))
-    if missing or extra:
-        raise ContributionError(f"init_params and param_shapes name different parameters: "
-                                f"missing {missing}, not declared {extra}")
-    for name, shape in shapes.items():
-        p = params[name]
-        if not isinstance(p, np.ndarray) or p.shape != tuple(shape) or p.dtype != np.float32:
-            got = (f"{p.shape} {p.dtype}" if isinstance(p, np.ndarray)
-                   else type(p).__name__)
-            raise ContributionError(f"init_params: parameter {name!r} must be a float32 array "
-                                    f"of shape {tuple(shape)}, got {got}")
+                                "of parameter name -> float32 array")
+    try:
+        check_params(params, {name: tuple(shape) for name, shape in shapes.items()})
+    except (ShapeError, NonFiniteError) as exc:
+        raise ContributionError(f"init_params: {exc}") from None
 
 
 def not_finite(grads: dict[str, np.ndarray]) -> str:
-    """Where the first gradient that is not finite everywhere is not: name, count, place."""
+    """Which gradient holds a value that is not finite: its name, how many, the first's place."""
     for name, g in grads.items():
         bad = ~np.isfinite(g)
         if bad.any():
@@ -162,9 +156,14 @@ class Trainer:
         self.after_update: list[Callable[[Trainer], None]] = []
         self.after_inner: list[Callable[[int, int], None]] = []
 
-    def initial_state(self) -> TrainState:
+    def initial_params(self) -> dict[str, np.ndarray]:
+        """The model's parameters at step 0, checked against its param_shapes."""
         params = self.model.init_params(self.cfg.seed)
-        check_params(params, self.shapes)
+        check_initial(params, self.shapes)
+        return params
+
+    def initial_state(self) -> TrainState:
+        params = self.initial_params()
         return TrainState(step=0, params=params, opt=optim.AdamState.zeros(params))
 
     # --- one microbatch -------------------------------------------------------------

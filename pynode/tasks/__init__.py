@@ -9,6 +9,7 @@ float.py     the same GPT in plain float torch (native only): the plain-float al
 from __future__ import annotations
 
 import importlib
+import inspect
 
 from pynode.core.errors import DaisyError
 from pynode.extras import require
@@ -43,15 +44,18 @@ def load_task(name: str) -> Task:
     cls = getattr(module, class_name, None)
     if cls is None:
         raise UnknownTaskError(f"task {name!r}: module {module_name!r} has no {class_name!r}")
-    if not isinstance(cls, type):
-        raise UnknownTaskError(f"task {name!r}: {target} is not a class (it is a "
-                               f"{type(cls).__name__} object; a task is a class with the Task "
+    if not callable(cls):
+        raise UnknownTaskError(f"task {name!r}: {target} is not a class (its type is "
+                               f"{type(cls).__name__}; a task is a class with the Task "
                                "interface, made with no arguments: docs/CUSTOM_TASK.md)")
-    try:
-        task = cls()
+    try:  # a class that needs arguments (its model class, say): named, not a TypeError
+        inspect.signature(cls).bind()
     except TypeError as exc:
         raise UnknownTaskError(f"task {name!r}: {target} cannot be made with no arguments "
                                f"({exc})") from None
+    except ValueError:  # no signature to read (a builtin): calling it will tell
+        pass
+    task = cls()
     if not isinstance(task, Task):
         raise UnknownTaskError(f"task {name!r}: {target} does not implement the Task interface")
     require(f"task {name!r}", *getattr(task, "requires", ()))

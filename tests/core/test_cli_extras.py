@@ -92,7 +92,7 @@ def test_an_import_no_check_caught_still_names_the_extra(monkeypatch, capsys, na
     its own check is one line; any other ImportError is a bug and shown whole."""
     import pynode.cli.train
 
-    async def fails(args, cfg):
+    async def fails(args):
         raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 
     monkeypatch.setattr(pynode.cli.train, "train_command", fails)

@@ -67,6 +67,17 @@ def test_outputs_that_cannot_be_written_are_refused_before_training(tmp_path, ca
     assert (tmp_path / "run.pt").read_bytes() == b"kept"
 
 
+def test_a_log_that_exists_is_checked_by_appending_to_it(tmp_path):
+    """--log /dev/stdout (no file can be made beside it) and a log that exists are fine."""
+    from pynode.cli.flags import check_writable
+
+    log = tmp_path / "run.jsonl"
+    log.write_text("kept\n")
+    for path in ("/dev/stdout", str(log)):
+        check_writable("--log", path, append=True)
+    assert log.read_text() == "kept\n" and sorted(tmp_path.iterdir()) == [log]
+
+
 def test_two_outputs_in_one_file_are_refused(tmp_path, capsys):
     """--log and --save (or --summary) in one file would overwrite each other; --log into
     the checkpoint being resumed would spoil it. --save over --resume is what users do."""

@@ -239,9 +239,9 @@ def test_unknown_task_is_refused_by_name():
     # what a slip in module:Class names: no traceback, a named refusal
     with pytest.raises(UnknownTaskError, match="cannot be made with no arguments"):
         load_task("pynode.core.layers:LinearCache")  # a class that needs arguments
-    with pytest.raises(UnknownTaskError, match="is not a class .it is a int object"):
+    with pytest.raises(UnknownTaskError, match="is not a class .its type is int"):
         load_task("pynode.tasks.mlp:DATA_PURPOSE")
-    with pytest.raises(UnknownTaskError, match="is not a class .it is a module object"):
+    with pytest.raises(UnknownTaskError, match="is not a class .its type is module"):
         load_task("os:path")
     for name in (":GPTTask", "pynode.tasks.gpt:"):
         with pytest.raises(UnknownTaskError, match="give it as module:Class"):
@@ -430,9 +430,9 @@ class InitTask(GPTTask):
 
 @pytest.mark.parametrize(("edit", "match"), [
     (lambda p: {**p, "wpe": p["wpe"].astype(np.float64)},
-     r"parameter 'wpe' must be a float32 array of shape \(16, 32\), got \(16, 32\) float64"),
+     r"init_params: parameter 'wpe': expected float32 \(16, 32\), got float64 \(16, 32\)"),
     (lambda p: {("w1" if k == "wpe" else k): v for k, v in p.items()},
-     r"missing \['wpe'\], not declared \['w1'\]"),
+     r"init_params: .* missing \['wpe'\], extra \['w1'\]"),
     (lambda p: list(p.values()), "returned a list, not a dict"),
 ])
 def test_initial_parameters_a_task_gets_wrong_are_named(gemm, edit, match):
@@ -440,3 +440,11 @@ def test_initial_parameters_a_task_gets_wrong_are_named(gemm, edit, match):
     from deep in a kernel or a KeyError traceback."""
     with pytest.raises(ContributionError, match=match):
         Trainer(TINY, InitTask(edit), gemm)
+
+
+def test_a_sync_every_run_checks_its_initial_parameters_too(gemm):
+    from pynode.run.outer import OuterTrainer
+
+    with pytest.raises(ContributionError, match="init_params: parameter 'wpe'"):
+        OuterTrainer(TINY.with_(sync_every=2, replicas=2),
+                     InitTask(lambda p: {**p, "wpe": p["wpe"].astype(np.float64)}), gemm)
