@@ -140,3 +140,36 @@ def final_state(generators: dict[int, Generator]) -> bytes:
     trainer.state = TrainState(step=RUN["steps"], params=generators[RUN["steps"]].decoder.params,
                                opt=trainer.state.opt)
     return trainer.state_bytes()
+
+
+def test_a_text_source_the_page_cannot_read_fails_the_run_with_the_reason(local_browser,
+                                                                          tmp_path: Path):
+    """A data server the page cannot reach (here a host its policy refuses; a server gone
+    mid-run alike) raised a JavaScript NetworkError that escaped every handler: the run
+    stayed 'training' at its step forever, nothing said why. An upload the server no longer
+    holds was read as text (its 404's body) and called a digest mismatch."""
+    (tmp_path / "data").mkdir()
+    server = LocalServer(tmp_path / "data")
+    console: list[str] = []
+    gone = "0" * 64
+    start = """async (config) => {
+        try { await daisychain.start(config); return null; } catch (e) { return e.message; }
+    }"""
+    try:
+        page = open_page(local_browser, f"{server.url}/?create=1", console)
+        wait_booted(page)
+        refused = page.evaluate(start, {**RUN, "steps": 3, "data": "http://127.0.0.1:1"})
+        assert refused is None  # started: the leader reads nothing before its first step
+        wait(page, "s => ['done', 'failed'].includes(s.state)", 120_000)
+        final = status(page)
+        assert final["state"] == "failed", final
+        assert "DataSourceError: data server http://127.0.0.1:1 gave no usable text" in \
+            final["error"], final["error"]
+        page.context.close()
+        page = open_page(local_browser, f"{server.url}/?create=1", console)
+        wait_booted(page)
+        refused = page.evaluate(start, {**RUN, "steps": 3,
+                                        "data": f"{server.url}/uploads/{gone}#sha256={gone}"})
+        assert "answered 404: no uploaded text" in refused, refused  # not "has sha256 ..."
+    finally:
+        server.close()

@@ -66,12 +66,35 @@ def has_torch() -> bool:
 
 
 def http_get_text(url: str, timeout: float = 30.0) -> str:
-    """GET `url` and return its body as text (blocking: a worker thread in the page)."""
+    """GET `url` and return its body as text (blocking: a worker thread in the page). As
+    natively, an error answer raises urllib's HTTPError (its body readable) and no answer
+    at all OSError."""
     if IN_PYODIDE:
-        from pyodide.http import open_url
-
-        return open_url(url).getvalue()
+        return _page_get_text(url)
     import urllib.request
 
     with urllib.request.urlopen(url, timeout=timeout) as response:
         return response.read().decode("utf-8")
+
+
+def _page_get_text(url: str) -> str:
+    """http_get_text in the page: a synchronous XMLHttpRequest (the worker may block), its
+    failures in the native forms (a JavaScript NetworkError, say a server gone or a host the
+    page's policy refuses, would escape every handler and stop the run unseen)."""
+    import io
+    from urllib.error import HTTPError
+
+    from js import XMLHttpRequest
+    from pyodide.ffi import JsException
+
+    request = XMLHttpRequest.new()
+    try:
+        request.open("GET", url, False)
+        request.send()
+    except JsException as exc:
+        raise OSError(f"GET {url}: {exc}") from None
+    body = str(request.responseText)
+    if not 200 <= request.status < 300:
+        raise HTTPError(url, int(request.status), str(request.statusText), None,  # type: ignore[arg-type]
+                        io.BytesIO(body.encode("utf-8")))
+    return body

@@ -49,12 +49,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="peers use TURN-relayed candidates only (for tests)")
     parser.add_argument("--dev-server", action="store_true",
                         help="Werkzeug's development server instead of gevent (no limits)")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-level", default="INFO", type=str.upper,
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+                        help="the server's log level (default INFO)")
     return parser.parse_args(argv)
 
 
 def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    values: dict[str, Any] = json.loads(args.config.read_text()) if args.config else {}
+    values: dict[str, Any] = {}
+    if args.config:
+        try:
+            values = json.loads(args.config.read_text())
+        except ValueError as exc:
+            raise ValueError(f"--config {args.config}: not JSON ({exc})") from None
     overrides = {
         "host": args.host, "port": args.port, "trust_proxy_header": args.trust_proxy_header,
         "proxy_hops": args.proxy_hops, "data_urls": args.data_url, "data_dir": args.data_dir,
@@ -93,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             print(GEVENT_MISSING, file=sys.stderr)
             return 2
         monkey_patch()  # before Flask, threads or sockets exist
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
     from server.app import create_app, make_threaded_server
 
     try:

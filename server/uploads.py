@@ -78,8 +78,13 @@ def _store() -> UploadStore:
 @bp.post("/api/uploads")
 def upload() -> ResponseReturnValue:
     cfg = current_app.extensions["daisychain.config"]
-    request.max_content_length = cfg.max_upload_bytes
-    raw = request.get_data(cache=False)
+    if request.mimetype.startswith("multipart/"):  # a form's envelope is not the text
+        return jsonify(error="bad_upload", message="send the file itself as the request "
+                       "body (curl --data-binary @FILE), not as a form"), 400
+    raw = read_body(cfg.max_upload_bytes)
+    if raw is None:
+        return jsonify(error="too_big", message=f"an upload holds at most "
+                       f"{cfg.max_upload_bytes} bytes"), 413
     try:
         digest = _store().add(raw)
     except ValueError as exc:
@@ -89,6 +94,22 @@ def upload() -> ResponseReturnValue:
                        data=f"{base}/uploads/{digest}#sha256={digest}")
     response.headers["Cache-Control"] = "no-store"
     return response, 201
+
+
+def read_body(limit: int) -> bytes | None:
+    """The request's body, or None if it holds more than `limit` bytes: read up to one byte
+    past the limit, whether its length was announced or it came in chunks (a chunked body
+    used to be cut at the limit and accepted)."""
+    if request.content_length is not None and request.content_length > limit:
+        return None
+    chunks, size = [], 0
+    while size <= limit:
+        chunk = request.stream.read(min(1 << 20, limit + 1 - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return None if size > limit else b"".join(chunks)
 
 
 @bp.get("/uploads/<digest>")

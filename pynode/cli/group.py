@@ -40,6 +40,7 @@ from pynode.cli.report import (
     print_summary,
     run_header,
     say,
+    stop_reason,
     write_summary,
 )
 from pynode.comm import CommError, make_collective
@@ -111,7 +112,7 @@ async def lead(args: argparse.Namespace, cfg: RunConfig | None, collective, capa
         if reporter is not None:
             reporter.close()
         saver.tell_last_agreed()
-        reason = f"{type(exc).__name__}: {exc}"
+        reason = stop_reason(exc)
         end_status(status, 0, reporter and reporter.trainer, "stopped", reason, collective)
         print(f"error: the group stopped: {reason}", file=sys.stderr)
         return 3
@@ -120,7 +121,7 @@ async def lead(args: argparse.Namespace, cfg: RunConfig | None, collective, capa
             reporter.close()
         saver.tell_last_agreed()
         end_status(status, 0, reporter and reporter.trainer, "stopped",
-                   f"{type(exc).__name__}: {exc}", collective, quiet=True)
+                   stop_reason(exc), collective, quiet=True)
         raise
     finally:
         if reporter is not None:
@@ -180,11 +181,11 @@ async def follow(collective, args: argparse.Namespace, capacities,
                                        on_step=hooks)
     except DaisyError as exc:
         end_status(status, rank, built[-1] if built else None, "stopped",
-                   f"{type(exc).__name__}: {exc}", collective)
+                   stop_reason(exc), collective)
         return 3
     except BaseException as exc:
         end_status(status, rank, built[-1] if built else None, "stopped",
-                   f"{type(exc).__name__}: {exc}", collective, quiet=True)
+                   stop_reason(exc), collective, quiet=True)
         raise
     end_status(status, rank, trainer, "finished", "", collective)
     if announce:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -60,6 +61,13 @@ def run_header(trainer: Trainer) -> str:
              if cfg.outer else "")
     return (f"task {cfg.task}  backend {gemm_summary(trainer.gemm)}  "
             f"params {params:,}  from step {trainer.state.step}{outer}")
+
+
+def stop_reason(exc: BaseException) -> str:
+    """Why a run stopped, for its status line and the dashboard."""
+    if isinstance(exc, KeyboardInterrupt | asyncio.CancelledError):  # Ctrl-C (asyncio.run)
+        return "interrupted (Ctrl-C)"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def last_logged_step(path: str) -> int | None:

@@ -23,6 +23,7 @@ from pynode.cli.report import (
     final_status,
     print_summary,
     run_header,
+    stop_reason,
     write_summary,
 )
 from pynode.config import ConfigError, RunConfig
@@ -101,7 +102,7 @@ async def train_command(args: argparse.Namespace) -> int:
     except BaseException as exc:  # refused mid-run (bad data, a non-finite step), or
         reporter.close()          # interrupted: keep what was agreed
         if status is not None:
-            status.finish("stopped", f"{type(exc).__name__}: {exc}")
+            status.finish("stopped", stop_reason(exc))
         saver.tell_last_agreed()
         raise
     finally:

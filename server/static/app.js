@@ -295,8 +295,9 @@ function renderReadiness(s) {
   } else {
     const others = s.peers.length - 1;
     text = `Checks passed; ${ready.length} peer(s) ready to train` +
-      (others ? "" : ": waiting for other peers (or start a run alone below).") +
-      (ready.length < s.peers.length && others ? `, waiting for ${s.peers.length - ready.length} more.` : ".");
+      (!others ? ": waiting for other peers (or start a run alone below)."
+        : ready.length < s.peers.length ? `, waiting for ${s.peers.length - ready.length} more.`
+          : ".");
     kind = "ready";
   }
   $("readiness").textContent = text;

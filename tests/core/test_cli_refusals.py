@@ -198,3 +198,14 @@ def test_a_resume_into_a_log_that_went_further_says_so(tmp_path, capsys):
     assert main(["train", "--resume", saved, "--steps", "4", "--log", str(tmp_path / "new.jsonl"),
                  "--no-progress"]) == 0
     assert "already has rows" not in capsys.readouterr().err
+
+
+def test_an_interrupt_is_told_as_one_not_as_its_exception():
+    """The dashboard showed "stopped: CancelledError: " for a run stopped with Ctrl-C."""
+    import asyncio
+
+    from pynode.cli.report import stop_reason
+
+    assert stop_reason(asyncio.CancelledError()) == "interrupted (Ctrl-C)"
+    assert stop_reason(KeyboardInterrupt()) == "interrupted (Ctrl-C)"
+    assert stop_reason(ValueError("x")) == "ValueError: x"

@@ -52,6 +52,19 @@ def test_cli_arguments_override_the_config_file(tmp_path: Path) -> None:
     assert "gevent.monkey" not in sys.modules or not _patched()
 
 
+def test_a_broken_config_file_and_a_bad_log_level_are_one_named_line(tmp_path: Path,
+                                                                       capsys) -> None:
+    """They were a JSON error naming no file, and a ValueError traceback from logging."""
+    broken = tmp_path / "server.json"
+    broken.write_text("{port: 1}")
+    assert main(["--config", str(broken)]) == 1
+    assert capsys.readouterr().err.startswith(f"error: --config {broken}: not JSON (")
+    with pytest.raises(SystemExit) as stopped:
+        parse_args(["--log-level", "bogus"])
+    assert stopped.value.code == 2 and "invalid choice: 'BOGUS'" in capsys.readouterr().err
+    assert parse_args(["--log-level", "warning"]).log_level == "WARNING"
+
+
 def _patched() -> bool:
     from gevent import monkey
 

@@ -89,3 +89,44 @@ def test_a_changed_text_is_refused_by_every_peer(live, make_config):
         microbatch_bytes(other, 1, 0, 0, 2, 17)
     windows = microbatch_bytes(answer["data"], 1, 0, 0, 2, 17)
     assert windows.shape == (2, 17)
+
+
+def post_chunked(url: str, body: bytes, piece: int = 300) -> tuple[int, dict]:
+    """POST `body` with Transfer-Encoding: chunked (no Content-Length), as curl does for a
+    stream."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    where = urlsplit(url)
+    conn = http.client.HTTPConnection(where.hostname, where.port, timeout=10)
+    conn.putrequest("POST", where.path)
+    conn.putheader("Transfer-Encoding", "chunked")
+    conn.putheader("Content-Type", "application/octet-stream")
+    conn.endheaders()
+    for at in range(0, len(body), piece):
+        part = body[at:at + piece]
+        conn.send(f"{len(part):x}\r\n".encode() + part + b"\r\n")
+    conn.send(b"0\r\n\r\n")
+    reply = conn.getresponse()
+    answer = reply.read()
+    conn.close()
+    return reply.status, json.loads(answer) if answer.startswith(b"{") else {}
+
+
+def test_a_chunked_upload_past_the_limit_is_refused_not_cut(live, make_config):
+    """A chunked body has no Content-Length: it was cut at max_upload_bytes and stored (a
+    text nobody sent). The 413 is JSON like every other refusal; a form's envelope (curl -F)
+    is refused, not stored as the text."""
+    server = live(make_config(max_upload_bytes=1000))
+    status, answer = post_chunked(f"{server.url}/api/uploads", b"x" * 1001)
+    assert status == 413 and answer["error"] == "too_big", (status, answer)
+    assert post(f"{server.url}/api/uploads", b"x" * 1001) == (413, {
+        "error": "too_big", "message": "an upload holds at most 1000 bytes"})
+    status, answer = post_chunked(f"{server.url}/api/uploads", b"y" * 1000)
+    assert status == 201 and answer["sha256"] == hashlib.sha256(b"y" * 1000).hexdigest()
+    form = urllib.request.Request(f"{server.url}/api/uploads", b"--b\r\n\r\ntext\r\n--b--\r\n",
+                                  {"Content-Type": "multipart/form-data; boundary=b"},
+                                  method="POST")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(form, timeout=10)
+    assert refused.value.code == 400 and b"--data-binary" in refused.value.read()
