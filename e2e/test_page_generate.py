@@ -173,3 +173,31 @@ def test_a_text_source_the_page_cannot_read_fails_the_run_with_the_reason(local_
         assert "answered 404: no uploaded text" in refused, refused  # not "has sha256 ..."
     finally:
         server.close()
+
+
+def test_a_page_the_host_has_not_approved_cannot_lead_a_run(local_browser, tmp_path: Path):
+    """Its Start button is off, but daisychain.start() trained a run anyway."""
+    (tmp_path / "data").mkdir()
+    server = LocalServer(tmp_path / "data")
+    console: list[str] = []
+    try:
+        host = open_page(local_browser, f"{server.url}/?create=1", console)
+        room = status(host)["room"]
+        pending = open_page(local_browser, f"{server.url}/?room={room}", console)
+        wait_booted(pending)
+        assert status(pending)["approved"] is False
+        refused = pending.evaluate("""async (config) => {
+            try { await daisychain.start(config); return null; } catch (e) { return e.message; }
+        }""", {**RUN, "steps": 2})
+        assert refused and "waits for the host of this room to approve it" in refused, refused
+        assert status(pending)["state"] == "ready" and status(pending)["step"] == 0
+        # a code that is no room: the banner said "waiting for the host to approve" beside
+        # the room panel's "not a room code"
+        nowhere = local_browser.new_context().new_page()  # no peer id ever: not open_page
+        nowhere.goto(f"{server.url}/?room=BADCODE")
+        nowhere.wait_for_function("() => window.daisychain", timeout=30_000)
+        wait(nowhere, "s => s.verified && s.roomProblem", 120_000)
+        banner = nowhere.inner_text("#readiness")
+        assert banner.startswith("Checks passed; not in a room: ") and "BADCODE" in banner, banner
+    finally:
+        server.close()

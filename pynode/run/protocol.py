@@ -427,7 +427,8 @@ class RoomPeer(Takeover, Steering):
         """The .pt bytes of the running (or last finished) run's state, at a step boundary."""
         trainer = self.run.trainer if self.run is not None else self.last_trainer
         if trainer is None:
-            raise RoomError("no run has started on this peer yet: nothing to save")
+            raise RoomError("no run has started on this peer yet: no state to save or to "
+                            "generate from")
         return trainer.state_bytes()
 
     # ----------------------------------------------------------------- training

@@ -346,12 +346,21 @@ export class PageNode extends EventTarget {
   // ------------------------------------------------------------------ actions
   // Lead a run of `config`; resolves to {ranks} or rejects with the reason (bad config, ...).
   start(config) {
-    return this.request({ type: "start", config });
+    const refused = this.notApproved();
+    return refused ? Promise.reject(refused) : this.request({ type: "start", config });
+  }
+
+  // Why this page may not lead a run yet (its Start button is off then too): null if it may.
+  notApproved() {
+    return this.state.approved ? null
+      : new Error("RoomError: this page waits for the host of this room to approve it; it "
+        + "may lead a run once approved");
   }
 
   // Lead a run continuing an uploaded .pt (ArrayBuffer): validated, then sent to every peer.
   resume(data) {
-    return this.request({ type: "resume", data });
+    const refused = this.notApproved();
+    return refused ? Promise.reject(refused) : this.request({ type: "resume", data });
   }
 
   // Resolves to the current state as .pt bytes (an ArrayBuffer).

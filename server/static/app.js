@@ -290,6 +290,8 @@ function renderReadiness(s) {
       "(not while it is paused).", "waiting"];
   } else if (!s.verified) {
     [text, kind] = ["Checking this tab's arithmetic…", "waiting"];
+  } else if (s.roomProblem) { // a bad code, nobody approved: said in the room panel too
+    [text, kind] = [`Checks passed; not in a room: ${s.roomProblem}`, "stopped"];
   } else if (!s.approved) {
     [text, kind] = ["Checks passed; waiting for the host of this room to approve this page.", "waiting"];
   } else {
