@@ -46,6 +46,21 @@ def local_browser() -> Iterator[Any]:
         browser.close()
 
 
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[LocalServer]:
+    """`python -m server` on 127.0.0.1 for one test, its state in tmp_path/data."""
+    (tmp_path / "data").mkdir()
+    running = LocalServer(tmp_path / "data")
+    yield running
+    running.close()
+
+
+# daisychain.start(config) in a page: null once started, else the reason it was refused
+START_OR_REASON = """async (config) => {
+    try { await daisychain.start(config); return null; } catch (e) { return e.message; }
+}"""
+
+
 def native_run(steps: int) -> tuple[list[str], dict[int, Generator]]:
     """The run natively: its per-step hashes, and a Generator of the state after each step.
     In a thread of its own: Playwright's sync API keeps an event loop running in this one."""
@@ -75,9 +90,8 @@ def native_text(generator: Generator, request: dict) -> str:
         "utf-8", "replace")
 
 
-def test_generating_during_a_run_changes_no_hash(local_browser, tmp_path: Path):
-    (tmp_path / "data").mkdir()
-    server = LocalServer(tmp_path / "data")
+def test_generating_during_a_run_changes_no_hash(local_browser, server: LocalServer,
+                                                 tmp_path: Path):
     console: list[str] = []
     try:
         page = open_page(local_browser, f"{server.url}/?create=1", console)
@@ -121,7 +135,6 @@ def test_generating_during_a_run_changes_no_hash(local_browser, tmp_path: Path):
         after_file = page.inner_text("#generate-output")
         line = page.inner_text("#generate-line")
     finally:
-        server.close()
         print("\n".join(console[-100:]))
     assert final["state"] == "done", final["error"]
     assert [h["hash"] for h in final["history"]] == hashes  # every step, generation or not
@@ -143,61 +156,46 @@ def final_state(generators: dict[int, Generator]) -> bytes:
 
 
 def test_a_text_source_the_page_cannot_read_fails_the_run_with_the_reason(local_browser,
-                                                                          tmp_path: Path):
+                                                                          server: LocalServer):
     """A data server the page cannot reach (here a host its policy refuses; a server gone
     mid-run alike) raised a JavaScript NetworkError that escaped every handler: the run
     stayed 'training' at its step forever, nothing said why. An upload the server no longer
     holds was read as text (its 404's body) and called a digest mismatch."""
-    (tmp_path / "data").mkdir()
-    server = LocalServer(tmp_path / "data")
     console: list[str] = []
     gone = "0" * 64
-    start = """async (config) => {
-        try { await daisychain.start(config); return null; } catch (e) { return e.message; }
-    }"""
-    try:
-        page = open_page(local_browser, f"{server.url}/?create=1", console)
-        wait_booted(page)
-        refused = page.evaluate(start, {**RUN, "steps": 3, "data": "http://127.0.0.1:1"})
-        assert refused is None  # started: the leader reads nothing before its first step
-        wait(page, "s => ['done', 'failed'].includes(s.state)", 120_000)
-        final = status(page)
-        assert final["state"] == "failed", final
-        assert "DataSourceError: data server http://127.0.0.1:1 gave no usable text" in \
-            final["error"], final["error"]
-        page.context.close()
-        page = open_page(local_browser, f"{server.url}/?create=1", console)
-        wait_booted(page)
-        refused = page.evaluate(start, {**RUN, "steps": 3,
-                                        "data": f"{server.url}/uploads/{gone}#sha256={gone}"})
-        assert "answered 404: no uploaded text" in refused, refused  # not "has sha256 ..."
-    finally:
-        server.close()
+    page = open_page(local_browser, f"{server.url}/?create=1", console)
+    wait_booted(page)
+    refused = page.evaluate(START_OR_REASON, {**RUN, "steps": 3, "data": "http://127.0.0.1:1"})
+    assert refused is None  # started: the leader reads nothing before its first step
+    wait(page, "s => ['done', 'failed'].includes(s.state)", 120_000)
+    final = status(page)
+    assert final["state"] == "failed", final
+    assert "DataSourceError: data server http://127.0.0.1:1 gave no usable text" in \
+        final["error"], final["error"]
+    page.context.close()
+    page = open_page(local_browser, f"{server.url}/?create=1", console)
+    wait_booted(page)
+    refused = page.evaluate(START_OR_REASON, {**RUN, "steps": 3,
+                                    "data": f"{server.url}/uploads/{gone}#sha256={gone}"})
+    assert "answered 404: no uploaded text" in refused, refused  # not "has sha256 ..."
 
 
-def test_a_page_the_host_has_not_approved_cannot_lead_a_run(local_browser, tmp_path: Path):
+def test_a_page_the_host_has_not_approved_cannot_lead_a_run(local_browser, server: LocalServer):
     """Its Start button is off, but daisychain.start() trained a run anyway."""
-    (tmp_path / "data").mkdir()
-    server = LocalServer(tmp_path / "data")
     console: list[str] = []
-    try:
-        host = open_page(local_browser, f"{server.url}/?create=1", console)
-        room = status(host)["room"]
-        pending = open_page(local_browser, f"{server.url}/?room={room}", console)
-        wait_booted(pending)
-        assert status(pending)["approved"] is False
-        refused = pending.evaluate("""async (config) => {
-            try { await daisychain.start(config); return null; } catch (e) { return e.message; }
-        }""", {**RUN, "steps": 2})
-        assert refused and "waits for the host of this room to approve it" in refused, refused
-        assert status(pending)["state"] == "ready" and status(pending)["step"] == 0
-        # a code that is no room: the banner said "waiting for the host to approve" beside
-        # the room panel's "not a room code"
-        nowhere = local_browser.new_context().new_page()  # no peer id ever: not open_page
-        nowhere.goto(f"{server.url}/?room=BADCODE")
-        nowhere.wait_for_function("() => window.daisychain", timeout=30_000)
-        wait(nowhere, "s => s.verified && s.roomProblem", 120_000)
-        banner = nowhere.inner_text("#readiness")
-        assert banner.startswith("Checks passed; not in a room: ") and "BADCODE" in banner, banner
-    finally:
-        server.close()
+    host = open_page(local_browser, f"{server.url}/?create=1", console)
+    room = status(host)["room"]
+    pending = open_page(local_browser, f"{server.url}/?room={room}", console)
+    wait_booted(pending)
+    assert status(pending)["approved"] is False
+    refused = pending.evaluate(START_OR_REASON, {**RUN, "steps": 2})
+    assert refused and "waits for the host of this room to approve it" in refused, refused
+    assert status(pending)["state"] == "ready" and status(pending)["step"] == 0
+    # a code that is no room: the banner said "waiting for the host to approve" beside
+    # the room panel's "not a room code"
+    nowhere = local_browser.new_context().new_page()  # no peer id ever: not open_page
+    nowhere.goto(f"{server.url}/?room=BADCODE")
+    nowhere.wait_for_function("() => window.daisychain", timeout=30_000)
+    wait(nowhere, "s => s.verified && s.roomProblem", 120_000)
+    banner = nowhere.inner_text("#readiness")
+    assert banner.startswith("Checks passed; not in a room: ") and "BADCODE" in banner, banner
