@@ -249,7 +249,7 @@ async def generate_text(checks: Checks, buffer: Any, request_json: str, bridge: 
     characters, as `generated` reports {id, text}, yielding to the worker's event loop
     every GENERATE_YIELD_EVERY_S; returns JSON {ok, bytes (hex), text, step, context, prompt_bytes,
     seconds} or {ok: false, error} (never raises into JS)."""
-    from pynode.run.generate import Sampling, load_generator, text_pieces
+    from pynode.run.generate import load_generator, text_pieces
 
     started = time.perf_counter()
     produced = bytearray()
@@ -257,9 +257,7 @@ async def generate_text(checks: Checks, buffer: Any, request_json: str, bridge: 
         request = json.loads(request_json)
         if not checks.ready:
             raise GateError("this page did not pass its start-up checks; it must not compute")
-        sampling = Sampling(tokens=request["tokens"], temperature=request["temperature"],
-                            top_k=request["top_k"], seed=request["seed"])
-        prompt = str(request["prompt"]).encode("utf-8")
+        sampling, prompt = generate_request(request)
         data = buffer.to_bytes() if hasattr(buffer, "to_bytes") else bytes(buffer)
         generator = load_generator(data, arithmetic=(checks.units, checks.gemm))
 
@@ -280,6 +278,23 @@ async def generate_text(checks: Checks, buffer: Any, request_json: str, bridge: 
     return json.dumps({"ok": True, "bytes": produced.hex(), "text": produced.decode(
         "utf-8", "replace"), "step": generator.step, "context": generator.context,
         "prompt_bytes": len(prompt), "seconds": time.perf_counter() - started})
+
+
+def generate_request(request: Any) -> tuple[Any, bytes]:
+    """(Sampling, prompt bytes) of a page's generate request: the keys it leaves out take
+    `python -m pynode generate`'s defaults; others are refused, as start refuses them."""
+    from pynode.run.generate import GenerateError, Sampling
+
+    fields = ("tokens", "temperature", "top_k", "seed")
+    if not isinstance(request, dict) or not isinstance(request.get("prompt"), str):
+        raise GenerateError("generate takes {prompt: text, tokens, temperature, top_k, seed}; "
+                            "the prompt is missing")
+    unknown = sorted(set(request) - {"id", "prompt", *fields})
+    if unknown:
+        raise GenerateError(f"unknown generate keys: {', '.join(unknown)} (it takes prompt, "
+                            f"{', '.join(fields)})")
+    return (Sampling(**{k: request[k] for k in fields if k in request}),
+            request["prompt"].encode("utf-8"))
 
 
 def kit_html(buffer: Any) -> str:

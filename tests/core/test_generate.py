@@ -284,6 +284,17 @@ def test_the_page_streams_the_bytes_of_generate(checkpoint, reference_arithmetic
     request["temperature"] = -1
     bad = json.loads(asyncio.run(generate_text(checks, checkpoint, json.dumps(request), bridge)))
     assert bad["error"].startswith("GenerateError: temperature"), bad
+    # what a script leaves out takes generate's defaults; a stray key or no prompt is named
+    # (they were "KeyError: 'tokens'" and silence)
+    short = json.loads(asyncio.run(generate_text(checks, checkpoint, json.dumps(
+        {"id": 8, "prompt": "h\u00e9llo", "tokens": 12}), bridge)))
+    want = bytes(load_generator(checkpoint, arithmetic=reference_arithmetic).generate(
+        "h\u00e9llo".encode(), Sampling(tokens=12)))
+    assert short["ok"] and bytes.fromhex(short["bytes"]) == want, short
+    for odd, reason in (({"id": 9, "prompt": "a", "tokenz": 5}, "unknown generate keys: tokenz"),
+                        ({"id": 9, "tokens": 5}, "the prompt is missing")):
+        bad = json.loads(asyncio.run(generate_text(checks, checkpoint, json.dumps(odd), bridge)))
+        assert not bad["ok"] and reason in bad["error"], bad
 
 
 def test_bench_generate_times_both_forwards_on_the_same_bytes(capsys):
