@@ -113,6 +113,15 @@ def stdout_gone() -> bool:
     return True
 
 
+def whole_lines() -> None:
+    """Each line this process writes to stderr leaves in one write. Without a terminal,
+    Python's stderr writes print's text and its newline apart, and the local peers of
+    `train --peers`, which share one stderr, came out spliced ("rank 1: ...rank 2: ..."
+    over an empty line). A stderr a caller replaced (pytest's capture) is left as it is."""
+    if sys.stderr is sys.__stderr__ and hasattr(sys.stderr, "reconfigure"):
+        sys.stderr.reconfigure(write_through=False, line_buffering=True)
+
+
 # The commands that train in this process: their cross-check recomputes in a worker thread.
 TRAINING_COMMANDS = ("train", "cluster", "_peer", "join")
 
@@ -121,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     # torch's C++ warnings (gloo's socket retries and timeouts, with stack frames) say
     # nothing our own error lines do not; set before torch loads, a user's choice kept.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    whole_lines()
     args = parse_args(build_parser(), argv)
     if args.command in TRAINING_COMMANDS:  # before the cross-check's worker thread allocates
         platform.share_malloc_arena()

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the run harness
-from pynode_runs import ONE_THREAD, Done, Launched  # noqa: E402
+from pynode_runs import ONE_THREAD, REPO, Done, Launched  # noqa: E402
 
 from pynode.core.checkpoint import load_checkpoint  # noqa: E402
 from pynode.unitfiles import SHIPPED_DIR  # noqa: E402
@@ -297,3 +297,32 @@ def test_ctrl_c_stops_a_run_between_steps_and_saves_the_last_agreed_step(tmp_pat
     assert f"saved the last agreed state (step {steps}) to {saved}" in done.err
     state = load_checkpoint(saved.read_bytes())
     assert (state.step, state.state_hash) == (steps, done.log[-1]["hash"])
+
+
+# --- processes sharing one terminal -----------------------------------------------------------
+
+# After main() (here a command it refuses), the writer prints ranked lines to its stderr.
+SHARED_STDERR_WRITER = """
+import sys
+from pynode.cli.main import main
+main(["generate", "--checkpoint", "no-such.pt", "--prompt", "a"])
+for _ in range(3000):
+    print(f"rank {sys.argv[1]}: " + "x" * 60, file=sys.stderr)
+"""
+
+
+def test_processes_sharing_one_stderr_write_whole_lines(tmp_path):
+    """The local peers of `train --peers` share their parent's stderr. Python's stderr
+    without a terminal wrote print's text and its newline apart, and two peers' status
+    lines came out spliced: "rank 1: ...rank 2: ..." over an empty line."""
+    read, write = os.pipe()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    writers = [subprocess.Popen([sys.executable, "-c", SHARED_STDERR_WRITER, str(rank)],
+                                cwd=tmp_path, stderr=write, env=env) for rank in (1, 2)]
+    os.close(write)
+    with os.fdopen(read) as shared:
+        lines = shared.read().splitlines()
+    assert [writer.wait(60) for writer in writers] == [0, 0]
+    ranked = [line for line in lines if not line.startswith("error: ")]
+    spliced = [line for line in ranked if not re.fullmatch("rank [12]: x{60}", line)]
+    assert len(ranked) == 6000 and spliced == [], spliced[:3]
