@@ -176,3 +176,26 @@ def test_a_text_file_the_leader_uploads_trains_the_room_as_train_data_file(tabs,
         assert [h["hash"] for h in status(page)["history"]] == [r["hash"] for r in reference]
     builtin = reference_rows(config, tmp_path)
     assert [r["hash"] for r in builtin] != [r["hash"] for r in reference]
+
+
+REGISTER = """async (name) => (await (await fetch('/api/runs', {method: 'POST',
+    headers: {'Content-Type': 'application/json'},
+    body: JSON.stringify({name, command: 'train --peers 2', world: 2})})).json()).run"""
+
+
+def test_the_dashboard_shows_the_newest_run_first(browser, server_url):
+    """/api/runs lists runs newest first; the page put a run that registered while it was
+    open below the older ones."""
+    board = browser.new_page()
+    try:
+        board.goto(f"{server_url}/dashboard")
+        older = board.evaluate(REGISTER, "older")
+        board.wait_for_selector(f"section.run[data-run='{older}']")
+        newer = board.evaluate(REGISTER, "newer")
+        board.wait_for_selector(f"section.run[data-run='{newer}']")
+        shown = board.evaluate(
+            "() => [...document.querySelectorAll('section.run')].map(s => s.dataset.run)")
+        assert shown[:2] == [newer, older]
+        assert board.locator("#runs > section").first.get_attribute("id") == "runs-intro"
+    finally:
+        board.close()

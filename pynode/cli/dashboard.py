@@ -136,7 +136,7 @@ class StatusReporter:
                                    / max(result.seconds, 1e-9), 1))
         if self.collective is not None:
             update["bytes_sent"] = int(self.collective.bytes_sent)
-            received = getattr(self.collective, "bytes_received", None)
+            received = self.collective.bytes_received
             update["bytes_received"] = None if received is None else int(received)
         with self.wake:
             self.status.update(update)

@@ -70,6 +70,7 @@ class GlooCollective(Collective):
         self.rank = rank
         self.world_size = world_size
         self.bytes_sent = 0
+        self.bytes_received = 0
         self.bytes_saved = 0
         self._pg = pg
         self._store = store
@@ -217,6 +218,7 @@ class GlooCollective(Collective):
                 work.append(self._pg.send([out], r, 0))
                 work.append(self._pg.recv([bufs[r]], r, 0))
                 self.bytes_sent += len(outgoing[r])
+                self.bytes_received += int(incoming[r])
         for item in work:
             self._wait(item, timeout)
         return [bufs[r].numpy().tobytes() if r != me else b"" for r in range(ws)]
@@ -238,6 +240,7 @@ class GlooCollective(Collective):
         opts.rootRank, opts.rootTensor, opts.timeout = root, 0, timeout
         self._wait(self._pg.broadcast([buf], opts))
         self.bytes_sent += n * (self.world_size - 1) // self.world_size
+        self.bytes_received += n if self.rank != root else 0
         return buf.numpy().tobytes()
 
     def _allgather(self, payload: bytes | DaisyError, timeout: timedelta) -> list[bytes | None]:
@@ -257,6 +260,7 @@ class GlooCollective(Collective):
         opts.timeout = timeout
         self._wait(self._pg.allgather([out], [mine], opts))
         self.bytes_sent += width * (self.world_size - 1)  # ring all-gather
+        self.bytes_received += width * (self.world_size - 1)
         return [t[:n].numpy().tobytes() for t, n in zip(out, lengths, strict=True)]
 
     def _agree(
@@ -294,6 +298,7 @@ class GlooCollective(Collective):
         self._wait(self._pg.allreduce([tensor], opts))
         nbytes = tensor.numel() * tensor.element_size()
         self.bytes_sent += 2 * (self.world_size - 1) * nbytes // self.world_size  # ring
+        self.bytes_received += 2 * (self.world_size - 1) * nbytes // self.world_size
 
     @staticmethod
     def _wait(work: Any, timeout: timedelta | None = None) -> None:

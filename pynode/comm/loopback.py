@@ -80,6 +80,7 @@ class LoopbackCollective(Collective):
         self.bytes_sent = 0
         self.bytes_saved = 0
         self._links = links  # hub: every other member's link; member: {0: hub}
+        self._every_link = list(links.values())  # dropped ones too: what they brought counts
         self._members = tuple(range(world_size))
         self._seq = 0
         self._lock = asyncio.Lock()  # collectives run one at a time, in call order
@@ -88,6 +89,10 @@ class LoopbackCollective(Collective):
     @property
     def members(self) -> tuple[int, ...]:
         return self._members
+
+    @property
+    def bytes_received(self) -> int:  # type: ignore[override]
+        return sum(link.received for link in self._every_link)
 
     async def allreduce_int64(self, x: np.ndarray, *, timeout: float) -> ReduceResult:
         vec = None

@@ -38,6 +38,7 @@ class Link:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, max_payload: int
     ) -> None:
         self._writer = writer
+        self.received = 0  # bytes of the frames recv returned (headers included)
         self._queue: asyncio.Queue[Frame | str] = asyncio.Queue()
         self._pump = asyncio.create_task(self._read_all(reader, max_payload))
 
@@ -54,6 +55,7 @@ class Link:
     async def recv(self, timeout: float) -> Frame:
         item = await asyncio.wait_for(self._queue.get(), timeout)
         if isinstance(item, Frame) and item.kind != Kind.BYE:
+            self.received += HEADER.size + len(item.payload)
             return item
         self._queue.put_nowait(item)  # every later recv sees the same end
         raise LinkGone("it left the group" if isinstance(item, Frame) else item)

@@ -119,6 +119,7 @@ class MeshCollective(Collective):
         self._asked: dict[tuple[int, int], list[tuple[str, list[int]]]] = {}  # FETCHes due
         self.bytes_sent = 0
         self.bytes_saved = 0
+        self.bytes_received = 0
         self._pump = asyncio.ensure_future(self._read())
 
     # ----------------------------------------------------------------- membership
@@ -176,6 +177,7 @@ class MeshCollective(Collective):
                 continue
             if not data:
                 continue  # reachable: nothing to do for a group formed already
+            self.bytes_received += len(data)
             try:
                 tag, version, op, status, attempt, group, seq, chunk, arg = HEADER.unpack_from(data)
             except struct.error:

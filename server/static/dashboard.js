@@ -105,6 +105,8 @@ async function refresh() {
       }
     }
     runs.forEach(drawRun);
+    // in the server's order, newest first (a run that registered later was added below)
+    main.append(...runs.map((run) => shown.get(run.run).section));
     empty.hidden = runs.length > 0;
     badge.textContent = `${runs.length} run${runs.length === 1 ? "" : "s"}`;
   } catch (error) {

@@ -105,6 +105,7 @@ async def exact(coll, rank: int, world: int, out: Path) -> dict:
         "gathered": [g.decode() for g in gathered],
         "broadcast": told.decode(),
         "bytes_sent": coll.bytes_sent,
+        "bytes_received": coll.bytes_received,
     }
     return {**record, **await overflow(coll, rank, world)}
 

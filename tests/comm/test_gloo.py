@@ -25,7 +25,7 @@ def check_exact(records: dict[int, dict], world: int) -> None:
             assert rnd["contributors"] == list(range(world))
         assert record["gathered"] == [f"rank{r}" * r for r in range(world)]
         assert record["broadcast"] == "from the last rank"
-        assert record["bytes_sent"] > 0
+        assert record["bytes_sent"] > 0 and record["bytes_received"] > 0
 
 
 @pytest.fixture(scope="module")

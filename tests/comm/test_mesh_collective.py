@@ -73,6 +73,8 @@ def test_each_member_sends_about_two_n_minus_one_over_n_of_the_vector():
             unpacked = c.bytes_sent + c.bytes_saved
             assert 2 * 2 / 3 * vector_bytes <= unpacked < 2 * 2 / 3 * vector_bytes + 4096
             assert 0.6 * unpacked < c.bytes_sent < 0.7 * unpacked
+            assert 0.6 * unpacked < c.bytes_received < 0.7 * unpacked
+        assert sum(c.bytes_received for c in coll) == sum(c.bytes_sent for c in coll)
     run(body())
 
 

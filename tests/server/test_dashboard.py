@@ -174,6 +174,7 @@ def test_a_cluster_run_appears_on_the_dashboard_with_its_ranks_and_live_loss(
         [(0, "finished", steps, "native"), (1, "finished", steps, "native")]
     for rank in final["ranks"]:
         assert rank["cores"] >= 1 and rank["bytes_sent"] > 0 and 0 < rank["share"] <= 1
+        assert rank["bytes_received"] > 0
         assert rank["hash"] == done[0].final_hash[:16]
     log = done[0].log
     assert final["points"] == [[row["step"], row["loss"], row.get("heldout")] for row in log]
