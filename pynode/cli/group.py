@@ -91,7 +91,7 @@ async def lead(args: argparse.Namespace, cfg: RunConfig | None, collective, capa
     def prepare(trainer: Trainer) -> None:
         nonlocal reporter
         install_fault(trainer, 0)
-        print(run_header(trainer), file=sys.stderr)
+        echo(run_header(trainer))
         reporter = StepReporter(trainer, trainer.cfg.steps, args.log, not args.no_progress)
         hooks.extend([reporter, saver.hook(trainer), last.append])
         if elastic is not None:

@@ -114,10 +114,13 @@ def stdout_gone() -> bool:
 
 
 def whole_lines() -> None:
-    """Each line this process writes to stderr leaves in one write. Without a terminal,
-    Python's stderr writes print's text and its newline apart, and the local peers of
+    """Each write call of text ending in a newline leaves stderr in one write (a print: its
+    text and newline). Unbuffered (PYTHONUNBUFFERED=1 or -u, as containers and CI often
+    run), Python's stderr writes print's text and its newline apart, and the local peers of
     `train --peers`, which share one stderr, came out spliced ("rank 1: ...rank 2: ..."
-    over an empty line). A stderr a caller replaced (pytest's capture) is left as it is."""
+    over an empty line). Text without a newline now waits for one, a "\r" or a flush (the
+    progress bar flushes itself). A stderr a caller replaced (pytest's capture) is left as
+    it is."""
     if sys.stderr is sys.__stderr__ and hasattr(sys.stderr, "reconfigure"):
         sys.stderr.reconfigure(write_through=False, line_buffering=True)
 

@@ -18,13 +18,7 @@ from pynode.run.trainer import StepResult, Trainer
 
 def say(text: str) -> None:
     """A line for the person at the terminal (above the progress bar, if one is drawn)."""
-    line = f"{time.strftime('%H:%M:%S')} {text}"
-    try:
-        from tqdm import tqdm
-
-        tqdm.write(line, file=sys.stderr)
-    except ImportError:
-        print(line, file=sys.stderr, flush=True)
+    echo(f"{time.strftime('%H:%M:%S')} {text}")
 
 
 def name_rank_in_logs(rank: int) -> None:
@@ -34,13 +28,15 @@ def name_rank_in_logs(rank: int) -> None:
 
 
 def echo(text: str) -> None:
-    """A line of a run's report, above its progress bar if one is drawn."""
+    """Lines of a run's report, above its progress bar if one is drawn. The text and its
+    newline go in one call, so lines of several lines leave in one write too
+    (pynode.cli.main.whole_lines)."""
     try:
         from tqdm import tqdm
 
-        tqdm.write(text, file=sys.stderr)
+        tqdm.write(text + "\n", file=sys.stderr, end="")
     except ImportError:
-        print(text, file=sys.stderr, flush=True)
+        print(text + "\n", file=sys.stderr, end="", flush=True)
 
 
 def gemm_summary(gemm: Any) -> str:

@@ -20,6 +20,7 @@ from pynode.cli.generate import check_train_sample_flags, print_train_sample
 from pynode.cli.report import (
     Saver,
     StepReporter,
+    echo,
     final_status,
     print_summary,
     run_header,
@@ -88,7 +89,7 @@ async def train_command(args: argparse.Namespace) -> int:
     trainer = build_trainer(cfg, resume=resume, backend=args.backend,
                             kernels=args.kernels, check_products=args.check_products)
     install_fault(trainer)
-    print(run_header(trainer), file=sys.stderr)
+    echo(run_header(trainer))
     reporter = StepReporter(trainer, cfg.steps, args.log, progress=not args.no_progress)
     saver = Saver(args.save, args.save_every)
     hooks = [reporter, saver.hook(trainer)]

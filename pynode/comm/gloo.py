@@ -239,8 +239,9 @@ class GlooCollective(Collective):
         opts = dist.BroadcastOptions()
         opts.rootRank, opts.rootTensor, opts.timeout = root, 0, timeout
         self._wait(self._pg.broadcast([buf], opts))
+        # each rank's share of what the broadcast moved, as sent and as received
         self.bytes_sent += n * (self.world_size - 1) // self.world_size
-        self.bytes_received += n if self.rank != root else 0
+        self.bytes_received += n * (self.world_size - 1) // self.world_size
         return buf.numpy().tobytes()
 
     def _allgather(self, payload: bytes | DaisyError, timeout: timedelta) -> list[bytes | None]:

@@ -216,7 +216,7 @@ class LoopbackCollective(Collective):
         log.warning("hub: dropping rank %d at collective #%d: %s", rank, seq, reason)
         link = self._links.pop(rank)
         try:
-            await link.send(Frame(Kind.DROP, 0, seq, 0, 0, reason.encode()))
+            self.bytes_sent += await link.send(Frame(Kind.DROP, 0, seq, 0, 0, reason.encode()))
         except LinkGone:
             pass
         await link.close()

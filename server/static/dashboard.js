@@ -105,8 +105,11 @@ async function refresh() {
       }
     }
     runs.forEach(drawRun);
-    // in the server's order, newest first (a run that registered later was added below)
-    main.append(...runs.map((run) => shown.get(run.run).section));
+    // in the server's order, newest first (a run that registered later was added below);
+    // moved only when that order changed, so the charts stay where they are
+    const wanted = runs.map((run) => shown.get(run.run).section);
+    const current = [...main.querySelectorAll("section.run")];
+    if (wanted.some((section, i) => section !== current[i])) main.append(...wanted);
     empty.hidden = runs.length > 0;
     badge.textContent = `${runs.length} run${runs.length === 1 ? "" : "s"}`;
   } catch (error) {

@@ -26,6 +26,12 @@ def check_exact(records: dict[int, dict], world: int) -> None:
         assert record["gathered"] == [f"rank{r}" * r for r in range(world)]
         assert record["broadcast"] == "from the last rank"
         assert record["bytes_sent"] > 0 and record["bytes_received"] > 0
+    # what the group took from the wire is what it handed to it; in a pair, rank by rank
+    assert sum(r["bytes_received"] for r in records.values()) == \
+        sum(r["bytes_sent"] for r in records.values())
+    if world == 2:
+        assert records[0]["bytes_received"] == records[1]["bytes_sent"]
+        assert records[1]["bytes_received"] == records[0]["bytes_sent"]
 
 
 @pytest.fixture(scope="module")

@@ -301,28 +301,37 @@ def test_ctrl_c_stops_a_run_between_steps_and_saves_the_last_agreed_step(tmp_pat
 
 # --- processes sharing one terminal -----------------------------------------------------------
 
-# After main() (here a command it refuses), the writer prints ranked lines to its stderr.
+# After main() (here a command it refuses), the writer waits for the go file, then writes
+# ranked lines to its stderr: one by print, two at a time by echo (the run header's way).
 SHARED_STDERR_WRITER = """
-import sys
+import os, sys, time
 from pynode.cli.main import main
+from pynode.cli.report import echo
 main(["generate", "--checkpoint", "no-such.pt", "--prompt", "a"])
-for _ in range(3000):
-    print(f"rank {sys.argv[1]}: " + "x" * 60, file=sys.stderr)
+while not os.path.exists("go"):
+    time.sleep(0.001)
+line = f"rank {sys.argv[1]}: " + "x" * 60
+for _ in range(1500):
+    print(line, file=sys.stderr)
+    echo(line + "\\n" + line)
 """
 
 
 def test_processes_sharing_one_stderr_write_whole_lines(tmp_path):
-    """The local peers of `train --peers` share their parent's stderr. Python's stderr
-    without a terminal wrote print's text and its newline apart, and two peers' status
-    lines came out spliced: "rank 1: ...rank 2: ..." over an empty line."""
+    """The local peers of `train --peers` share their parent's stderr. Unbuffered
+    (PYTHONUNBUFFERED=1, as containers and CI often run Python), stderr wrote print's text
+    and its newline apart, and two peers' status lines came out spliced: "rank 1: ...rank
+    2: ..." over an empty line."""
     read, write = os.pipe()
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     writers = [subprocess.Popen([sys.executable, "-c", SHARED_STDERR_WRITER, str(rank)],
                                 cwd=tmp_path, stderr=write, env=env) for rank in (1, 2)]
     os.close(write)
+    time.sleep(0.5)  # both started: they write at once
+    (tmp_path / "go").touch()
     with os.fdopen(read) as shared:
         lines = shared.read().splitlines()
     assert [writer.wait(60) for writer in writers] == [0, 0]
     ranked = [line for line in lines if not line.startswith("error: ")]
     spliced = [line for line in ranked if not re.fullmatch("rank [12]: x{60}", line)]
-    assert len(ranked) == 6000 and spliced == [], spliced[:3]
+    assert len(ranked) == 9000 and spliced == [], spliced[:3]
