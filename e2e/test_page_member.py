@@ -42,3 +42,22 @@ def test_a_members_form_shows_the_leaders_run(tabs):
     assert f"led by {leader_id}" in note and "warm-up 10" in note, note
     assert {k: after[k]["value"] for k in SHOWN} == {k: str(LEADERS[k]) for k in SHOWN}
     assert status(member)["state"] == "done", status(member)["error"]
+
+
+def test_a_host_tab_that_reloads_hosts_its_room_again(tabs):
+    """Reloading the host's tab gave the room up: the page came back as a new pending member
+    and nobody could approve anyone. It hosts again now, under a new peer id (its state is
+    new), and approves the next tab."""
+    host, (member,) = open_room(tabs, "")
+    approve(host, member)
+    first = status(host)
+    host.reload()
+    host.wait_for_function("() => window.daisychain && daisychain.status().peerId")
+    again = status(host)
+    assert (again["room"], again["role"], again["approved"]) == (first["room"], "host", True)
+    assert again["peerId"] != first["peerId"]
+    wait(member, "(s, ids) => s.peers.some(p => p.id === ids[0] && p.role === 'host')"
+         " && !s.peers.some(p => p.id === ids[1])", 30_000, [again["peerId"], first["peerId"]])
+    newcomer = tabs.open(f"?room={first['room']}")
+    assert not status(newcomer)["approved"]
+    approve(host, newcomer)

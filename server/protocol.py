@@ -33,7 +33,7 @@ class ProtocolError(DaisyError, ValueError):
 
 @dataclass(frozen=True)
 class Field:
-    kind: str  # "str", "id" (peer id), "code" (room code), "int" or "num"
+    kind: str  # "str", "id" (peer id), "code" (room code), "int", "num" or "bool"
     required: bool = False  # must be present
     max_len: int = 0  # longest string (characters), for kind "str"
     lo: float = 0  # smallest number, for "int" / "num"
@@ -47,7 +47,8 @@ _SDP = Field("str", required=True, max_len=65536)
 
 # type -> {field: Field}. "v" and "type" are implied on every frame.
 CLIENT_SCHEMAS: dict[str, dict[str, Field]] = {
-    "join": {"room": Field("code"), "token": Field("str", max_len=512)},
+    # fresh: the page sending the token reloaded (its state is new): see RoomManager.join
+    "join": {"room": Field("code"), "token": Field("str", max_len=512), "fresh": Field("bool")},
     "create": {},  # a resume token goes with `join`: a new room has nothing to resume
     "approve": _PEER,
     "deny": _PEER,
@@ -130,6 +131,10 @@ def _check_field(kind: str, name: str, spec: Field, value: Any) -> None:
             raise ProtocolError("bad_field", f"{where} is not a peer id")
         if spec.kind == "code" and not CODE_PATTERN.fullmatch(value):
             raise ProtocolError("bad_room", f"{where} is not a room code")
+        return
+    if spec.kind == "bool":
+        if type(value) is not bool:
+            raise ProtocolError("bad_field", f"{where} must be true or false")
         return
     # bool is an int subclass in Python but never a number on the wire.
     if spec.kind == "int" and (type(value) is not int):

@@ -103,9 +103,13 @@ class Rooms:
 
     # ----------------------------------------------------------------- entering
     def join(
-        self, link: PeerLink, address_group: str, code: str | None, token: str | None
+        self, link: PeerLink, address_group: str, code: str | None, token: str | None,
+        fresh: bool = False,
     ) -> str:
-        """Enter the auto room of ``address_group``, or the private room ``code``."""
+        """Enter the auto room of ``address_group``, or the private room ``code``. `fresh`:
+        the page that holds `token` reloaded, so nothing of its old self lives on (its
+        links, its part in a run): a host's token gives the host role to a new peer id, and
+        any other token is not used (the page asks again, as a new peer)."""
         key = code if code is not None else self._signer.room_key_for_address(address_group)
         claim = self._signer.verify(token) if token else None
         if claim is not None and claim.room != key:
@@ -119,7 +123,12 @@ class Rooms:
             room = self._room(key, private=code is not None, counted=code is None)
             try:
                 if code is None:
-                    return self._enter_auto(room, link, address_group, claim)
+                    return self._enter_auto(room, link, address_group,
+                                            None if fresh else claim)
+                if fresh and claim is not None:
+                    if claim.host and room.host_id in (None, claim.peer):
+                        return self._reclaim_host(room, link, address_group, claim.peer)
+                    claim = None
                 return self._enter_private(room, link, address_group, claim)
             except ProtocolError:
                 if not room.members and not room.approved_ids:
@@ -172,6 +181,22 @@ class Rooms:
         resumed = claim is not None and not approved
         member = Member(peer_id, link, approved=approved, group=group, resumed=resumed)
         self._admit(room, member)
+        return peer_id
+
+    def _reclaim_host(self, room: Room, link: PeerLink, group: str, old_id: str) -> str:
+        """The host's page reloaded: the host role moves to a new peer id. The old id's
+        socket, if it is still open (a duplicated tab), is replaced; its WebRTC links and
+        its part in a run end as a closed tab's do."""
+        old = room.members.get(old_id)
+        if old is not None:
+            old.link.deliver(encode("error", code="replaced",
+                                    message="the host's page reloaded in another tab"))
+            old.link.close(4409, "replaced")
+            self._drop(room, old_id)
+        peer_id = self._new_id()
+        self._check_capacity(room, peer_id)
+        room.host_id = peer_id
+        self._admit(room, Member(peer_id, link, approved=True, group=group))
         return peer_id
 
     def _ice_fields(self, member: Member) -> dict[str, Any]:

@@ -291,7 +291,7 @@ class Connection:
                 self.peer_id = self._rooms.create(self, self._group)
             else:
                 self.peer_id = self._rooms.join(
-                    self, self._group, msg.get("room"), msg.get("token")
+                    self, self._group, msg.get("room"), msg.get("token"), msg.get("fresh", False)
                 )
         elif kind in UNJOINED_TYPES:
             raise ProtocolError("already_joined", "this connection is already in a room")

@@ -4,9 +4,32 @@
 //
 // A dropped socket is reopened with the resume token the server issued on `joined`, so a
 // page keeps its peer id and role (host included) across a server restart or a network blip.
+// A host's token is also kept for its tab (sessionStorage: that tab only, gone with it), so
+// a host page that reloads hosts its room again, under a new peer id (`fresh`: the page's
+// state is new; docs/SERVER.md, "Restarts and reconnects").
 
 const PROTOCOL_VERSION = 1;
 const RECONNECT_MS = [500, 1000, 2000, 5000];
+const HOST_KEY = "daisychain.host"; // {room, token} of the room this tab hosts
+
+// This tab's kept host token, or null (none, or storage refused: a private window may).
+function keptHost() {
+  try {
+    const kept = JSON.parse(sessionStorage.getItem(HOST_KEY));
+    return kept && typeof kept.room === "string" && typeof kept.token === "string" ? kept : null;
+  } catch {
+    return null;
+  }
+}
+
+function keepHost(kept) {
+  try {
+    if (kept) sessionStorage.setItem(HOST_KEY, JSON.stringify(kept));
+    else sessionStorage.removeItem(HOST_KEY);
+  } catch {
+    // no storage: a reload makes this page a new member, as before
+  }
+}
 
 export class Signaling extends EventTarget {
   // target: {room: CODE} joins that private room, {create: true} makes one, {} the auto room.
@@ -14,6 +37,12 @@ export class Signaling extends EventTarget {
     super();
     this.target = target;
     this.token = null;
+    this.fresh = false; // this page reloaded from a host's page of target.room
+    const kept = keptHost();
+    if (target.room && kept && kept.room === target.room) {
+      this.token = kept.token;
+      this.fresh = true;
+    }
     // The server's ICE servers (TURN credentials included), sent once this page is approved:
     // {iceServers, iceTransportPolicy}, spread into each RTCPeerConnection (mesh.js).
     this.rtcConfig = {};
@@ -45,6 +74,7 @@ export class Signaling extends EventTarget {
     const fields = {};
     if (this.target.room) fields.room = this.target.room;
     if (this.token) fields.token = this.token;
+    if (this.fresh) fields.fresh = true;
     return fields;
   }
 
@@ -58,7 +88,10 @@ export class Signaling extends EventTarget {
     if (!msg || msg.v !== PROTOCOL_VERSION || typeof msg.type !== "string") return;
     if (msg.type === "joined") {
       this.token = msg.token;
+      this.fresh = false; // later reconnects are this page's own: same id
       if (msg.room) this.target = { room: msg.room };
+      if (msg.room && msg.role === "host") keepHost({ room: msg.room, token: msg.token });
+      else if (keptHost()?.room === msg.room) keepHost(null);
     }
     if ((msg.type === "joined" || msg.type === "approved") && msg.rtcConfig
         && typeof msg.rtcConfig === "object") {
@@ -78,7 +111,7 @@ export class Signaling extends EventTarget {
   }
 
   close() {
-    this.closed = true;
+    this.closed = true; // on pagehide too: a reload keeps the tab's host token
     if (this.ws) {
       this.send("leave", {});
       this.ws.close(1000, "bye");

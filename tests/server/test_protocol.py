@@ -14,7 +14,7 @@ from server.protocol import CLIENT_SCHEMAS, ProtocolError, parse_frame
 
 CODE = "A" * 22
 GOOD = {
-    "join": {"room": CODE, "token": "v1.x.y"},
+    "join": {"room": CODE, "token": "v1.x.y", "fresh": True},
     "create": {},
     "approve": {"peer": "abc_DEF-123"},
     "deny": {"peer": "p1"},
@@ -65,6 +65,8 @@ def test_every_type_has_a_good_example_and_it_passes() -> None:
         ('{"v": 1, "type": "offer", "to": "../etc", "sdp": ""}', "bad_field"),
         ('{"v": 1, "type": "offer", "to": null, "sdp": ""}', "bad_field"),
         ('{"v": 1, "type": "join", "room": "short"}', "bad_room"),
+        ('{"v": 1, "type": "join", "fresh": 1}', "bad_field"),
+        ('{"v": 1, "type": "join", "fresh": "true"}', "bad_field"),
         ('{"v": 1, "type": "status", "step": true}', "bad_field"),
         ('{"v": 1, "type": "status", "step": 1.5}', "bad_field"),
         ('{"v": 1, "type": "status", "step": -1}', "bad_field"),

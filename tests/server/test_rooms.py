@@ -156,6 +156,58 @@ def test_host_token_reclaims_a_room_after_restart() -> None:
     assert entry == {"id": guest_id, "role": "member", "state": "pending", "resumed": True}
 
 
+def test_a_reloaded_host_page_hosts_again_under_a_new_id() -> None:
+    """A host's page that reloads (its state new: `fresh`) gets the host role back under a
+    new peer id, and can approve again; before, its token was lost with the page and the
+    room had nobody to approve anyone."""
+    rooms, code, host_id, host, guest_id, guest = private_room()
+    token = host.take()[0]["token"]
+    rooms.handle(host_id, host, {"v": 1, "type": "approve", "peer": guest_id})
+    rooms.leave(host_id, host)  # the tab reloads: its socket goes first
+    page = FakeLink()
+    new_id = rooms.join(page, "10.0.0.1", code, token, fresh=True)
+    joined = page.frames[0]
+    assert new_id != host_id and (joined["peer"], joined["role"], joined["state"]) == \
+        (new_id, "host", "approved")
+    roster = guest.frames[-1]
+    assert roster["host"] == new_id and [p["id"] for p in roster["peers"]] == [guest_id, new_id]
+    stranger = FakeLink()
+    stranger_id = rooms.join(stranger, "10.0.0.7", code, None)
+    assert stranger.frames[0]["state"] == "pending"
+    rooms.handle(new_id, page, {"v": 1, "type": "approve", "peer": stranger_id})
+    assert [f["type"] for f in stranger.frames][:2] == ["joined", "approved"]
+    # the old id's token no longer names the host: a plain join, pending
+    late = FakeLink()
+    assert rooms.join(late, "10.0.0.1", code, token, fresh=True) not in (host_id, new_id)
+    assert late.frames[0]["state"] == "pending"
+
+
+def test_a_host_page_open_twice_keeps_one_host() -> None:
+    """A duplicated host tab (the same token) takes the role; the first page is told it was
+    replaced and stops reconnecting (4409)."""
+    rooms, code, host_id, host, _, _ = private_room()
+    token = host.frames[0]["token"]
+    twin = FakeLink()
+    new_id = rooms.join(twin, "10.0.0.1", code, token, fresh=True)
+    assert twin.frames[0]["role"] == "host" and new_id != host_id
+    assert host.closed == (4409, "replaced")
+    assert [f["code"] for f in host.frames if f["type"] == "error"] == ["replaced"]
+    with pytest.raises(ProtocolError):
+        rooms.handle(host_id, host, {"v": 1, "type": "approve", "peer": new_id})
+
+
+def test_a_reloaded_member_page_asks_again_as_a_new_peer() -> None:
+    """`fresh` with a member's token: the page is a new peer, pending (its old id's links
+    and part in a run are not its own any more)."""
+    rooms, code, host_id, host, guest_id, guest = private_room()
+    rooms.handle(host_id, host, {"v": 1, "type": "approve", "peer": guest_id})
+    token = guest.frames[0]["token"]
+    rooms.leave(guest_id, guest)
+    page = FakeLink()
+    new_id = rooms.join(page, "10.0.0.9", code, token, fresh=True)
+    assert new_id != guest_id and page.frames[0]["state"] == "pending"
+
+
 def test_member_reconnect_keeps_approval_and_replaces_the_old_socket() -> None:
     rooms, code, host_id, host, guest_id, guest = private_room()
     rooms.handle(host_id, host, {"v": 1, "type": "approve", "peer": guest_id})
