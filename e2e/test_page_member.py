@@ -4,6 +4,8 @@ filled in when the run starts, locked while it trains, kept once it is done.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from browser_helpers import approve, open_room, status, wait, wait_booted, wait_trainable
 
@@ -61,3 +63,20 @@ def test_a_host_tab_that_reloads_hosts_its_room_again(tabs):
     newcomer = tabs.open(f"?room={first['room']}")
     assert not status(newcomer)["approved"]
     approve(host, newcomer)
+
+    # a duplicated host tab (its sessionStorage copied) takes the role; the first one stops
+    room = first["room"]
+    token = host.evaluate("(room) => sessionStorage.getItem('daisychain.host.' + room)", room)
+    assert token
+    twin_context = tabs.browser.new_context()
+    try:
+        twin_context.add_init_script(
+            f"sessionStorage.setItem('daisychain.host.{room}', {json.dumps(token)})")
+        twin = twin_context.new_page()
+        twin.goto(f"{tabs.base}/?room={room}")
+        twin.wait_for_function("() => window.daisychain && daisychain.status().role === 'host'")
+        wait(host, "s => (s.roomProblem || '').includes('reloaded in another tab')", 30_000)
+        wait(newcomer, "(s, id) => s.peers.some(p => p.id === id && p.role === 'host')",
+             30_000, status(twin)["peerId"])
+    finally:
+        twin_context.close()

@@ -116,9 +116,11 @@ class Rooms:
             claim = None
         with self._lock:
             if code is not None and claim is not None and self._revoked.is_revoked(key, claim.peer):
-                link.deliver(encode("removed", reason="removed by the host"))
-                link.close(4403, "removed")
-                return claim.peer
+                if not claim.host:
+                    link.deliver(encode("removed", reason="removed by the host"))
+                    link.close(4403, "removed")
+                    return claim.peer
+                claim = None  # a host id a reload replaced (_reclaim_host): a plain join
             # An unknown code must cost nothing that a real one does not: no room quota.
             room = self._room(key, private=code is not None, counted=code is None)
             try:
@@ -186,7 +188,9 @@ class Rooms:
     def _reclaim_host(self, room: Room, link: PeerLink, group: str, old_id: str) -> str:
         """The host's page reloaded: the host role moves to a new peer id. The old id's
         socket, if it is still open (a duplicated tab), is replaced; its WebRTC links and
-        its part in a run end as a closed tab's do."""
+        its part in a run end as a closed tab's do. The old id is revoked (kept on disk), so
+        its token, wherever it still is, brings back neither the id nor the role, restarts
+        included."""
         old = room.members.get(old_id)
         if old is not None:
             old.link.deliver(encode("error", code="replaced",
@@ -197,6 +201,9 @@ class Rooms:
         self._check_capacity(room, peer_id)
         room.host_id = peer_id
         self._admit(room, Member(peer_id, link, approved=True, group=group))
+        # after the new id is in: the room must not look empty of approvals meanwhile
+        room.approved_ids.pop(old_id, None)
+        self._revoked.revoke(room.key, old_id)
         return peer_id
 
     def _ice_fields(self, member: Member) -> dict[str, Any]:

@@ -127,7 +127,9 @@ export class PageNode extends EventTarget {
     on("denied", (m) => this.leave(`this page leaves the room: ${m.reason || "the host declined"}`));
     on("removed", (m) => this.leave(`this page leaves the room: ${m.reason || "removed by the host"}`));
     on("error", (m) => {
-      if (m.code === "bad_room" && !this.state.peerId) {
+      if (m.code === "replaced") { // another page holds this id or took the host role
+        this.giveUp(`this page left the room: ${m.message}`);
+      } else if (m.code === "bad_room" && !this.state.peerId) {
         this.giveUp(`"${this.signaling.target.room}" is not a room code (a room link ends in ` +
           "?room= and 22 letters, digits, - or _): check the link, or make a new private room");
       } else {

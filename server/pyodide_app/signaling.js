@@ -6,26 +6,27 @@
 // page keeps its peer id and role (host included) across a server restart or a network blip.
 // A host's token is also kept for its tab (sessionStorage: that tab only, gone with it), so
 // a host page that reloads hosts its room again, under a new peer id (`fresh`: the page's
-// state is new; docs/SERVER.md, "Restarts and reconnects").
+// state is new; docs/SERVER.md, "Restarts and reconnects"). One entry a room: a tab that
+// hosted two rooms in turn (New room) takes either back.
 
 const PROTOCOL_VERSION = 1;
 const RECONNECT_MS = [500, 1000, 2000, 5000];
-const HOST_KEY = "daisychain.host"; // {room, token} of the room this tab hosts
+const HOST_KEY = "daisychain.host."; // + a room code: this tab's host token of that room
 
-// This tab's kept host token, or null (none, or storage refused: a private window may).
-function keptHost() {
+// This tab's kept host token of `room`, or null (none, or storage refused: a private
+// window may).
+function keptHost(room) {
   try {
-    const kept = JSON.parse(sessionStorage.getItem(HOST_KEY));
-    return kept && typeof kept.room === "string" && typeof kept.token === "string" ? kept : null;
+    return sessionStorage.getItem(HOST_KEY + room);
   } catch {
     return null;
   }
 }
 
-function keepHost(kept) {
+function keepHost(room, token) {
   try {
-    if (kept) sessionStorage.setItem(HOST_KEY, JSON.stringify(kept));
-    else sessionStorage.removeItem(HOST_KEY);
+    if (token) sessionStorage.setItem(HOST_KEY + room, token);
+    else sessionStorage.removeItem(HOST_KEY + room);
   } catch {
     // no storage: a reload makes this page a new member, as before
   }
@@ -38,9 +39,9 @@ export class Signaling extends EventTarget {
     this.target = target;
     this.token = null;
     this.fresh = false; // this page reloaded from a host's page of target.room
-    const kept = keptHost();
-    if (target.room && kept && kept.room === target.room) {
-      this.token = kept.token;
+    const kept = target.room ? keptHost(target.room) : null;
+    if (kept) {
+      this.token = kept;
       this.fresh = true;
     }
     // The server's ICE servers (TURN credentials included), sent once this page is approved:
@@ -90,8 +91,7 @@ export class Signaling extends EventTarget {
       this.token = msg.token;
       this.fresh = false; // later reconnects are this page's own: same id
       if (msg.room) this.target = { room: msg.room };
-      if (msg.room && msg.role === "host") keepHost({ room: msg.room, token: msg.token });
-      else if (keptHost()?.room === msg.room) keepHost(null);
+      if (msg.room) keepHost(msg.room, msg.role === "host" ? msg.token : null);
     }
     if ((msg.type === "joined" || msg.type === "approved") && msg.rtcConfig
         && typeof msg.rtcConfig === "object") {

@@ -626,6 +626,10 @@ def test_a_cluster_splits_its_cross_check_recomputations(checks, reference):
     assert seen["leader"] == {**want, "end": reference[-1]}
     assert seen["bridge"] == {**want, "end": reference[-1]}
     shares = [work[f"rank{r}"] for r in range(3)]
-    assert work["leader"] >= CONFIG["steps"], work  # the leader computed in every step
+    # Step 1 plans on equal capacities (the leader 2 or 3 of 5); later steps on the speeds
+    # measured, so on a loaded machine the leader may compute nothing in some of them (it
+    # computed 3 microbatches in 6 steps once in CI, where "every step" was asserted).
+    assert work["leader"] >= 2, work
     assert sum(shares) == work["leader"], work  # each of its microbatches recomputed once
     assert max(shares) - min(shares) <= CONFIG["steps"], work  # at most one apart a step
+    assert sum(1 for share in shares if share) >= min(3, work["leader"]), work  # shared

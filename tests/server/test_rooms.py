@@ -182,6 +182,33 @@ def test_a_reloaded_host_page_hosts_again_under_a_new_id() -> None:
     assert late.frames[0]["state"] == "pending"
 
 
+def test_a_replaced_host_token_brings_back_neither_id_nor_role(tmp_path) -> None:
+    """After a reload the old id's token (a duplicated tab still holds it) is a plain join:
+    not the old id approved (it kept its approval and came back without the host), nor,
+    after a restart, the host role (it took the room from the host's current token)."""
+    from server.revocations import Revocations
+
+    path = tmp_path / "revoked.txt"
+    rooms = Rooms(TokenSigner(KEY, 3600), revocations=Revocations(path, 3600))
+    host = FakeLink()
+    old_id = rooms.create(host, "10.0.0.1")
+    code, old_token = host.frames[0]["room"], host.frames[0]["token"]
+    rooms.leave(old_id, host)
+    page = FakeLink()
+    new_id = rooms.join(page, "10.0.0.1", code, old_token, fresh=True)
+    new_token = page.frames[0]["token"]
+    stale = FakeLink()
+    assert rooms.join(stale, "10.0.0.1", code, old_token) not in (old_id, new_id)
+    assert (stale.frames[0]["role"], stale.frames[0]["state"]) == ("member", "pending")
+    restarted = Rooms(TokenSigner(KEY, 3600), revocations=Revocations(path, 3600))
+    first = FakeLink()
+    assert restarted.join(first, "10.0.0.1", code, old_token) != old_id
+    assert (first.frames[0]["role"], first.frames[0]["state"]) == ("member", "pending")
+    back = FakeLink()
+    assert restarted.join(back, "10.0.0.1", code, new_token) == new_id
+    assert (back.frames[0]["role"], back.frames[0]["state"]) == ("host", "approved")
+
+
 def test_a_host_page_open_twice_keeps_one_host() -> None:
     """A duplicated host tab (the same token) takes the role; the first page is told it was
     replaced and stops reconnecting (4409)."""
