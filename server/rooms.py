@@ -73,7 +73,7 @@ class Room:
 @dataclass(frozen=True)
 class RoomLimits:
     max_rooms: int = 10000  # rooms held at once
-    max_room_peers: int = 64  # connected peers per room
+    max_room_peers: int = 64  # connected peers per room (and the host, coming back)
     room_idle_s: float = 120.0  # an empty room is forgotten after this
     max_rooms_per_address: int = 16  # existing private rooms one address created
     max_pending_per_address: int = 16  # pending joins of one address in one room
@@ -170,8 +170,10 @@ class Rooms:
         self, room: Room, link: PeerLink, group: str, claim: ResumeClaim | None
     ) -> str:
         peer_id = claim.peer if claim is not None else self._new_id()
-        self._check_capacity(room, peer_id)
-        if claim is not None and claim.host and room.host_id in (None, claim.peer):
+        host = claim is not None and claim.host and room.host_id in (None, claim.peer)
+        if not host:  # a room full of waiting joins must not lock its host out
+            self._check_capacity(room, peer_id)
+        if host:
             room.host_id = peer_id
         approved = peer_id == room.host_id or peer_id in room.approved_ids
         if not approved:
@@ -197,8 +199,7 @@ class Rooms:
                                     message="the host's page reloaded in another tab"))
             old.link.close(4409, "replaced")
             self._drop(room, old_id)
-        peer_id = self._new_id()
-        self._check_capacity(room, peer_id)
+        peer_id = self._new_id()  # no capacity check: as a returning host's (_enter_private)
         room.host_id = peer_id
         self._admit(room, Member(peer_id, link, approved=True, group=group))
         # after the new id is in: the room must not look empty of approvals meanwhile

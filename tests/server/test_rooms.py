@@ -209,6 +209,25 @@ def test_a_replaced_host_token_brings_back_neither_id_nor_role(tmp_path) -> None
     assert (back.frames[0]["role"], back.frames[0]["state"]) == ("host", "approved")
 
 
+@pytest.mark.parametrize("fresh", [False, True])
+def test_a_room_full_of_waiting_joins_takes_its_host_back(fresh: bool) -> None:
+    """After a restart (or while the host's page reloads) anyone with the code could fill
+    the room with pending joins, and the host's token was refused with room_full."""
+    rooms, _ = make_rooms(max_room_peers=3, max_pending_per_address=3)
+    host = FakeLink()
+    host_id = rooms.create(host, "10.0.0.1")
+    code, token = host.frames[0]["room"], host.frames[0]["token"]
+    rooms.leave(host_id, host)
+    crowd = [FakeLink() for _ in range(3)]
+    for link in crowd:
+        rooms.join(link, "10.0.0.66", code, None)
+    with pytest.raises(ProtocolError, match="free place"):
+        rooms.join(FakeLink(), "10.0.0.67", code, None)
+    back = FakeLink()
+    rooms.join(back, "10.0.0.1", code, token, fresh=fresh)
+    assert (back.frames[0]["role"], back.frames[0]["state"]) == ("host", "approved")
+
+
 def test_a_host_page_open_twice_keeps_one_host() -> None:
     """A duplicated host tab (the same token) takes the role; the first page is told it was
     replaced and stops reconnecting (4409)."""
