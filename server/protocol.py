@@ -47,7 +47,7 @@ _SDP = Field("str", required=True, max_len=65536)
 
 # type -> {field: Field}. "v" and "type" are implied on every frame.
 CLIENT_SCHEMAS: dict[str, dict[str, Field]] = {
-    # fresh: the page sending the token reloaded (its state is new): see RoomManager.join
+    # fresh: the page sending the token reloaded (its state is new): see Rooms.join
     "join": {"room": Field("code"), "token": Field("str", max_len=512), "fresh": Field("bool")},
     "create": {},  # a resume token goes with `join`: a new room has nothing to resume
     "approve": _PEER,

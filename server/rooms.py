@@ -128,7 +128,7 @@ class Rooms:
                     return self._enter_auto(room, link, address_group,
                                             None if fresh else claim)
                 if fresh and claim is not None:
-                    if claim.host and room.host_id in (None, claim.peer):
+                    if self._hosts(room, claim):
                         return self._reclaim_host(room, link, address_group, claim.peer)
                     claim = None
                 return self._enter_private(room, link, address_group, claim)
@@ -170,11 +170,10 @@ class Rooms:
         self, room: Room, link: PeerLink, group: str, claim: ResumeClaim | None
     ) -> str:
         peer_id = claim.peer if claim is not None else self._new_id()
-        host = claim is not None and claim.host and room.host_id in (None, claim.peer)
-        if not host:  # a room full of waiting joins must not lock its host out
-            self._check_capacity(room, peer_id)
-        if host:
+        if self._hosts(room, claim):  # no capacity check: waiting joins cannot lock it out
             room.host_id = peer_id
+        else:
+            self._check_capacity(room, peer_id)
         approved = peer_id == room.host_id or peer_id in room.approved_ids
         if not approved:
             pending = sum(1 for m in room.members.values()
@@ -187,6 +186,12 @@ class Rooms:
         self._admit(room, member)
         return peer_id
 
+    @staticmethod
+    def _hosts(room: Room, claim: ResumeClaim | None) -> bool:
+        """Whether `claim` is the host's own: a host token of the room's host, or of a room
+        that has none (a restarted server's)."""
+        return claim is not None and claim.host and room.host_id in (None, claim.peer)
+
     def _reclaim_host(self, room: Room, link: PeerLink, group: str, old_id: str) -> str:
         """The host's page reloaded: the host role moves to a new peer id. The old id's
         socket, if it is still open (a duplicated tab), is replaced; its WebRTC links and
@@ -195,9 +200,7 @@ class Rooms:
         included."""
         old = room.members.get(old_id)
         if old is not None:
-            old.link.deliver(encode("error", code="replaced",
-                                    message="the host's page reloaded in another tab"))
-            old.link.close(4409, "replaced")
+            self._replace(old, "the host's page reloaded in another tab")
             self._drop(room, old_id)
         peer_id = self._new_id()  # no capacity check: as a returning host's (_enter_private)
         room.host_id = peer_id
@@ -206,6 +209,12 @@ class Rooms:
         room.approved_ids.pop(old_id, None)
         self._revoked.revoke(room.key, old_id)
         return peer_id
+
+    @staticmethod
+    def _replace(old: Member, why: str) -> None:
+        """Close `old`'s socket: another took its place (4409: the page stops, no retry)."""
+        old.link.deliver(encode("error", code="replaced", message=why))
+        old.link.close(4409, "replaced")
 
     def _ice_fields(self, member: Member) -> dict[str, Any]:
         """``rtcConfig`` (ICE servers, TURN credentials) for an approved member only."""
@@ -220,8 +229,7 @@ class Rooms:
     def _admit(self, room: Room, member: Member) -> None:
         old = room.members.pop(member.id, None)
         if old is not None:  # the same peer reconnected: its old socket goes
-            old.link.deliver(encode("error", code="replaced", message="signed in elsewhere"))
-            old.link.close(4409, "replaced")
+            self._replace(old, "signed in elsewhere")
         room.members[member.id] = member
         room.empty_since = None
         if member.approved:

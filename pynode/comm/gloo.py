@@ -239,9 +239,7 @@ class GlooCollective(Collective):
         opts = dist.BroadcastOptions()
         opts.rootRank, opts.rootTensor, opts.timeout = root, 0, timeout
         self._wait(self._pg.broadcast([buf], opts))
-        # each rank's share of what the broadcast moved, as sent and as received
-        self.bytes_sent += n * (self.world_size - 1) // self.world_size
-        self.bytes_received += n * (self.world_size - 1) // self.world_size
+        self._moved(n * (self.world_size - 1) // self.world_size)  # each rank's share
         return buf.numpy().tobytes()
 
     def _allgather(self, payload: bytes | DaisyError, timeout: timedelta) -> list[bytes | None]:
@@ -260,8 +258,7 @@ class GlooCollective(Collective):
         opts = c10d.AllgatherOptions()
         opts.timeout = timeout
         self._wait(self._pg.allgather([out], [mine], opts))
-        self.bytes_sent += width * (self.world_size - 1)  # ring all-gather
-        self.bytes_received += width * (self.world_size - 1)
+        self._moved(width * (self.world_size - 1))  # ring all-gather
         return [t[:n].numpy().tobytes() for t, n in zip(out, lengths, strict=True)]
 
     def _agree(
@@ -298,8 +295,12 @@ class GlooCollective(Collective):
         opts.reduceOp, opts.timeout = dist.ReduceOp.SUM, timeout
         self._wait(self._pg.allreduce([tensor], opts))
         nbytes = tensor.numel() * tensor.element_size()
-        self.bytes_sent += 2 * (self.world_size - 1) * nbytes // self.world_size  # ring
-        self.bytes_received += 2 * (self.world_size - 1) * nbytes // self.world_size
+        self._moved(2 * (self.world_size - 1) * nbytes // self.world_size)  # ring
+
+    def _moved(self, nbytes: int) -> None:
+        """A collective that moves as much into each rank as out of it: `nbytes` each way."""
+        self.bytes_sent += nbytes
+        self.bytes_received += nbytes
 
     @staticmethod
     def _wait(work: Any, timeout: timedelta | None = None) -> None:

@@ -4,8 +4,8 @@
 //
 // A dropped socket is reopened with the resume token the server issued on `joined`, so a
 // page keeps its peer id and role (host included) across a server restart or a network blip.
-// A host's token is also kept for its tab (sessionStorage: that tab only, gone with it), so
-// a host page that reloads hosts its room again, under a new peer id (`fresh`: the page's
+// A host's token is also kept for its tab (sessionStorage: that tab's, and a duplicated or
+// restored copy of it), so a host page that reloads hosts its room again, under a new peer id (`fresh`: the page's
 // state is new; docs/SERVER.md, "Restarts and reconnects"). One entry a room: a tab that
 // hosted two rooms in turn (New room) takes either back.
 
