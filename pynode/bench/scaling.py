@@ -17,9 +17,12 @@ The two configurations alternate for --rounds rounds, and the scaling is the med
 rounds of each 2-peer run against the 1-peer run just before it: a shared machine's speed
 drifts 10-40 % between runs, which a single pair takes for scaling (x1.31, x1.87 and
 x1.41 in three single pairs of one hour). Traffic is what each peer's transport sent per
-step in the last round, packed by the int64 codec (pynode.comm.wire), and what it would
-have sent as raw int64 (before the codec), against the ring all-reduce optimum
-2(N-1)/N x gradient bytes.
+step in the last round and what it handed over in shared memory (a pair of local peers
+puts its vectors there: pynode/comm/shared.py), against the ring all-reduce optimum
+2(N-1)/N x gradient bytes. What a wire would carry is measured on a peer's real step
+vector: one step trained here, the vector of half its microbatches (a peer of two) packed
+by the int64 codec as the network transports send it (pynode.comm.wire), and unpacked again
+to the same values.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+import numpy as np
 
 from pynode.bench.machine import machine_info, machine_line
 from pynode.config import RunConfig
@@ -143,11 +148,12 @@ def main(argv: list[str]) -> int:
     if args.rounds < 1:
         parser.error(f"--rounds must be 1 or more, got {args.rounds}")
     cfg = RunConfig.from_dict({"microbatches": 8, **json.loads(args.config), "steps": args.steps})
+    codec = measure_codec(cfg)
     pairs = []  # (1 peer, 2 peers) of each round
     with tempfile.TemporaryDirectory(prefix="pynode-bench-") as tmp:
         for _ in range(args.rounds):
             pairs.append((run_peers(1, cfg, Path(tmp)), run_peers(2, cfg, Path(tmp))))
-    result = report(pairs, cfg)
+    result = report(pairs, cfg, codec)
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:
@@ -155,8 +161,26 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def report(pairs: list[tuple[dict, dict]], cfg: RunConfig) -> dict:
-    """The JSON report of the rounds' runs."""
+def measure_codec(cfg: RunConfig) -> dict:
+    """The int64 codec on a real step vector: one step of `cfg` trained here, then the
+    vector a peer of two contributes (half the microbatches) packed as the network
+    transports pack it, in bytes before and after, and whether it unpacks to itself."""
+    import asyncio
+
+    from pynode.comm.wire import pack_message, unpack_message
+    from pynode.run.assemble import build_trainer
+
+    trainer = build_trainer(cfg)
+    asyncio.run(trainer.step())
+    vector = trainer.microbatch_partial(list(range(cfg.microbatches // 2 or 1)))
+    packed = pack_message({}, vector)
+    _, back = unpack_message(packed)
+    return {"values": int(vector.size), "raw_bytes": len(pack_message({})) + vector.nbytes,
+            "packed_bytes": len(packed), "identical": bool(np.array_equal(back, vector))}
+
+
+def report(pairs: list[tuple[dict, dict]], cfg: RunConfig, codec: dict) -> dict:
+    """The JSON report of the rounds' runs; `codec` is measure_codec's."""
     tokens = cfg.microbatches * cfg.microbatch_size * cfg.seq
     speeds, ratios, extra = scaling(pairs, tokens, statistics.median)
     _, by_means, _ = scaling(pairs, tokens, statistics.fmean)
@@ -164,7 +188,6 @@ def report(pairs: list[tuple[dict, dict]], cfg: RunConfig) -> dict:
     one, two = pairs[-1]
     traffic = two["traffic"]
     worst = max(traffic["per_rank_bytes_per_step"].values())
-    raw = max(traffic["per_rank_unpacked_bytes_per_step"].values())
     return {
         "config": json.loads(cfg.to_json()),
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
@@ -185,7 +208,10 @@ def report(pairs: list[tuple[dict, dict]], cfg: RunConfig) -> dict:
         "same_final_hash": len({run["final_hash"] for pair in pairs for run in pair}) == 1,
         "bytes_per_peer_per_step": traffic["per_rank_bytes_per_step"],
         "unpacked_bytes_per_peer_per_step": traffic["per_rank_unpacked_bytes_per_step"],
-        "packing_ratio": raw / worst,
+        "shared_bytes_per_peer_per_step": traffic.get("per_rank_shared_bytes_per_step", {}),
+        # the codec on a peer's step vector (measure_codec): raw int64 over packed bytes
+        "codec": codec,
+        "packing_ratio": codec["raw_bytes"] / codec["packed_bytes"],
         "ring_optimum_bytes_per_step": traffic["ring_optimum_bytes_per_step"],
         "traffic_over_optimum": worst / traffic["ring_optimum_bytes_per_step"],
         # ms per step in each phase (pynode.run.stepclock.PHASES), by rank, of the last
@@ -215,11 +241,17 @@ def report_lines(result: dict, cfg: RunConfig) -> list[str]:
         lines.append(f"cross-check rounds: {held} of the 2-peer runs' {timed} timed steps, "
                      f"not both kinds in one run, so these figures leave out the "
                      f"{100 * share:.1f} % of steps that have one; run more --steps")
-    raw = max(result["unpacked_bytes_per_peer_per_step"].values())
     worst = max(result["bytes_per_peer_per_step"].values())
+    shared = max(result["shared_bytes_per_peer_per_step"].values(), default=0.0)
+    codec = result["codec"]
     lines += [f"same final hash: {result['same_final_hash']}",
-              f"bytes per peer per step: {raw / 1e6:.3f} MB as raw int64 (before), "
-              f"{worst / 1e6:.3f} MB packed (after): {result['packing_ratio']:.2f}x fewer",
+              f"bytes per peer per step: {worst / 1e6:.3f} MB sent, {shared / 1e6:.3f} MB "
+              "handed over in shared memory (local peers)",
+              f"int64 codec on a peer's step vector ({codec['values']:,} values), as a network "
+              f"transport sends it: {codec['raw_bytes'] / 1e6:.3f} MB as raw int64 (before), "
+              f"{codec['packed_bytes'] / 1e6:.3f} MB packed (after): "
+              f"{result['packing_ratio']:.2f}x fewer; unpacks to the same values: "
+              f"{codec['identical']}",
               f"ring optimum of raw int64 {result['ring_optimum_bytes_per_step'] / 1e6:.3f} "
               f"MB (sent x{result['traffic_over_optimum']:.2f})"]
     table = phase_table(result["phase_ms_per_step_1"], result["phase_ms_per_step_2"])

@@ -153,6 +153,9 @@ class Collective(ABC):
     # bytes the int64 codec (wire.pack_int64) kept off the wire: raw int64 would have been
     # bytes_sent + bytes_saved
     bytes_saved: int = 0
+    # bytes this peer handed to another through shared memory (a loopback pair's vectors,
+    # pynode/comm/shared.py): on no wire, and not packed
+    bytes_shared: int = 0
     # bytes this peer took from the wire (frames and metadata included); None where the
     # collective does not count them
     bytes_received: int | None = None

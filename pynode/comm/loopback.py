@@ -12,6 +12,18 @@ sum, which the member adds itself (int64 addition: the hub's bits). The packed-s
 of the codec's chain, packing on the hub and unpacking on the member, leaves the critical
 path, and both sides unpack at once. A member that has not contributed is sent nothing
 large, so the hub's deadline holds however long it stops reading.
+
+A pair's vectors of SHARED_MIN values or more change hands in shared memory
+(pynode/comm/shared.py) once the member has mapped the hub's file (its path comes with
+the first such result): the member writes its vector into its row and sends a frame
+that says so; the hub, which wrote its own vector into one of its two rows while it
+waited, sums from memory and answers with the row that holds its part. The rows are safe
+to reuse: the member writes its row only after the result of its last all-reduce, which
+the hub sends once it has read that row; the hub alternates its rows, and it can only
+write one again after the member contributed to a later all-reduce, that is, after the
+member finished reading it. Everything else (the deadline, drops, refusals) is the
+socket's, as before; the first such all-reduce, and a member that cannot map the file,
+go packed over the socket.
 """
 
 from __future__ import annotations
@@ -39,6 +51,7 @@ from pynode.comm.base import (
     payload_or_refusal,
     refusal_error,
 )
+from pynode.comm.shared import MEMBER, SharedVectors
 from pynode.comm.streams import (
     Address,
     Link,
@@ -52,12 +65,17 @@ from pynode.comm.wire import (
     VERSION,
     Frame,
     Kind,
+    MessageError,
     encode_header,
     int64_saving,
     pack_message,
     unpack_message,
 )
 from pynode.core.errors import DaisyError, ShapeError
+
+# all-reduces of this many values or more go through shared memory in a pair: below it,
+# packing costs less than the file (the gradient of the default model is 119,121 values)
+SHARED_MIN = 4096
 
 log = logging.getLogger(__name__)
 
@@ -79,12 +97,15 @@ class LoopbackCollective(Collective):
         self.world_size = world_size
         self.bytes_sent = 0
         self.bytes_saved = 0
+        self.bytes_shared = 0
         self._links = links  # hub: every other member's link; member: {0: hub}
         self._every_link = list(links.values())  # dropped ones too: what they brought counts
         self._members = tuple(range(world_size))
         self._seq = 0
         self._lock = asyncio.Lock()  # collectives run one at a time, in call order
         self._broken: CommError | None = None
+        self._shared: SharedVectors | None = None  # a pair's, once the hub offered it
+        self._row = 0  # the hub's row for its next part in shared memory
 
     @property
     def members(self) -> tuple[int, ...]:
@@ -99,10 +120,20 @@ class LoopbackCollective(Collective):
         try:
             vec = check_contribution(x, self.world_size)  # (n,) int64
             # The hub's own vector stays an array (star.combine), or travels as a PART.
-            payload: Any = vec if self.rank == 0 else self._pack(vec)
+            payload: Any = vec if self.rank == 0 else self._contribution(vec)
         except DaisyError as exc:
             payload = exc
         return await self._collective(Kind.ALLREDUCE, 0, payload, timeout, vec)
+
+    def _contribution(self, vec: np.ndarray) -> bytes:
+        """A member's vector: in its row of the pair's shared memory where it fits, said
+        in a frame of a few bytes; packed otherwise."""
+        shared = self._shared
+        if shared is None or shared.n != vec.size:
+            return self._pack(vec)
+        shared.rows[MEMBER] = vec
+        self.bytes_shared += vec.nbytes
+        return pack_message({"shared": vec.size})
 
     def _pack(self, vec: np.ndarray) -> bytes:
         packed = pack_message({}, vec, local=True)  # one machine: no network to spare
@@ -125,6 +156,7 @@ class LoopbackCollective(Collective):
     async def close(self) -> None:
         if self._broken is None:
             self._broken = CommError(f"rank {self.rank}: this collective is closed")
+        self._unshare()
         links, self._links = self._links, {}
         for link in links.values():
             try:
@@ -164,7 +196,12 @@ class LoopbackCollective(Collective):
     ) -> tuple[int, dict[str, Any], bytes]:
         others = [r for r in self._members if r != 0]
         pair = vec is not None and not own.status and len(others) == 1 and others[0] in self._links
-        part = self._pack(vec) if pair else b""  # packed while the member may still compute
+        shared = self._shared if pair and self._shared and self._shared.n == vec.size else None
+        part = b""
+        if shared is not None:  # where the member reads it, while it may still compute
+            shared.rows[self._row] = vec
+        elif pair:
+            part = self._pack(vec)
         got = await asyncio.gather(*(self._receive(r, timeout) for r in others))
         frames = {0: own}
         for rank, item in zip(others, got, strict=True):
@@ -175,13 +212,24 @@ class LoopbackCollective(Collective):
         theirs = frames.get(others[0]) if pair else None  # their own all-reduce, no refusal
         pair = (theirs is not None and theirs.kind == own.kind and theirs.seq == own.seq
                 and not theirs.status)
-        if pair:  # the member waits for the result: it unpacks this while the hub unpacks theirs
+        in_memory = pair and shared is not None and _shared_count(theirs.payload) == vec.size
+        if in_memory:  # the member mapped the file: its name can go
+            frames[others[0]] = theirs._replace(payload=shared.rows[MEMBER])
+            shared.unlink()
+            self.bytes_shared += vec.nbytes
+        elif pair:  # the member waits for the result: it unpacks this while the hub unpacks theirs
+            part = part or self._pack(vec)  # packed now where it went to shared memory
             self.bytes_sent += await self._send(others[0], own._replace(kind=Kind.PART,
                                                                         payload=part))
         members = tuple(r for r in self._members if r in frames)
         status, meta, blob = star.combine(own, frames, members, self.world_size)
         if pair and isinstance(blob, np.ndarray):  # the member adds the hub's part itself
-            result = pack_message({**meta, "pair": True})
+            extra: dict[str, Any] = {"pair": True}
+            if in_memory:
+                extra["row"], self._row = self._row, 1 - self._row
+            elif blob.size >= SHARED_MIN and (self._shared is None or self._shared.n != blob.size):
+                extra["shared"] = self._offer(blob.size)
+            result = pack_message({**meta, **extra})
         else:
             result = pack_message(meta, blob, local=True)
             if isinstance(blob, np.ndarray):
@@ -197,6 +245,36 @@ class LoopbackCollective(Collective):
         )
         self.bytes_sent += sum(sent)
         return status, meta, blob
+
+    def _offer(self, n: int) -> list | None:
+        """The hub's new shared memory for vectors of n values, as [path, n] for the
+        member; None where the machine has none to give (the pair stays packed)."""
+        self._unshare()
+        try:
+            self._shared = SharedVectors.create(n)
+        except OSError as exc:
+            log.info("hub: no shared memory for the pair (%s); its vectors go packed", exc)
+            return None
+        self._row = 0
+        return [self._shared.path, n]
+
+    def _take(self, offer: Any) -> None:
+        """The member maps the hub's shared memory ([path, n]); where it cannot, it goes
+        on packing and the hub reads that."""
+        self._unshare()
+        try:
+            path, n = offer
+            self._shared = SharedVectors.attach(str(path), int(n))
+        except (OSError, TypeError, ValueError) as exc:
+            log.info("rank %d: cannot map the hub's shared memory (%s); packing instead",
+                     self.rank, exc)
+
+    def _unshare(self) -> None:
+        shared, self._shared = self._shared, None
+        if shared is not None:
+            if self.rank == 0:
+                shared.unlink()
+            shared.close()
 
     async def _receive(self, rank: int, timeout: float) -> Frame | str:
         try:
@@ -214,6 +292,7 @@ class LoopbackCollective(Collective):
 
     async def _drop(self, rank: int, reason: str, seq: int) -> None:
         log.warning("hub: dropping rank %d at collective #%d: %s", rank, seq, reason)
+        self._unshare()
         link = self._links.pop(rank)
         try:
             self.bytes_sent += await link.send(Frame(Kind.DROP, 0, seq, 0, 0, reason.encode()))
@@ -258,6 +337,11 @@ class LoopbackCollective(Collective):
                 meta, blob = unpack_message(frame.payload)
                 if frame.status or not meta.pop("pair", False):
                     return frame.status, meta, blob
+                row, offer = meta.pop("row", None), meta.pop("shared", None)
+                if row in (0, 1) and self._shared is not None and vec is not None:
+                    part = self._shared.rows[row]
+                if offer is not None:
+                    self._take(offer)
                 if isinstance(part, np.ndarray) and vec is not None and part.shape == vec.shape:
                     return frame.status, meta, vec + part
                 lost = CommError(f"the hub's part of all-reduce #{own.seq} did not arrive whole")
@@ -270,6 +354,19 @@ class LoopbackCollective(Collective):
         for link in links.values():
             await link.close()
         return exc
+
+
+def _shared_count(payload: Any) -> int | None:
+    """The number of values a member says it left in shared memory, if its contribution
+    is that frame (a few bytes) rather than a packed vector."""
+    if not isinstance(payload, (bytes, bytearray, memoryview)) or len(payload) > 64:
+        return None
+    try:
+        meta, blob = unpack_message(payload)
+    except MessageError:
+        return None
+    count = meta.get("shared") if isinstance(blob, bytes) and not blob else None
+    return count if isinstance(count, int) else None
 
 
 async def connect(

@@ -157,9 +157,11 @@ async def report_timings(collective, trainer: Trainer) -> dict[str, dict[int, An
 
 async def report_traffic(collective, trainer: Trainer, report, steps: int) -> dict:
     """Bytes each member sent per step, as packed by the int64 codec and as they would be
-    raw (pynode.comm.wire), next to the ring all-reduce optimum 2(N-1)/N x G of raw int64."""
+    raw (pynode.comm.wire), next to the ring all-reduce optimum 2(N-1)/N x G of raw int64,
+    and what it handed over in shared memory (a loopback pair: no wire)."""
     sent = await collective.allgather_bytes(
-        f"{collective.bytes_sent} {collective.bytes_saved}".encode(), timeout=SETUP_TIMEOUT
+        f"{collective.bytes_sent} {collective.bytes_saved} {collective.bytes_shared}".encode(),
+        timeout=SETUP_TIMEOUT,
     )
     counts = {r: [int(v) for v in b.split()] for r, b in enumerate(sent) if b is not None}
     n, per = len(counts), max(steps, 1)
@@ -168,11 +170,14 @@ async def report_traffic(collective, trainer: Trainer, report, steps: int) -> di
     traffic = {"per_rank_bytes_per_step": {r: c[0] / per for r, c in counts.items()},
                "per_rank_unpacked_bytes_per_step": {r: (c[0] + c[1]) / per
                                                     for r, c in counts.items()},
+               "per_rank_shared_bytes_per_step": {r: c[2] / per for r, c in counts.items()},
                "ring_optimum_bytes_per_step": optimum, "gradient_bytes": grad_bytes}
     if collective.rank == 0 and n > 1:
         worst = max(c[0] for c in counts.values()) / per
         raw = max(c[0] + c[1] for c in counts.values()) / per
+        shared = max(c[2] for c in counts.values()) / per
         report(f"traffic: up to {worst / 1e6:.2f} MB sent per peer per step, {raw / 1e6:.2f} MB "
                f"as raw int64 (ring all-reduce optimum {optimum / 1e6:.2f} MB, ratio "
-               f"{worst / optimum:.2f})")
+               f"{worst / optimum:.2f})"
+               + (f"; {shared / 1e6:.2f} MB handed over in shared memory" if shared else ""))
     return traffic

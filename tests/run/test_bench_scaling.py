@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from pynode.bench import scaling
 from pynode.config import RunConfig
+from pynode.core.gpt import GPTConfig, gpt_param_shapes
 
 TRAFFIC = {"per_rank_bytes_per_step": {"0": 400.0, "1": 380.0},
            "per_rank_unpacked_bytes_per_step": {"0": 1000.0, "1": 1000.0},
@@ -17,6 +19,8 @@ TRAFFIC = {"per_rank_bytes_per_step": {"0": 400.0, "1": 380.0},
 ONE = {"0": {"compute": 100.0, "reduce": 0.0, "update": 2.0}}
 TWO = {"0": {"compute": 52.0, "reduce": 6.0, "update": 2.0},
        "1": {"compute": 50.0, "reduce": 8.5, "update": 2.0}}
+MEASURE_CODEC = scaling.measure_codec  # the real one: tests below replace it
+CODEC = {"values": 123, "raw_bytes": 1000, "packed_bytes": 400, "identical": True}
 TOKENS = 8 * 8 * 64  # the default config at 8 microbatches
 SHARE = 4 / 32  # 2 equal peers of 8 microbatches, cross_check 32
 
@@ -27,6 +31,24 @@ def a_run(peers, plain_ms, checked_ms=(), hash_="h", plain_steps=19):
     return {"peers": peers, "plain": [plain_ms] * plain_steps, "checked": list(checked_ms),
             "share": 0.0 if peers == 1 else SHARE, "log_ms": 999.0, "final_hash": hash_,
             "traffic": TRAFFIC, "phases": ONE if peers == 1 else TWO}
+
+
+@pytest.fixture(autouse=True)
+def measured_codec(monkeypatch):
+    """The codec's figure without training a step (test_the_codec_is_measured_on_a_real_
+    step_vector trains one)."""
+    monkeypatch.setattr(scaling, "measure_codec", lambda cfg: CODEC)
+
+
+def test_the_codec_is_measured_on_a_real_step_vector():
+    """A peer of two's vector after one real step: the codec packs it to half or less and
+    it unpacks to the same values (#18: >= 2x fewer bytes on the wire, same results)."""
+    cfg = RunConfig.from_dict({"microbatches": 2, "steps": 2})
+    codec = MEASURE_CODEC(cfg)
+    size = sum(int(np.prod(s)) for s in gpt_param_shapes(GPTConfig()).values())
+    assert codec["values"] == size + 1 + 2 * 2  # gradient, loss, counts, digests
+    assert codec["identical"] is True
+    assert codec["raw_bytes"] >= 2 * codec["packed_bytes"] > 0
 
 
 def test_rounds_alternate_and_the_median_ratio_is_the_scaling(monkeypatch, capsys):

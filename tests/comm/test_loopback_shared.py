@@ -1,0 +1,122 @@
+"""A loopback pair's large all-reduces go through shared memory (pynode/comm/shared.py):
+the same sums as over the socket, a few bytes on the socket, and no file left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from comm_helpers import loopback_group, oracle_sum
+
+from pynode.comm import loopback, shared
+from pynode.comm.loopback import SHARED_MIN
+
+
+def vectors(round_: int, n: int = SHARED_MIN + 5) -> list[np.ndarray]:
+    """Each rank's vector of one round: different in every round and rank, large values."""
+    return [np.random.default_rng((round_, rank)).integers(-2**40, 2**40, n, dtype=np.int64)
+            for rank in range(2)]
+
+
+async def reduce_pair(group: list, xs: list[np.ndarray]) -> list:
+    return list(await asyncio.gather(*(m.allreduce_int64(x, timeout=10) for m, x in
+                                       zip(group, xs, strict=True))))
+
+
+def test_a_pairs_large_vectors_go_through_shared_memory_with_the_same_sums(tmp_path: Path):
+    async def scenario() -> None:
+        hub, member = await loopback_group(2, tmp_path)
+        sent = []
+        for round_ in range(7):  # the first goes packed and offers the file; then rows 0, 1, 0 ...
+            xs = vectors(round_)
+            before = member.bytes_sent
+            for result in await reduce_pair([hub, member], xs):
+                assert result.total.tolist() == oracle_sum(xs)
+                assert result.contributors == (0, 1)
+            sent.append(member.bytes_sent - before)
+            if round_ == 0:
+                path = hub._shared.path
+                assert os.path.exists(path)  # named until the member has used it
+        assert not os.path.exists(path)
+        assert sent[0] > 8 * SHARED_MIN // 4  # packed over the socket
+        assert max(sent[1:]) < 100  # a frame that says where the vector is
+        assert member.bytes_shared == hub.bytes_shared == 6 * 8 * (SHARED_MIN + 5)
+        # the results are the callers' own arrays: a later round does not change them
+        kept = (await reduce_pair([hub, member], vectors(7)))[1].total
+        copy = kept.copy()
+        await reduce_pair([hub, member], vectors(8))
+        assert np.array_equal(kept, copy)
+        await asyncio.gather(hub.close(), member.close())
+
+    asyncio.run(scenario())
+
+
+def test_small_vectors_and_a_member_that_cannot_map_the_file_stay_packed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(path: str, n: int) -> shared.SharedVectors:
+        raise OSError("no shared memory here")
+
+    async def scenario() -> None:
+        hub, member = await loopback_group(2, tmp_path)
+        for round_ in range(3):
+            xs = vectors(round_, n=257)
+            for result in await reduce_pair([hub, member], xs):
+                assert result.total.tolist() == oracle_sum(xs)
+        assert hub._shared is None and hub.bytes_shared == member.bytes_shared == 0
+        monkeypatch.setattr(shared.SharedVectors, "attach", staticmethod(refuse))
+        for round_ in range(3):
+            xs = vectors(round_)
+            for result in await reduce_pair([hub, member], xs):
+                assert result.total.tolist() == oracle_sum(xs)
+        assert member._shared is None and member.bytes_shared == 0
+        path = hub._shared.path  # offered once, never used: named until the hub closes
+        assert os.path.exists(path)
+        await asyncio.gather(hub.close(), member.close())
+        assert not os.path.exists(path)
+
+    asyncio.run(scenario())
+
+
+def test_a_new_length_gets_a_new_file_and_the_old_one_goes(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        hub, member = await loopback_group(2, tmp_path)
+        for n in (SHARED_MIN, SHARED_MIN, 2 * SHARED_MIN, 2 * SHARED_MIN, 2 * SHARED_MIN):
+            xs = vectors(n, n=n)
+            first = hub._shared.path if hub._shared else None
+            for result in await reduce_pair([hub, member], xs):
+                assert result.total.tolist() == oracle_sum(xs)
+            if first is not None and hub._shared.path != first:
+                assert not os.path.exists(first)
+        assert hub._shared.n == member._shared.n == 2 * SHARED_MIN
+        assert member.bytes_shared == 8 * (SHARED_MIN + 2 * 2 * SHARED_MIN)
+        last = hub._shared.path
+        await asyncio.gather(hub.close(), member.close())
+        assert not os.path.exists(last)
+
+    asyncio.run(scenario())
+
+
+def test_the_member_maps_only_a_pairs_file_of_the_right_size(tmp_path: Path) -> None:
+    """A path that is not a pair's shared vectors, or of another length, is not mapped
+    (the member goes on packing)."""
+    other = tmp_path / "something"
+    other.write_bytes(b"\0" * 3 * 8 * 10)
+    with pytest.raises(OSError, match="not a pair's shared vectors"):
+        shared.SharedVectors.attach(str(other), 10)
+    made = shared.SharedVectors.create(10)
+    try:
+        with pytest.raises(OSError, match="not 264"):
+            shared.SharedVectors.attach(made.path, 11)
+        seen = shared.SharedVectors.attach(made.path, 10)
+        made.rows[2] = np.arange(10)
+        assert seen.rows[2].tolist() == list(range(10))
+        seen.close()
+    finally:
+        made.unlink()
+        made.close()
+    assert not os.path.exists(made.path)
+    assert loopback.SHARED_MIN > 257  # the small vectors above stay packed
