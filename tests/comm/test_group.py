@@ -115,6 +115,9 @@ def runs(tmp_path_factory, full_suite) -> dict:
                                               "--capacity", "1,2,5", "--summary",
                                               str(folder / "peers3.summary.json")],
                            {"PYNODE_FAULT": "1:2:gemm"}),
+        # A pair hands its vectors over in shared memory (pynode/comm/shared.py).
+        "peers2": Launched(folder, "peers2", [*TRAIN, *QUICK, "--peers", "2", "--summary",
+                                              str(folder / "peers2.summary.json")]),
         # A fixed plan: rank 2 must hold microbatches at step 2 to die in the middle of them.
         "kill": Launched(folder, "kill", [*TRAIN, *QUICK, "--peers", "3", "--capacity", "1,1,1"],
                          {"PYNODE_FAULT": "2:2:kill"}),
@@ -207,7 +210,7 @@ def test_runs_compare_the_default_kernels_with_the_reference_kernels(runs):
 
 # --- same bits, whatever the shape of the group ------------------------------------------------
 
-@pytest.mark.parametrize("name", ["peers3", "gloo"])
+@pytest.mark.parametrize("name", ["peers2", "peers3", "gloo"])
 def test_group_gives_the_one_peer_hashes(runs, reference, name):
     run = ok(runs[name])
     assert run.hashes == reference.hashes
@@ -226,6 +229,19 @@ def test_reduced_gradients_travel_packed_in_half_the_bytes_or_less(runs, name):
     for rank in packed:
         assert raw[rank] >= 2 * packed[rank] > 0, (rank, raw[rank], packed[rank])
     assert max(raw.values()) >= traffic["gradient_bytes"]  # the gradient is in there
+
+
+def test_a_local_pair_hands_its_gradients_over_in_shared_memory(runs):
+    """Both ranks of `--peers 2` put every step's vector (gradient, loss, counts, digests:
+    21,088 + 1 + 16 values here) in shared memory after the first all-reduce, which goes
+    packed and offers the file; the socket carries only small frames after that."""
+    ok(runs["peers2"])
+    traffic = json.loads((runs["folder"] / "peers2.summary.json").read_text())["traffic"]
+    shared, sent = traffic["per_rank_shared_bytes_per_step"], traffic["per_rank_bytes_per_step"]
+    vector = 8 * (traffic["gradient_bytes"] // 8 + 1 + 2 * 8)
+    for rank in ("0", "1"):
+        assert shared[rank] * 4 == 3 * vector  # steps 2-4 of 4, per step of 4
+        assert sent[rank] < vector  # the first step's packed vector, then small frames
 
 
 @pytest.mark.parametrize("name", ["peers3", "gloo"])
