@@ -18,8 +18,8 @@ A pair's vectors of SHARED_MIN values or more change hands in shared memory
 the first such result): the member writes its vector into its row and sends a frame
 that says so; the hub, which wrote its own vector into one of its two rows while it
 waited, sums from memory and answers with the row that holds its part. The rows are safe
-to reuse: the member writes its row only after the result of its last all-reduce, which
-the hub sends once it has read that row; the hub alternates its rows, and it can only
+to reuse: the member writes its row in its all-reduce's turn (a queued call waits), after
+the result of its last all-reduce, which the hub sends once it has read that row; the hub alternates its rows, and it can only
 write one again after the member contributed to a later all-reduce, that is, after the
 member finished reading it. Everything else (the deadline, drops, refusals) is the
 socket's, as before; the first such all-reduce, and a member that cannot map the file,
@@ -106,6 +106,7 @@ class LoopbackCollective(Collective):
         self._broken: CommError | None = None
         self._shared: SharedVectors | None = None  # a pair's, once the hub offered it
         self._row = 0  # the hub's row for its next part in shared memory
+        self._declined = 0  # a length whose file the member could not map: not offered again
 
     @property
     def members(self) -> tuple[int, ...]:
@@ -119,15 +120,17 @@ class LoopbackCollective(Collective):
         vec = None
         try:
             vec = check_contribution(x, self.world_size)  # (n,) int64
-            # The hub's own vector stays an array (star.combine), or travels as a PART.
-            payload: Any = vec if self.rank == 0 else self._contribution(vec)
+            # The hub's own vector stays an array (star.combine), or travels as a PART; a
+            # member's is packed or put in shared memory once its turn comes (_member_round).
+            payload: Any = vec
         except DaisyError as exc:
             payload = exc
         return await self._collective(Kind.ALLREDUCE, 0, payload, timeout, vec)
 
     def _contribution(self, vec: np.ndarray) -> bytes:
         """A member's vector: in its row of the pair's shared memory where it fits, said
-        in a frame of a few bytes; packed otherwise."""
+        in a frame of a few bytes; packed otherwise. Called in the all-reduce's turn (a
+        queued call must not write the row the hub may still be reading)."""
         shared = self._shared
         if shared is None or shared.n != vec.size:
             return self._pack(vec)
@@ -218,7 +221,10 @@ class LoopbackCollective(Collective):
             shared.unlink()
             self.bytes_shared += vec.nbytes
         elif pair:  # the member waits for the result: it unpacks this while the hub unpacks theirs
-            part = part or self._pack(vec)  # packed now where it went to shared memory
+            if shared is not None:  # the member could not map the file: the pair stays packed
+                self._unshare()
+                self._declined = vec.size
+            part = part or self._pack(vec)
             self.bytes_sent += await self._send(others[0], own._replace(kind=Kind.PART,
                                                                         payload=part))
         members = tuple(r for r in self._members if r in frames)
@@ -227,7 +233,8 @@ class LoopbackCollective(Collective):
             extra: dict[str, Any] = {"pair": True}
             if in_memory:
                 extra["row"], self._row = self._row, 1 - self._row
-            elif blob.size >= SHARED_MIN and (self._shared is None or self._shared.n != blob.size):
+            elif (blob.size >= SHARED_MIN and blob.size != self._declined
+                  and (self._shared is None or self._shared.n != blob.size)):
                 extra["shared"] = self._offer(blob.size)
             result = pack_message({**meta, **extra})
         else:
@@ -259,9 +266,11 @@ class LoopbackCollective(Collective):
         return [self._shared.path, n]
 
     def _take(self, offer: Any) -> None:
-        """The member maps the hub's shared memory ([path, n]); where it cannot, it goes
-        on packing and the hub reads that."""
+        """The member maps the hub's shared memory ([path, n]); where it cannot (or the
+        hub had none to give: None), it goes on packing and the hub reads that."""
         self._unshare()
+        if offer is None:
+            return
         try:
             path, n = offer
             self._shared = SharedVectors.attach(str(path), int(n))
@@ -307,6 +316,8 @@ class LoopbackCollective(Collective):
         wait_s = 2 * timeout + HUB_GRACE_S
         deadline = asyncio.get_running_loop().time() + wait_s
         lost: CommError
+        if isinstance(own.payload, np.ndarray):
+            own = own._replace(payload=self._contribution(own.payload))
         try:
             self.bytes_sent += await link.send(own)
         except LinkGone:
@@ -337,11 +348,11 @@ class LoopbackCollective(Collective):
                 meta, blob = unpack_message(frame.payload)
                 if frame.status or not meta.pop("pair", False):
                     return frame.status, meta, blob
-                row, offer = meta.pop("row", None), meta.pop("shared", None)
+                row = meta.pop("row", None)
                 if row in (0, 1) and self._shared is not None and vec is not None:
                     part = self._shared.rows[row]
-                if offer is not None:
-                    self._take(offer)
+                if "shared" in meta:  # a new file, or none (the hub had none to give)
+                    self._take(meta.pop("shared"))
                 if isinstance(part, np.ndarray) and vec is not None and part.shape == vec.shape:
                     return frame.status, meta, vec + part
                 lost = CommError(f"the hub's part of all-reduce #{own.seq} did not arrive whole")

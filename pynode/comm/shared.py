@@ -11,10 +11,10 @@ Layout: one file of 3 (n,) int64 rows, the hub's two (it alternates, so the memb
 read the last one while the hub writes the next) and the member's one. Every write is
 followed by a frame the reader waits for, and the protocol never lets a writer reach a row
 its reader may still be reading (pynode/comm/loopback.py says why). The hub creates the file
-in /dev/shm where there is one (memory, not disk), the member maps it from the path the
-hub sends, and the hub removes the name once the member has used it; the mappings live on
-until each side closes. A crash between creation and that first use leaves the file
-behind (its name starts with `daisychain-pair-`).
+in /dev/shm where there is one (memory, not disk), its pages reserved at once, the member
+maps it from the path the hub sends, and the hub removes the name once the member has used
+it (or could not); the mappings live on until each side closes. A crash between creation
+and that first use leaves the file behind (its name starts with `daisychain-pair-`).
 
 Legend: n values of one all-reduce.
 """
@@ -49,7 +49,12 @@ class SharedVectors:
         folder = SHM if os.path.isdir(SHM) and os.access(SHM, os.W_OK) else None
         fd, path = tempfile.mkstemp(prefix=PREFIX, dir=folder)
         try:
-            os.ftruncate(fd, ROWS * n * 8)
+            # the pages now, so that a full /dev/shm is an OSError here (ENOSPC), never a
+            # SIGBUS at the first write to a page it cannot hold
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(fd, 0, ROWS * n * 8)
+            else:
+                os.ftruncate(fd, ROWS * n * 8)
             return cls(path, n, fd)
         except BaseException:
             os.close(fd)

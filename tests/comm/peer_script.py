@@ -182,7 +182,41 @@ async def hub_dies(coll, rank: int, world: int, out: Path) -> dict:
         return error_record(exc, started)
 
 
-SCENARIOS = {"exact": exact, "kill": kill, "hub_dies": hub_dies}
+async def shared(coll, rank: int, world: int, out: Path) -> dict:
+    """A pair's large vectors through shared memory, many rounds with jittered arrivals
+    and, every fifth round, the member's next call queued behind the last: each side
+    checks every sum against the contributions it can regenerate."""
+    from pynode.comm.loopback import SHARED_MIN
+
+    def vector(r: int, i: int) -> np.ndarray:
+        rng = np.random.default_rng([r, i, 17])
+        return rng.integers(-(2**61), 2**61, size=2 * SHARED_MIN, dtype=np.int64)
+
+    def wrong(i: int, result) -> int:
+        return int(not np.array_equal(result.total, vector(0, i) + vector(1, i)))
+
+    mismatches, i, blocks = 0, 0, 0
+    while i < 200:
+        await asyncio.sleep(random.random() * 0.002)
+        if i % 5 == 4:  # two all-reduces; the member calls both at once, the second queued
+            calls = [coll.allreduce_int64(vector(rank, j), timeout=10.0) for j in (i, i + 1)]
+            if rank == 1:
+                results = await asyncio.gather(*calls)
+            else:
+                results = [await calls[0], await calls[1]]
+            mismatches += wrong(i, results[0]) + wrong(i + 1, results[1])
+            i += 2
+        else:
+            mismatches += wrong(i, await coll.allreduce_int64(vector(rank, i), timeout=10.0))
+            i += 1
+        blocks += 1
+        if blocks % 7 == 0:  # other collectives between all-reduces
+            await coll.allgather_bytes(b"x" * rank, timeout=10.0)
+    return {"mismatches": mismatches, "reduces": i, "bytes_shared": coll.bytes_shared,
+            "bytes_sent": coll.bytes_sent}
+
+
+SCENARIOS = {"exact": exact, "kill": kill, "hub_dies": hub_dies, "shared": shared}
 
 
 async def main(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from comm_helpers import loopback_group, oracle_sum
+from comm_helpers import loopback_group, oracle_sum, run_peers
 
 from pynode.comm import loopback, shared
 from pynode.comm.loopback import SHARED_MIN
@@ -68,15 +68,26 @@ def test_small_vectors_and_a_member_that_cannot_map_the_file_stay_packed(
                 assert result.total.tolist() == oracle_sum(xs)
         assert hub._shared is None and hub.bytes_shared == member.bytes_shared == 0
         monkeypatch.setattr(shared.SharedVectors, "attach", staticmethod(refuse))
+        offered = []
+        create = shared.SharedVectors.create
+
+        def counted(n: int) -> shared.SharedVectors:
+            made = create(n)
+            offered.append(made.path)
+            return made
+
+        monkeypatch.setattr(shared.SharedVectors, "create", staticmethod(counted))
         for round_ in range(3):
             xs = vectors(round_)
             for result in await reduce_pair([hub, member], xs):
                 assert result.total.tolist() == oracle_sum(xs)
         assert member._shared is None and member.bytes_shared == 0
-        path = hub._shared.path  # offered once, never used: named until the hub closes
-        assert os.path.exists(path)
+        # it declined by packing: the hub removed the file and offers none again
+        assert hub._shared is None and hub._declined == SHARED_MIN + 5
+        assert not [f for f in os.listdir(os.path.dirname(offered[0]))
+                    if f == os.path.basename(offered[0])]
+        assert len(offered) == 1
         await asyncio.gather(hub.close(), member.close())
-        assert not os.path.exists(path)
 
     asyncio.run(scenario())
 
@@ -120,3 +131,71 @@ def test_the_member_maps_only_a_pairs_file_of_the_right_size(tmp_path: Path) -> 
         made.close()
     assert not os.path.exists(made.path)
     assert loopback.SHARED_MIN > 257  # the small vectors above stay packed
+
+
+def test_a_queued_all_reduce_does_not_write_the_row_the_hub_still_reads(tmp_path: Path):
+    """A member may call all-reduce again before the last one returned (the calls queue):
+    the second vector goes into shared memory only in its turn."""
+    async def scenario() -> None:
+        hub, member = await loopback_group(2, tmp_path)
+        await reduce_pair([hub, member], vectors(0))  # the offer
+        for round_ in range(1, 6, 2):
+            first, second = vectors(round_), vectors(round_ + 1)
+
+            async def hub_side(a: np.ndarray, b: np.ndarray) -> list:
+                return [await hub.allreduce_int64(a, timeout=10),
+                        await hub.allreduce_int64(b, timeout=10)]
+
+            at_hub, *at_member = await asyncio.gather(
+                hub_side(first[0], second[0]), member.allreduce_int64(first[1], timeout=10),
+                member.allreduce_int64(second[1], timeout=10))
+            for got, xs in zip(at_hub, (first, second), strict=True):
+                assert got.total.tolist() == oracle_sum(xs)
+            for got, xs in zip(at_member, (first, second), strict=True):
+                assert got.total.tolist() == oracle_sum(xs)
+        assert member.bytes_shared > 0
+        await asyncio.gather(hub.close(), member.close())
+
+    asyncio.run(scenario())
+
+
+def test_a_hub_without_a_new_file_takes_the_member_off_the_old_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new length whose file cannot be made: the member stops using the old file too, so
+    the old length goes packed again (and then gets a new file) instead of failing."""
+    create = shared.SharedVectors.create
+    fail = []
+
+    def flaky(n: int) -> shared.SharedVectors:
+        if n in fail:
+            fail.remove(n)
+            raise OSError("no space left on device")
+        return create(n)
+
+    monkeypatch.setattr(shared.SharedVectors, "create", staticmethod(flaky))
+
+    async def scenario() -> None:
+        hub, member = await loopback_group(2, tmp_path)
+        small, large = SHARED_MIN, 2 * SHARED_MIN
+        fail.append(large)
+        for round_, n in enumerate((small, small, large, small, small, small)):
+            xs = vectors(round_, n=n)
+            for result in await reduce_pair([hub, member], xs):
+                assert result.total.tolist() == oracle_sum(xs)
+        assert hub._shared.n == member._shared.n == small
+        await asyncio.gather(hub.close(), member.close())
+
+    asyncio.run(scenario())
+
+
+def test_two_processes_sum_exactly_through_shared_memory(tmp_path: Path) -> None:
+    """Two real processes, 200 all-reduces with jittered arrivals, queued calls and other
+    collectives between them: every sum on both sides is exact (peer_script's `shared`)."""
+    records = run_peers("loopback", 2, f"unix:{tmp_path / 'hub.sock'}", "shared", tmp_path)
+    for rank in (0, 1):
+        record = records[rank]
+        assert record["mismatches"] == 0 and record["reduces"] >= 200
+        vector = 8 * 2 * SHARED_MIN
+        assert record["bytes_shared"] == (record["reduces"] - 1) * vector  # all but the first
+        assert record["bytes_sent"] < 2 * vector  # the first one packed, then small frames
