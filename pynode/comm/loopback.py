@@ -19,11 +19,11 @@ the first such result): the member writes its vector into its row and sends a fr
 that says so; the hub, which wrote its own vector into one of its two rows while it
 waited, sums from memory and answers with the row that holds its part. The rows are safe
 to reuse: the member writes its row in its all-reduce's turn (a queued call waits), after
-the result of its last all-reduce, which the hub sends once it has read that row; the hub alternates its rows, and it can only
-write one again after the member contributed to a later all-reduce, that is, after the
-member finished reading it. Everything else (the deadline, drops, refusals) is the
-socket's, as before; the first such all-reduce, and a member that cannot map the file,
-go packed over the socket.
+the result of its last all-reduce, which the hub sends once it has read that row; the hub
+alternates its rows, and it can only write one again after the member contributed to a
+later all-reduce, that is, after the member finished reading it. Everything else (the
+deadline, drops, refusals) is the socket's, as before; the first such all-reduce, and a
+member that cannot map the file, go packed over the socket.
 """
 
 from __future__ import annotations
