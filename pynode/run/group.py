@@ -176,8 +176,11 @@ async def report_traffic(collective, trainer: Trainer, report, steps: int) -> di
         worst = max(c[0] for c in counts.values()) / per
         raw = max(c[0] + c[1] for c in counts.values()) / per
         shared = max(c[2] for c in counts.values()) / per
-        report(f"traffic: up to {worst / 1e6:.2f} MB sent per peer per step, {raw / 1e6:.2f} MB "
-               f"as raw int64 (ring all-reduce optimum {optimum / 1e6:.2f} MB, ratio "
-               f"{worst / optimum:.2f})"
-               + (f"; {shared / 1e6:.2f} MB handed over in shared memory" if shared else ""))
+        if shared:  # a local pair: its vectors cross no wire, so no ratio to the optimum
+            report(f"traffic: up to {shared / 1e6:.2f} MB per peer per step handed over in "
+                   f"shared memory (local peers), {worst / 1e6:.3f} MB sent on the socket")
+        else:
+            report(f"traffic: up to {worst / 1e6:.2f} MB sent per peer per step, "
+                   f"{raw / 1e6:.2f} MB as raw int64 (ring all-reduce optimum "
+                   f"{optimum / 1e6:.2f} MB, ratio {worst / optimum:.2f})")
     return traffic

@@ -235,7 +235,9 @@ def test_a_local_pair_hands_its_gradients_over_in_shared_memory(runs):
     """Both ranks of `--peers 2` put every step's vector (gradient, loss, counts, digests:
     21,088 + 1 + 16 values here) in shared memory after the first all-reduce, which goes
     packed and offers the file; the socket carries only small frames after that."""
-    ok(runs["peers2"])
+    run = ok(runs["peers2"])
+    (line,) = [x for x in run.err.splitlines() if x.startswith("traffic: ")]
+    assert "handed over in shared memory (local peers)" in line and "ratio" not in line
     traffic = json.loads((runs["folder"] / "peers2.summary.json").read_text())["traffic"]
     shared, sent = traffic["per_rank_shared_bytes_per_step"], traffic["per_rank_bytes_per_step"]
     vector = 8 * (traffic["gradient_bytes"] // 8 + 1 + 2 * 8)
