@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +23,30 @@ LIMIT_S = 300
 # Many interpreters share 2 cores: BLAS / OpenMP pools that spin-wait for idle cores would
 # slow all of them. A test that wants the default pools passes these names with None.
 ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that is free now, below the kernel's ephemeral range.
+
+    A port the kernel hands out (a bind to port 0) is free now, but until the test's process
+    binds it, any connection another process opens may take it as its local port: a gloo
+    store once failed so with EADDRINUSE while other runs connected. The kernel hands out
+    no port below its range, so only an explicit bind can take one of these.
+    """
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    pick = random.SystemRandom()
+    for _ in range(200):
+        port = pick.randrange(10000, max(low, 10001))
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port between 10000 and {low}")
 
 
 @dataclass

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,12 +27,7 @@ from pynode.comm import loopback  # noqa: E402
 PEER_SCRIPT = Path(__file__).with_name("peer_script.py")
 sys.path.insert(0, str(PEER_SCRIPT.parent))
 import peer_script  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from pynode_runs import free_port  # noqa: E402
 
 
 def oracle_sum(arrays: Sequence[np.ndarray]) -> list[int]:

@@ -12,7 +12,6 @@ import asyncio
 import io
 import json
 import logging
-import socket
 import sys
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from pynode.run.outer import OuterTrainer
 from pynode.run.protocol import RoomPeer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the run harness
-from pynode_runs import Launched  # noqa: E402
+from pynode_runs import Launched, free_port  # noqa: E402
 
 CONFIG = {"task": "gpt", "width": 32, "layers": 1, "heads": 2, "seq": 16, "microbatch_size": 2,
           "microbatches": 8, "steps": 7, "lr": 0.003, "seed": 5, "sync_every": 3,
@@ -60,10 +59,7 @@ def launched(tmp_path_factory, full_suite) -> dict[str, Launched]:
     runs = {"peers3": Launched(folder, "peers3", ["train", *FLAGS, "--peers", "3",
                                                   "--capacity", "1,2,5"])}
     if full_suite:
-        with socket.socket() as s:  # a free port for gloo's store
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
+        base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
         for rank in (0, 1):
             runs[f"gloo{rank}"] = Launched(folder, f"gloo{rank}", ["cluster", *FLAGS[:-2]],
                                            {**base, "RANK": str(rank)})

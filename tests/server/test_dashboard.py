@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import time
 import urllib.request
@@ -18,7 +17,7 @@ from server.runs import MAX_POINTS, RunBoard, RunReportError, UnknownRunError
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
-from pynode_runs import Launched  # noqa: E402
+from pynode_runs import Launched, free_port  # noqa: E402
 
 
 class Clock:
@@ -132,12 +131,6 @@ def test_the_routes_issue_tokens_check_them_and_serve_the_page(make_config):
 
 
 # ------------------------------------------------------------------ a real run
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_a_cluster_run_appears_on_the_dashboard_with_its_ranks_and_live_loss(
         live, make_config, tmp_path):
