@@ -35,6 +35,15 @@ def share_malloc_arena() -> bool:
     return bool(mallopt(m_arena_max, 1))
 
 
+def pin_to_core(rank: int) -> None:
+    """With PYNODE_PIN_CORES=1 (benchmarks) this process runs on core `rank` only (modulo
+    the cores it may use): each local peer on a core of its own, and one peer alone on one
+    core as well, so that 1 and N peers are compared core for core."""
+    if os.environ.get("PYNODE_PIN_CORES") == "1" and hasattr(os, "sched_setaffinity"):
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[rank % len(cores)]})
+
+
 def memory_bytes() -> int:
     """Available memory in bytes, or 0 where it cannot be known (the page)."""
     if IN_PYODIDE:

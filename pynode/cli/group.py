@@ -65,7 +65,7 @@ async def lead(args: argparse.Namespace, cfg: RunConfig | None, collective, capa
     (local peers: until they have said how they ended, so the final hash is the last line
     of the terminal too); `resumed`: the --resume checkpoint the caller read, checked and
     told about already, `cfg` being its run's."""
-    pin_to_core(0)
+    platform.pin_to_core(0)
     if collective.world_size > 1:
         name_rank_in_logs(0)
     await share_run(collective, dashboard)
@@ -138,13 +138,6 @@ async def lead(args: argparse.Namespace, cfg: RunConfig | None, collective, capa
     return 0
 
 
-def pin_to_core(rank: int) -> None:
-    """With PYNODE_PIN_CORES=1 each rank runs on core `rank` only (benchmarks)."""
-    if os.environ.get("PYNODE_PIN_CORES") == "1" and hasattr(os, "sched_setaffinity"):
-        cores = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cores[rank % len(cores)]})
-
-
 async def follow(collective, args: argparse.Namespace, capacities,
                  elastic: ElasticRank | None = None) -> int:
     """A rank > 0. A cluster's ranks (each on its own terminal) say that they follow and
@@ -152,7 +145,7 @@ async def follow(collective, args: argparse.Namespace, capacities,
     for the rest. `elastic`: this rank under torchrun's agent."""
     rank = collective.rank
     announce = args.command == "cluster"
-    pin_to_core(rank)
+    platform.pin_to_core(rank)
     name_rank_in_logs(rank)
     options = train_options(args, capacities=capacities)
     if announce:

@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from pynode import platform
 from pynode.cli.dashboard import StatusReporter, register
 from pynode.cli.faults import install_fault
 from pynode.cli.flags import (
@@ -85,6 +86,7 @@ async def train_command(args: argparse.Namespace) -> int:
 
         return await train_local_peers(args, cfg, parse_capacity(args.capacity, args.peers),
                                        resumed=data if resume is not None else None)
+    platform.pin_to_core(0)
     dashboard = register(args.dashboard, "train", 1) if args.dashboard else None
     trainer = build_trainer(cfg, resume=resume, backend=args.backend,
                             kernels=args.kernels, check_products=args.check_products)
