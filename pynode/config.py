@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, fields, replace
 
 from pynode.core.errors import DaisyError
@@ -58,6 +59,7 @@ class RunConfig:
             raise ConfigError(f"heads ({self.heads}) must divide width ({self.width})")
         if not 0 < self.lr < 1:
             raise ConfigError(f"lr must be in (0, 1), got {self.lr}")
+        self._check_optimizer()
         if is_file_spec(self.data):
             try:
                 split_spec(self.data)
@@ -78,6 +80,17 @@ class RunConfig:
         self._check_sync_every()
         if not 16 <= self.frac_bits <= 40:
             raise ConfigError(f"frac_bits must be in 16..40, got {self.frac_bits}")
+
+    def _check_optimizer(self) -> None:
+        """What AdamW and the schedule refuse (pynode.core.optim), refused here, before
+        anything starts: a room would otherwise stop every peer at its first step."""
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ConfigError(f"warmup must be an integer >= 0, got {self.warmup!r}")
+        for name in ("weight_decay", "clip"):
+            value = getattr(self, name)
+            if (isinstance(value, bool) or not isinstance(value, int | float)
+                    or not math.isfinite(value) or value < 0):
+                raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
 
     def _check_sync_every(self) -> None:
         for name in ("sync_every", "replicas"):

@@ -25,7 +25,7 @@ from pynode.config import ConfigError, RunConfig
 from pynode.core.checkpoint import CheckpointState
 from pynode.core.errors import DaisyError
 from pynode.extras import require
-from pynode.run.assemble import load_resume, read_resume
+from pynode.run.assemble import checkpoint_bytes, load_resume, read_resume
 from pynode.run.elastic import (
     Offer,
     Resume,
@@ -173,7 +173,7 @@ class ElasticRank:
         offers: list[tuple[CheckpointState, bytes]] = []
         if self.rank == 0 and self.args.resume:
             run, ckpt = load_resume(self.args.resume, given)
-            offers.append((ckpt, Path(self.args.resume).read_bytes()))
+            offers.append((ckpt, checkpoint_bytes(self.args.resume, "--resume")))
         if self.rank == 0 and not (self.args.save and self.args.save_every):
             say("torchrun may restart this group: without --save and --save-every a restart "
                 "begins again from the start (or --resume)")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import TextIO
 
 from pynode.cli.flags import add_arithmetic_flags
 from pynode.config import ConfigError, RunConfig
+from pynode.run.assemble import checkpoint_bytes
 from pynode.run.generate import (
     Generator,
     Sampling,
@@ -91,7 +91,7 @@ def generate_command(args: argparse.Namespace) -> int:
     sampling = Sampling(tokens=args.tokens, temperature=args.temperature, top_k=args.top_k,
                         seed=args.seed)
     prompt = args.prompt.encode("utf-8", "surrogateescape")  # the bytes the shell passed
-    data = Path(args.checkpoint).read_bytes()
+    data = checkpoint_bytes(args.checkpoint, "--checkpoint")
     generator = load_generator(data, backend=args.backend, kernels=args.kernels,
                                check_products=args.check_products)
     stream_text(generator, prompt, sampling, sys.stdout)

@@ -47,7 +47,7 @@ from pynode.comm import CommError, make_collective
 from pynode.config import ConfigError, RunConfig
 from pynode.core.errors import DaisyError
 from pynode.extras import require
-from pynode.run.assemble import read_resume
+from pynode.run.assemble import checkpoint_bytes, read_resume
 from pynode.run.errors import ForkError, VerificationError
 from pynode.run.group import run_member
 from pynode.run.trainer import StepResult, Trainer
@@ -73,7 +73,8 @@ async def lead(args: argparse.Namespace, cfg: RunConfig | None, collective, capa
     if elastic is not None:  # its --resume, or a newer checkpoint after a restart
         resume = await elastic.agree(cfg)
     else:
-        resume = Path(args.resume).read_bytes() if args.resume and resumed is None else None
+        resume = (checkpoint_bytes(args.resume, "--resume") if args.resume and resumed is None
+                  else None)
     if resume is not None:
         given = explicit_config(args)  # --data FILE: its sha256
         cfg, ckpt = read_resume(resume, given)

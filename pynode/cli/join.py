@@ -33,6 +33,7 @@ from pynode.cli.flags import (
 )
 from pynode.cli.peer import NativePeer
 from pynode.cli.report import StepReporter, say
+from pynode.comm.signaling import check_room_code, ws_url
 from pynode.config import ConfigError, RunConfig
 from pynode.datafile import is_file_spec
 from pynode.extras import require
@@ -107,6 +108,9 @@ async def join_command(args: argparse.Namespace) -> int:
     require_webrtc()
     if args.cluster:
         require("join --cluster (the gloo transport)", "torch")
+    ws_url(args.server)  # a malformed address or room code: said before the unit checks
+    if args.room is not None:
+        check_room_code(args.room)
     cfg, resume = start_plan(args)
     check_output_flags(args)
     if args.timeout is not None and args.timeout <= 0:

@@ -9,6 +9,7 @@ import os
 import select
 import sys
 
+import pynode
 from pynode import platform
 from pynode.cli.elastic import add_elastic_flags
 from pynode.cli.flags import (
@@ -29,6 +30,7 @@ from pynode.extras import explain
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pynode", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"pynode {pynode.__version__}")
     # The metavar lists the commands a user runs (the internal `_peer` stays out of help).
     sub = parser.add_subparsers(dest="command", required=True,
                                 metavar="{train,generate,kit,cluster,join,verify,bench}")

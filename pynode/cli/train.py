@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 from pynode import platform
 from pynode.cli.dashboard import StatusReporter, register
@@ -30,7 +29,7 @@ from pynode.cli.report import (
 )
 from pynode.config import ConfigError, RunConfig
 from pynode.core.checkpoint import CheckpointState
-from pynode.run.assemble import build_trainer, read_resume
+from pynode.run.assemble import build_trainer, checkpoint_bytes, read_resume
 from pynode.run.loop import train
 from pynode.run.schedule import check_reached, read_schedule, replay
 from pynode.tasks import load_task
@@ -60,7 +59,7 @@ def run_config(args: argparse.Namespace) -> tuple[RunConfig, CheckpointState | N
     given = explicit_config(args)  # --data FILE: its sha256, computed once
     if not args.resume:
         return config_from_values(given), None, b""
-    data = Path(args.resume).read_bytes()
+    data = checkpoint_bytes(args.resume, "--resume")
     cfg, resume = read_resume(data, given)
     for note in resume_notes(resume.config, resume.step, given):
         print(note, file=sys.stderr)

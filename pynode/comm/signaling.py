@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -32,6 +33,21 @@ Listener = Callable[[dict[str, Any]], None]
 
 class SignalingError(DaisyError):
     """The server cannot be reached, or refused this peer (declined, removed, bad room)."""
+
+
+# A room code as the server makes them (secrets.token_urlsafe(16): 22 characters of this
+# alphabet; server/protocol.py's CODE_PATTERN, which a test keeps equal to this).
+ROOM_CODE = re.compile(r"[A-Za-z0-9_-]{22}")
+
+
+def check_room_code(code: str) -> str:
+    """`code` if it has a room code's form; SignalingError otherwise, said here rather than
+    after the unit checks and the server's refusal (a well-formed code that is no room's is
+    told only as a wait: the server answers it as a room whose host has not decided)."""
+    if not ROOM_CODE.fullmatch(code):
+        raise SignalingError(f"--room {code!r} is not a room code: a code is the 22 letters, "
+                             "digits, - and _ after ?room= in the host's link")
+    return code
 
 
 def ws_url(server: str) -> str:

@@ -97,8 +97,18 @@ def state_from_checkpoint(ckpt: checkpoint.CheckpointState) -> TrainState:
 def load_resume(
     path: str | os.PathLike, overrides: dict
 ) -> tuple[RunConfig, checkpoint.CheckpointState]:
-    """`read_resume` of the checkpoint file at `path`."""
-    return read_resume(Path(path).read_bytes(), overrides)
+    """`read_resume` of the checkpoint file at `path` (--resume)."""
+    return read_resume(checkpoint_bytes(path, "--resume"), overrides)
+
+
+def checkpoint_bytes(path: str | os.PathLike, flag: str) -> bytes:
+    """The bytes of the checkpoint file that `flag` names; CheckpointError naming the flag
+    and the file where it cannot be read (missing, a folder, not readable)."""
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise checkpoint.CheckpointError(
+            f"{flag} {os.fspath(path)}: cannot read it ({exc.strerror or exc})") from None
 
 
 def read_resume(

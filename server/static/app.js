@@ -338,6 +338,8 @@ function renderProgress(s) {
 // The loss chart (uPlot, fetched at set-up and served by this server): the training loss of
 // every step and the held-out loss where measured; axes, hover values, a log scale.
 let chart = null;
+// Whole steps only on the step axis (uPlot would tick 1.25, 1.5, ... in a short run).
+const STEP_TICKS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6];
 let chartLog = false;
 let chartSize = -1;
 
@@ -361,7 +363,7 @@ function drawLoss(history) {
     chart = new window.uPlot({
       width: Math.max(300, box.clientWidth || 600), height: 240,
       scales: { x: { time: false }, y: logScale ? { distr: 3 } : {} },
-      axes: [{ label: "step" }, { label: "loss" }],
+      axes: [{ label: "step", incrs: STEP_TICKS }, { label: "loss" }],
       series: [{ label: "step" },
         { label: "loss", stroke: "#2a6f4f", width: 1.5, spanGaps: true },
         { label: "held-out", stroke: "#b45309", width: 0, spanGaps: true,

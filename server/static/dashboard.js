@@ -53,6 +53,8 @@ function rankTable(run) {
 }
 
 // Loss and held-out loss per step (uPlot, served by this server), redrawn in place.
+// Whole steps only on the step axis (uPlot would tick 1.25, 1.5, ... in a short run).
+const STEP_TICKS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6];
 function chartData(run) {
   return [run.points.map((p) => p[0]), run.points.map((p) => p[1]), run.points.map((p) => p[2])];
 }
@@ -82,7 +84,7 @@ function drawRun(run) {
   if (!entry.chart) {
     entry.chart = new window.uPlot({
       width: Math.max(300, chartBox.clientWidth || 600), height: 200,
-      scales: { x: { time: false } }, axes: [{ label: "step" }, { label: "loss" }],
+      scales: { x: { time: false } }, axes: [{ label: "step", incrs: STEP_TICKS }, { label: "loss" }],
       series: [{ label: "step" }, { label: "loss", stroke: "#2a6f4f", width: 1.5, spanGaps: true },
         { label: "held-out", stroke: "#b45309", width: 0, spanGaps: true,
           points: { show: true, size: 7, fill: "#b45309" } }],

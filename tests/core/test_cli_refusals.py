@@ -209,3 +209,60 @@ def test_an_interrupt_is_told_as_one_not_as_its_exception():
     assert stop_reason(asyncio.CancelledError()) == "interrupted (Ctrl-C)"
     assert stop_reason(KeyboardInterrupt()) == "interrupted (Ctrl-C)"
     assert stop_reason(ValueError("x")) == "ValueError: x"
+
+
+@pytest.mark.parametrize("flags,said", [
+    (["--warmup", "-2"], "warmup must be an integer >= 0, got -2"),
+    (["--clip", "-1"], "clip must be a finite number >= 0, got -1.0"),
+    (["--weight-decay", "nan"], "weight_decay must be a finite number >= 0, got nan"),
+])
+def test_optimizer_settings_are_refused_before_anything_starts(tmp_path, capsys, flags, said):
+    """AdamW's and the schedule's refusals, said by the config up front: before this, a
+    `join --start` leader sent them to the room and every peer stopped at step 1, and
+    `train` set the model up and left an empty --log behind."""
+    log = tmp_path / "new.jsonl"
+    err = refused(["train", "--steps", "2", "--log", str(log), "--no-progress", *flags], capsys)
+    assert f"ConfigError: {said}" in err and "Traceback" not in err
+    assert not log.exists()
+    err = refused(["join", "--server", "http://127.0.0.1:9", "--create", "--start", *flags],
+                  capsys)
+    assert f"ConfigError: {said}" in err and "Traceback" not in err
+
+
+def test_a_checkpoint_that_cannot_be_read_is_named_with_its_flag(tmp_path, capsys):
+    missing = str(tmp_path / "missing.pt")
+    for argv, said in [
+        (["train", "--resume", missing], f"--resume {missing}: cannot read it (No such file"),
+        (["train", "--resume", str(tmp_path)], f"--resume {tmp_path}: cannot read it (Is a"),
+        (["generate", "--checkpoint", missing, "--prompt", "a"],
+         f"--checkpoint {missing}: cannot read it (No such file"),
+        (["kit", missing, "-o", str(tmp_path / "kit.html")],
+         f"the checkpoint {missing}: cannot read it (No such file"),
+    ]:
+        err = refused(argv, capsys)
+        assert f"CheckpointError: {said}" in err and "Traceback" not in err, (argv, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_malformed_server_or_room_code_is_refused_before_the_unit_checks(capsys):
+    err = refused(["join", "--server", "notaurl"], capsys)
+    assert "SignalingError: --server must look like http://HOST:PORT, got 'notaurl'" in err
+    err = refused(["join", "--server", "http://127.0.0.1:9", "--room", "nosuchroom"], capsys)
+    assert "SignalingError: --room 'nosuchroom' is not a room code" in err
+    assert "verified" not in err and "Traceback" not in err
+
+
+def test_the_peers_room_code_form_is_the_servers():
+    from pynode.comm.signaling import ROOM_CODE
+    from server.protocol import CODE_PATTERN
+
+    assert ROOM_CODE.pattern == CODE_PATTERN.pattern
+
+
+def test_version_says_the_packages(capsys):
+    import pynode
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == f"pynode {pynode.__version__}"
