@@ -6,8 +6,10 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import select
 import sys
+from typing import NoReturn
 
 import pynode
 from pynode import platform
@@ -28,7 +30,7 @@ from pynode.extras import explain
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m pynode", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m pynode", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"pynode {pynode.__version__}")
     # The metavar lists the commands a user runs (the internal `_peer` stays out of help).
@@ -89,6 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("args", nargs=argparse.REMAINDER, metavar="...",
                        help="the benchmark's own flags (python -m pynode bench NAME --help)")
     return parser
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The top level's parser: a mistyped command is told with the commands users run
+    (argparse would list the internal `_peer` among them)."""
+
+    def error(self, message: str) -> NoReturn:
+        super().error(re.sub(r"'?_peer'?, ", "", message))
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:

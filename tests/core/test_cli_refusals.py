@@ -183,6 +183,14 @@ def test_a_mistyped_flag_is_told_with_its_commands_usage(capsys):
         assert f"python -m pynode {command}: error: unrecognized arguments: {unknown}" in err
 
 
+def test_a_mistyped_command_is_told_with_the_commands_users_run(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main(["trian"])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and "invalid choice: 'trian'" in err
+    assert "'train', 'cluster', 'join'" in err and "_peer" not in err
+
+
 def test_a_resume_into_a_log_that_went_further_says_so(tmp_path, capsys):
     """--log appends: after a crash past the last --save-every checkpoint, the resumed steps
     come again after rows of the same steps; a plot of the file would hold both."""
