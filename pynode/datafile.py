@@ -89,6 +89,9 @@ def parquet_text(path: str, raw: bytes) -> bytes:
         table = pq.read_table(pa.BufferReader(raw), columns=["text"])
     except (pa.ArrowException, KeyError) as exc:
         raise DataFileError(f"{path}: no readable 'text' column ({exc})") from None
+    kind = table.column(0).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise DataFileError(f"{path}: its 'text' column holds {kind}, not text")
     docs = (doc.encode("utf-8") for doc in table.column(0).to_pylist() if doc)
     return DOC_SEPARATOR.join(docs)
 

@@ -62,6 +62,9 @@ def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
             values = json.loads(args.config.read_text())
         except ValueError as exc:
             raise ValueError(f"--config {args.config}: not JSON ({exc})") from None
+        if not isinstance(values, dict):
+            raise ValueError(f"--config {args.config}: not a JSON object of settings (it holds "
+                             f"a {type(values).__name__})")
     overrides = {
         "host": args.host, "port": args.port, "trust_proxy_header": args.trust_proxy_header,
         "proxy_hops": args.proxy_hops, "data_urls": args.data_url, "data_dir": args.data_dir,

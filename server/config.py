@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import asdict, dataclass, field, fields
@@ -189,8 +190,9 @@ class ServerConfig:
 def _check_positive(cfg: ServerConfig, names: tuple[str, ...]) -> None:
     for name in names:
         value = getattr(cfg, name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise ServerConfigError(f"{name} must be a positive number, got {value!r}")
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not math.isfinite(value) or value <= 0):
+            raise ServerConfigError(f"{name} must be a positive finite number, got {value!r}")
 
 
 def as_config(config: ServerConfig | dict[str, Any] | None) -> ServerConfig:

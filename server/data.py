@@ -97,7 +97,7 @@ class DataService:
         with self._lock:
             self._down.pop(url, None)
         return {"text": window.text, "nbytes": len(window.text.encode("utf-8")),
-                "source": "fineweb", "shard": shard, "url": url, "row_group": group,
+                "source": "fineweb", "shard": shard, "url": public_name(url), "row_group": group,
                 "row": row, "offset": window.start}
 
     def _from_builtin(self, seed: int, step: int, index: int, nbytes: int) -> dict[str, Any]:
@@ -109,7 +109,7 @@ class DataService:
     def _mark_down(self, url: str, exc: Exception) -> str:
         if isinstance(exc, DataUnavailableError):  # still backing off: already logged
             return str(exc)
-        reason = f"{type(exc).__name__}: {exc}"[:300]
+        reason = f"{type(exc).__name__}: {exc}".replace(url, public_name(url))[:300]
         with self._lock:
             self._down[url] = (time.monotonic() + self._retry_s, reason)
         log.warning("data shard %s failed, serving the built-in corpus: %s", url, reason)
@@ -121,6 +121,12 @@ class DataService:
             if self._corpus is None:
                 self._corpus = _load_corpus(self._corpus_path)
             return self._corpus
+
+
+def public_name(url: str) -> str:
+    """How an answer names a shard: its URL, or for a file on this server its name alone
+    (where the operator keeps files is nobody else's business)."""
+    return url if url.startswith(("http://", "https://")) else Path(url).name
 
 
 def _load_corpus(path: Path | None) -> tuple[bytes, str]:

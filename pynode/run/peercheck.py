@@ -207,6 +207,8 @@ class PeerCheck:
         )
         found = []
         for rank, blob in enumerate(blobs):
+            if blob is None:  # a lost member: nothing to read, nothing to say every round
+                continue
             try:
                 found.append((rank, {int(i): int(d) for i, d
                                      in json.loads(blob.partition(b"|")[0]).items()}))

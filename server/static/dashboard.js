@@ -79,7 +79,12 @@ function drawRun(run) {
   line.textContent = `${run.command} · ${run.world} rank${run.world === 1 ? "" : "s"} · ` +
     (last ? `loss ${last[1].toFixed(4)} at step ${last[0]}` : "no step yet");
   tableBox.replaceChildren(rankTable(run));
-  if (!window.uPlot || run.points.length === entry.size) return;
+  if (!window.uPlot) { // as the page says it: which command gets the chart library
+    chartBox.textContent = "The chart library is missing on this server: run " +
+      "`python -m server.chartlib fetch` there (the table above lists the ranks).";
+    return;
+  }
+  if (run.points.length === entry.size) return;
   entry.size = run.points.length;
   if (!entry.chart) {
     entry.chart = new window.uPlot({

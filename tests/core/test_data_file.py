@@ -93,7 +93,7 @@ def test_a_resume_refuses_a_data_file_that_changed(text_file, tmp_path, capsys):
     assert "the file changed, or this peer has another" in err
 
 
-@pytest.mark.parametrize("case", ["missing", "short", "no_text_column"])
+@pytest.mark.parametrize("case", ["missing", "short", "no_text_column", "numbers"])
 def test_an_unusable_data_file_is_one_line_and_exit_2(tmp_path, capsys, case):
     path = tmp_path / "data.txt"
     if case == "short":
@@ -105,6 +105,12 @@ def test_an_unusable_data_file_is_one_line_and_exit_2(tmp_path, capsys, case):
 
         pq.write_table(pa.table({"body": DOCS}), path)
         expected = "no readable 'text' column"
+    elif case == "numbers":
+        pa = pytest.importorskip("pyarrow")
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"text": [1, 2, 3]}), path)
+        expected = "its 'text' column holds int64, not text"
     else:
         expected = "is not a file; give builtin, a DaisyChain server"
     rc, hashes, err = run(["train", "--steps", "1", *SMALL, "--data", str(path)], capsys,

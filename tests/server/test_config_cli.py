@@ -31,7 +31,8 @@ def test_config_from_dict_coerces_and_refuses() -> None:
                 {"max_frame_bytes": 10}, {"data_urls": []}, {"trust_proxy_header": " "},
                 {"allowed_origins": ["a.example"]}, {"allowed_origins": ["https://a/b"]},
                 {"max_ws_per_address": 0}, {"header_timeout_s": -1},
-                {"max_connections": -1}):
+                {"max_connections": -1}, {"rate_per_s": float("inf")},
+                {"bytes_per_s": float("nan")}):
         with pytest.raises(ServerConfigError):
             ServerConfig.from_dict(bad)
 
@@ -49,6 +50,9 @@ def test_cli_arguments_override_the_config_file(tmp_path: Path) -> None:
     # Refused before gevent is imported: main() in this process must not monkey-patch it.
     assert main(["--port", "-5", "--data-dir", str(tmp_path)]) == 1
     assert main(["--config", str(tmp_path / "missing.json")]) == 1
+    listed = tmp_path / "list.json"
+    listed.write_text("[1, 2]")
+    assert main(["--config", str(listed)]) == 1  # was a traceback (a list has no .update)
     assert "gevent.monkey" not in sys.modules or not _patched()
 
 

@@ -129,6 +129,23 @@ def test_redirects_and_local_paths_work(data_app, served, shard_dir) -> None:
     b = get(local, seed=4, step=4, index=4, bytes=B).json
     assert a["source"] == b["source"] == "fineweb"
     assert a["text"] == b["text"] and a["row"] == b["row"]
+    # a file on the server is named, not placed: its folder is the operator's business
+    assert a["url"] == f"{served.base}/redirect/{SHARDS[0]}" and b["url"] == SHARDS[0]
+
+
+def test_a_text_column_that_holds_no_text_is_a_named_shard_error(data_app, tmp_path) -> None:
+    """Was a 500 with a traceback (the slicer encoded integers as text)."""
+    import pyarrow as pa
+
+    path = tmp_path / "numbers.parquet"
+    pq.write_table(pa.table({"text": list(range(50))}), path)
+    app = data_app(urls=(str(path),))
+    body = get(app, seed=1, step=2, index=3, bytes=B).json
+    assert body["source"] == "builtin"
+    assert body["reason"] == "ShardError: its 'text' column holds int64, not text"
+    assert str(tmp_path) not in body["reason"]
+    strict = get(app, seed=1, step=3, index=3, bytes=B, fallback=0)
+    assert strict.status_code == 503 and strict.json["error"] == "source_unavailable"
 
 
 def test_concurrent_requests_fetch_a_row_group_once(data_app, served, shard_dir) -> None:
