@@ -4,9 +4,18 @@ const main = document.getElementById("runs");
 const badge = document.getElementById("runs-badge");
 const empty = document.getElementById("runs-empty");
 
+// A training rank reports every second; one silent this long has likely gone (a killed
+// process says nothing), and the table says so rather than "training" forever.
+const SILENT_S = 30;
+
+function stateText(r) {
+  if (r.state === "training" && r.seen_s > SILENT_S) return `silent for ${r.seen_s} s (gone?)`;
+  return r.state + (r.reason ? `: ${r.reason}` : "");
+}
+
 const COLUMNS = [
   ["rank", (r) => r.rank],
-  ["state", (r) => r.state + (r.reason ? `: ${r.reason}` : "")],
+  ["state", stateText],
   ["step", (r) => (r.step ?? "") + (r.steps ? ` / ${r.steps}` : "")],
   ["loss", (r) => fixed(r.loss, 4)],
   ["held-out", (r) => fixed(r.heldout, 4)],
