@@ -177,6 +177,9 @@ def test_bad_and_unknown_room_codes_end_next_to_the_room_controls(
             page.wait_for_selector("#room-problem", state="visible", timeout=30_000)
             ended[name] = (time.monotonic() - joined_at, page.inner_text("#room-problem"),
                            status(page)["peerId"], page.is_hidden("#pending-line"))
+            page.wait_for_timeout(500)  # the socket's close arrives after the give-up
+            said = [m["text"] for m in status(page)["messages"]]
+            assert not any("reconnecting" in text for text in said), (name, said)
         host_saw = [p["id"] for p in status(host)["peers"]]
     finally:
         server.close()

@@ -86,6 +86,13 @@ def parquet_text(path: str, raw: bytes) -> bytes:
     import pyarrow.parquet as pq
 
     try:
+        names = pq.read_schema(pa.BufferReader(raw)).names
+    except pa.ArrowException as exc:
+        raise DataFileError(f"{path}: no readable 'text' column ({exc})") from None
+    if "text" not in names:  # said with the file's own columns, not pyarrow's internals
+        raise DataFileError(f"{path}: no readable 'text' column (its columns: "
+                            f"{', '.join(names[:12]) or 'none'})")
+    try:
         table = pq.read_table(pa.BufferReader(raw), columns=["text"])
     except (pa.ArrowException, KeyError) as exc:
         raise DataFileError(f"{path}: no readable 'text' column ({exc})") from None

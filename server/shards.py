@@ -134,8 +134,10 @@ class _Counted:
 
 def read_footer(f: Any) -> ShardMeta:
     """Parquet metadata from the end of ``f``: the trailer, then exactly the footer."""
-    f.seek(-8, io.SEEK_END)
-    size = f.tell() + 8
+    size = f.seek(0, io.SEEK_END)
+    if size < 8 + len(MAGIC):  # a file this short (empty, say) has no room for a trailer
+        raise ShardError(f"not a parquet file ({size} bytes)")
+    f.seek(size - 8)
     trailer = f.read(8)
     if len(trailer) != 8 or trailer[4:] != MAGIC:
         raise ShardError("not a parquet file (no PAR1 trailer)")

@@ -137,7 +137,10 @@ export class PageNode extends EventTarget {
       }
     });
     on("socket", (m) => {
-      if (!m.open && !this.left) this.say("warn", "signaling connection lost; reconnecting");
+      // closed by this page (it gave up waiting for approval): nothing reconnects
+      if (!m.open && !this.left && !this.signaling.closed) {
+        this.say("warn", "signaling connection lost; reconnecting");
+      }
     });
   }
 

@@ -177,3 +177,12 @@ def test_custom_corpus_and_bad_queries(make_config, tmp_path) -> None:
                   "seed=99999999999999999999&step=1&index=1"):
         response = app.test_client().get(f"/data?{query}")
         assert response.status_code == 400 and response.json["error"] == "bad_request"
+
+
+def test_a_shard_too_short_for_a_trailer_is_named_as_no_parquet(data_app, tmp_path) -> None:
+    """An empty file was `OSError: [Errno 22] Invalid argument` (a seek before its start)."""
+    empty = tmp_path / "empty.parquet"
+    empty.write_bytes(b"")
+    body = get(data_app(urls=(str(empty),)), seed=0, step=0, index=0, bytes=B).json
+    assert body["source"] == "builtin"
+    assert body["reason"] == "ShardError: not a parquet file (0 bytes)"
