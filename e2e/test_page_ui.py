@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from browser_helpers import (
     CHROMIUM_FLAGS,
+    approve,
     missing_browser_parts,
     status,
     unavailable,
@@ -192,3 +193,28 @@ def test_bad_and_unknown_room_codes_end_next_to_the_room_controls(
         assert wait_s - 0.5 < seconds < wait_s + 5, (name, seconds)
         assert pending_hidden, "the waiting line gives way to the reason"
     assert ended["real"][2] not in host_saw, "a page that gave up left the room"
+
+
+def test_the_host_removes_an_approved_peer_with_its_rows_button(local_browser, tmp_path,
+                                                                 console):
+    """The server always took `remove`; the page offered no way to send it. The host's row
+    of an approved peer has a Remove button; the removed page is out for good and says why,
+    and the host's own row has none."""
+    server = local_server(tmp_path)
+    try:
+        host = open_page(local_browser, f"{server.url}/?create=1", console)
+        member = open_page(local_browser, f"{server.url}/?room={status(host)['room']}",
+                           console)
+        member_id = status(member)["peerId"]
+        approve(host, member)
+        host_id = status(host)["peerId"]
+        host.wait_for_selector(f'button[data-remove="{member_id}"]', timeout=30_000)
+        assert host.locator(f'button[data-remove="{host_id}"]').count() == 0
+        assert member.locator("button[data-remove]").count() == 0  # members cannot remove
+        host.click(f'button[data-remove="{member_id}"]')
+        member.wait_for_selector("#room-problem", state="visible", timeout=30_000)
+        said = member.inner_text("#room-problem")
+        wait(host, "(s, id) => !s.peers.some(p => p.id === id)", 30_000, member_id)
+    finally:
+        server.close()
+    assert said == "this page leaves the room: removed by the host", said

@@ -411,6 +411,13 @@ export class PageNode extends EventTarget {
     return this.hostAction("deny", peerId);
   }
 
+  // An approved peer out of the room for good (its links close; a run re-plans without it,
+  // as when a tab closes): the server refuses its token from then on.
+  remove(peerId) {
+    if (peerId === this.state.peerId) throw new Error("the host cannot remove itself");
+    return this.hostAction("remove", peerId);
+  }
+
   hostAction(type, peerId) {
     if (this.state.role !== "host") throw new Error(`only the host may ${type}`);
     if (!this.roster.has(peerId)) throw new Error(`no peer ${peerId} in this room`);

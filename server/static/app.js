@@ -56,6 +56,7 @@ window.daisychain = {
   routes: () => node.routes(),
   approve: (peerId) => node.approve(peerId),
   deny: (peerId) => node.deny(peerId),
+  remove: (peerId) => node.remove(peerId),
 };
 
 const escape = (text) => String(text ?? "").replace(/[&<>"']/g,
@@ -237,9 +238,11 @@ function renderPeers(s) {
   $("link-problems").hidden = !problems.length;
   $("link-problems").innerHTML = problems.map((text) => `<li>${escape(text)}</li>`).join("");
   $("peers").tBodies[0].innerHTML = s.peers.map((p) => {
-    const approval = p.approved ? "approved" : host
-      ? `pending <button data-approve="${escape(p.id)}">Approve</button> <button data-deny="${escape(p.id)}">Refuse</button>`
-      : "pending";
+    const approval = p.approved
+      ? (host && !p.self ? `approved <button data-remove="${escape(p.id)}">Remove</button>` : "approved")
+      : host
+        ? `pending <button data-approve="${escape(p.id)}">Approve</button> <button data-deny="${escape(p.id)}">Refuse</button>`
+        : "pending";
     const forked = p.hash && s.hash && p.step === s.step && p.hash !== s.hash ? " forked" : "";
     const gemm = p.gemm ? `${p.gemm}${p.kernels ? ` / ${p.kernels}` : ""}` : "–";
     return `<tr class="${p.self ? "self" : ""}${forked}" data-peer="${escape(p.id)}"><td>${escape(p.id)}${p.self ? " (you)" : ""}</td>
@@ -419,9 +422,11 @@ node.addEventListener("change", render);
 $("peers").addEventListener("click", timed((event) => {
   const approve = event.target.dataset.approve;
   const deny = event.target.dataset.deny;
+  const remove = event.target.dataset.remove;
   try {
     if (approve) node.approve(approve);
     if (deny) node.deny(deny);
+    if (remove) node.remove(remove);
   } catch (err) {
     node.say("error", err.message);
   }
