@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import secrets
 import socket
 import time
@@ -55,6 +56,17 @@ _POLL_S = 0.05
 # call finds: it only names the lost for the error line, so it does not wait `timeout`.
 _RESTARTABLE_ROLL_CALL_S = 1.0
 
+# gloo's message for a lost peer: "[/path/to/gloo/transport/tcp/pair.cc:553] Connection closed
+# by peer [ADDR]:PORT. This is typically caused by a remote worker crashing. Check the logs
+# of the remote worker before reporting an error. GLHF!"
+_SOURCE_PREFIX = re.compile(r"^\[[^\]]*\.(?:cc|cpp|cxx|h):\d+\]\s*")
+
+
+def plain_reason(text: str) -> str:
+    """What gloo says happened, without its source location and its boilerplate advice
+    (for the message above: Connection closed by peer [ADDR]:PORT.)."""
+    text = _SOURCE_PREFIX.sub("", text.strip())
+    return text.split(" This is typically caused", 1)[0]
 
 class _GlooFailed(Exception):
     """gloo raised: a connection closed or an operation timed out."""
@@ -148,7 +160,8 @@ class GlooCollective(Collective):
             try:
                 return await asyncio.wait_for(call, ops * timeout + _GUARD_S)
             except (_GlooFailed, asyncio.TimeoutError) as exc:
-                reason = str(exc) or f"no result within {ops * timeout + _GUARD_S:g} s"
+                reason = (plain_reason(str(exc))
+                          or f"no result within {ops * timeout + _GUARD_S:g} s")
             except asyncio.CancelledError:
                 self._broken = CommError(f"rank {self.rank}: a collective was cancelled midway")
                 raise
@@ -159,7 +172,7 @@ class GlooCollective(Collective):
             self._broken = PeerLost(
                 lost, f"gloo group broken at rank {self.rank} (lost {list(lost)}): {reason}"
             )
-            log.warning("%s", self._broken)
+            log.info("%s", self._broken)  # the caller tells it (its stop line)
             raise self._broken
 
     # The methods below run in a worker thread; they block inside gloo.

@@ -67,6 +67,9 @@ def test_rank_death_raises_peer_lost_in_bounded_time(tmp_path: Path, monkeypatch
             assert rnd["total"] == oracle_sum(xs)
         assert failed["error"] == "PeerLost"
         assert failed["ranks"] == [peer_script.VICTIM]
+        # gloo's words without its source file and its advice (users saw both, three times)
+        assert "gloo group broken" in failed["message"], failed
+        assert ".cc:" not in failed["message"] and "GLHF" not in failed["message"], failed
         assert failed["after_s"] < timeout + ROLL_CALL_SLACK_S
 
 
@@ -175,3 +178,13 @@ def test_roll_call_after_rank0_left_names_who_was_missing_not_rank0() -> None:
     assert roll_call(never_seen, "rc/", 1, 3, timeout=5.0) == (0,)
     rank0_absent = StoreThatCloses(polls=3, present=set())  # rank 0 never checked in
     assert roll_call(rank0_absent, "rc/", 1, 3, timeout=5.0) == (0,)
+
+
+def test_gloos_message_is_told_plainly() -> None:
+    from pynode.comm.gloo import plain_reason
+
+    said = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection "
+            "closed by peer [127.0.0.1]:7045. This is typically caused by a remote worker "
+            "crashing. Check the logs of the remote worker before reporting an error. GLHF!")
+    assert plain_reason(said) == "Connection closed by peer [127.0.0.1]:7045."
+    assert plain_reason("Timed out waiting 10 s") == "Timed out waiting 10 s"
