@@ -93,9 +93,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: data shard {missing[0]}: no such file (a shard is an http(s) URL "
                   "or a local parquet file)", file=sys.stderr)
             return 2
-    except (DaisyError, OSError, ValueError) as exc:
+    except (DaisyError, OSError, ValueError) as exc:  # bad input: exit 2, as a missing shard
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return 2
     if not args.dev_server:
         try:
             from server.serving import monkey_patch

@@ -48,11 +48,11 @@ def test_cli_arguments_override_the_config_file(tmp_path: Path) -> None:
                       "trust_proxy_header": "X-Forwarded-For",
                       "allowed_origins": ["https://a.example", "https://b.example"]}
     # Refused before gevent is imported: main() in this process must not monkey-patch it.
-    assert main(["--port", "-5", "--data-dir", str(tmp_path)]) == 1
-    assert main(["--config", str(tmp_path / "missing.json")]) == 1
+    assert main(["--port", "-5", "--data-dir", str(tmp_path)]) == 2
+    assert main(["--config", str(tmp_path / "missing.json")]) == 2
     listed = tmp_path / "list.json"
     listed.write_text("[1, 2]")
-    assert main(["--config", str(listed)]) == 1  # was a traceback (a list has no .update)
+    assert main(["--config", str(listed)]) == 2  # was a traceback (a list has no .update)
     assert "gevent.monkey" not in sys.modules or not _patched()
 
 
@@ -61,7 +61,7 @@ def test_a_broken_config_file_and_a_bad_log_level_are_one_named_line(tmp_path: P
     """They were a JSON error naming no file, and a ValueError traceback from logging."""
     broken = tmp_path / "server.json"
     broken.write_text("{port: 1}")
-    assert main(["--config", str(broken)]) == 1
+    assert main(["--config", str(broken)]) == 2
     assert capsys.readouterr().err.startswith(f"error: --config {broken}: not JSON (")
     with pytest.raises(SystemExit) as stopped:
         parse_args(["--log-level", "bogus"])
