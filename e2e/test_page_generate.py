@@ -199,3 +199,42 @@ def test_a_page_the_host_has_not_approved_cannot_lead_a_run(local_browser, serve
     wait(nowhere, "s => s.verified && s.roomProblem", 120_000)
     banner = nowhere.inner_text("#readiness")
     assert banner.startswith("Checks passed; not in a room: ") and "BADCODE" in banner, banner
+
+
+def finished_and_continued(path: Path) -> str:
+    """A 2-step run's checkpoint written to `path`; the hash `train --resume path --steps 4`
+    ends on. In a thread of its own (Playwright's sync API runs a loop in this one)."""
+    from pynode.run.assemble import read_resume
+
+    def run() -> str:
+        trainer = build_trainer(RunConfig(**{**RUN, "steps": 2}))
+        for _ in range(2):
+            asyncio.run(trainer.step())
+        path.write_bytes(trainer.state_bytes())
+        cfg, ckpt = read_resume(path.read_bytes(), {"steps": 4})
+        resumed = build_trainer(cfg, resume=ckpt)
+        return [asyncio.run(resumed.step()) for _ in range(2)][-1].hash
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(run).result()
+
+
+def test_the_page_continues_a_finished_runs_checkpoint_to_the_forms_steps(
+        local_browser, server: LocalServer, tmp_path: Path):
+    """Uploading the checkpoint of a run that ended was refused with "give --steps above
+    2", a flag the page has not got. It now continues to the form's steps, as `train
+    --resume --steps` does, on the same bits; with steps not above the file's, the page says
+    how to ask for more in its own terms."""
+    saved = tmp_path / "finished.pt"
+    want = finished_and_continued(saved)
+    page = open_page(local_browser, f"{server.url}/?create=1", [])
+    wait_booted(page)
+    page.fill("#config-form [name=steps]", "2")
+    page.set_input_files("#upload", str(saved))
+    page.wait_for_selector("#form-error", state="visible", timeout=60_000)
+    said = page.inner_text("#form-error")
+    assert "nothing to train (set steps in the form above 2 to continue it)" in said, said
+    page.fill("#config-form [name=steps]", "4")
+    page.set_input_files("#upload", str(saved))
+    wait(page, "s => s.state === 'done' || s.state === 'failed'", 120_000)
+    assert (status(page)["step"], status(page)["hash"]) == (4, want), status(page)["error"]

@@ -390,15 +390,23 @@ class BrowserPeer:
             return json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
         return json.dumps({"ok": True, "ranks": ranks})
 
-    async def resume(self, buffer: Any) -> str:
+    async def resume(self, buffer: Any, steps: int | None = None) -> str:
         """Lead a run continuing the uploaded .pt (a JS ArrayBuffer): validated whole first
         (magic, version, dims, vocab, finiteness, hash), then broadcast to every ready peer
-        as their sync. JSON {ok, ranks} or {ok: false, error}; a bad file changes nothing."""
-        from pynode.run.assemble import read_resume
+        as their sync. A run the checkpoint finished continues to `steps` (the form's), as
+        `train --resume --steps` does. JSON {ok, ranks} or {ok: false, error}; a bad file
+        changes nothing."""
+        from pynode.run.assemble import NothingToTrainError, read_resume
 
+        more = "set steps in the form above {step} to continue it"
         try:
             data = buffer.to_bytes() if hasattr(buffer, "to_bytes") else bytes(buffer)
-            cfg, ckpt = read_resume(data, {})
+            try:
+                cfg, ckpt = read_resume(data, {}, more)
+            except NothingToTrainError:
+                if steps is None:
+                    raise
+                cfg, ckpt = read_resume(data, {"steps": steps}, more)
             ranks = await self.room.start_resumed(cfg, ckpt)
         except (DaisyError, ValueError, TypeError) as exc:
             return json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"})

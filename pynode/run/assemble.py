@@ -111,12 +111,18 @@ def checkpoint_bytes(path: str | os.PathLike, flag: str) -> bytes:
             f"{flag} {os.fspath(path)}: cannot read it ({exc.strerror or exc})") from None
 
 
+class NothingToTrainError(ConfigError):
+    """A checkpoint at or past the step its run (as resumed) ends at."""
+
+
 def read_resume(
-    data: bytes, overrides: dict
+    data: bytes, overrides: dict, more: str = "give --steps above {step}"
 ) -> tuple[RunConfig, checkpoint.CheckpointState]:
     """The checkpoint `data` and the config to continue it with: the checkpoint's own config,
     then the explicit `overrides`. Raises CheckpointError (nothing loaded) for a bad file or
-    one that does not fit the model the config describes."""
+    one that does not fit the model the config describes, and NothingToTrainError, saying
+    `more` (how to ask for more steps where the caller is: a flag, a form), for a finished
+    run."""
     stored = checkpoint.load_checkpoint(data)
     config = {k: v for k, v in stored.config.items() if k not in ("vocab", "schedule")}
     try:
@@ -136,8 +142,9 @@ def read_resume(
         raise checkpoint.CheckpointError(f"checkpoint config cannot be resumed: {exc}") from exc
     ckpt = checkpoint.load_checkpoint(data, expect=checkpoint_expectations(cfg))
     if cfg.steps <= ckpt.step:  # checked once the file is known to fit the model
-        raise ConfigError(f"the checkpoint is at step {ckpt.step} and the run ends at step "
-                          f"{cfg.steps}: nothing to train (give --steps above {ckpt.step})")
+        raise NothingToTrainError(f"the checkpoint is at step {ckpt.step} and the run ends at "
+                                  f"step {cfg.steps}: nothing to train "
+                                  f"({more.format(step=ckpt.step)})")
     return cfg, ckpt
 
 

@@ -363,9 +363,10 @@ export class PageNode extends EventTarget {
   }
 
   // Lead a run continuing an uploaded .pt (ArrayBuffer): validated, then sent to every peer.
-  resume(data) {
+  // A run the file finished continues to `steps` where given (the form's steps field).
+  resume(data, steps = null) {
     const refused = this.notApproved();
-    return refused ? Promise.reject(refused) : this.request({ type: "resume", data });
+    return refused ? Promise.reject(refused) : this.request({ type: "resume", data, steps });
   }
 
   // Resolves to the current state as .pt bytes (an ArrayBuffer).

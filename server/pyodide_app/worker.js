@@ -108,7 +108,7 @@ async function lead(msg) {
   }
   let answer;
   if (msg.type === "start") answer = await peer.start(JSON.stringify(msg.config));
-  else if (msg.type === "resume") answer = await peer.resume(msg.data);
+  else if (msg.type === "resume") answer = await peer.resume(msg.data, msg.steps ?? null);
   else if (msg.type === "gemm") answer = await gemmCases(msg.cases);
   else if (msg.type === "steer") answer = peer.steer(JSON.stringify(msg.request));
   else answer = await peer.bench(msg.size, msg.repeats);

@@ -49,7 +49,7 @@ window.daisychain = {
   benchAllreduce: (size, repeats) => node.benchAllreduce(size, repeats),
   gemm: (cases) => node.gemm(cases),
   checkpoint: () => node.checkpoint(),
-  resume: (data) => node.resume(data),
+  resume: (data, steps = null) => node.resume(data, steps),
   // {prompt, tokens, temperature, top_k, seed}, from `data` (.pt bytes) or this page's state
   generate: (request, data = null) => generate(request, data),
   bootGenerator: () => generator.boot().then(() => true),
@@ -546,7 +546,8 @@ $("upload").addEventListener("change", async (event) => {
   if (!file) return;
   actionError("");
   try {
-    const answer = await node.resume(await file.arrayBuffer());
+    const steps = Number.parseInt($("config-form").elements.steps.value, 10);
+    const answer = await node.resume(await file.arrayBuffer(), Number.isNaN(steps) ? null : steps);
     node.say("info", `resumed ${file.name} at step ${answer.step} with ${answer.ranks.length} peer(s)`);
   } catch (err) {
     actionError(`checkpoint refused: ${err.message}`);
