@@ -96,7 +96,22 @@ def test_two_tabs_and_a_native_peer_on_the_dashboard_steered_by_the_leader(
         host.fill("#steer-lr", "0.001")
         host.click("#apply-change")  # while paused: it applies at the step reached
         wait(host, "s => s.schedule.length === 1", 30_000)
+        # the member sees the change and may download it, without the leader's controls
+        # (it was told "you lead it" beside disabled buttons)
+        wait(tab, "s => s.schedule.length === 1", 30_000)
+        assert tab.is_visible("#steer-record") and tab.is_visible("#download-schedule")
+        assert not tab.is_visible("#steer-intro") and not tab.is_visible("#pause")
+        assert host.is_visible("#steer-intro") and not host.is_visible("#steer-record")
+        # a refused change shows at the top until a change that applies settles it
+        host.fill("#steer-lr", "")
+        host.fill("#steer-steps", "1")
+        host.click("#apply-change")
+        host.wait_for_selector("#alert", state="visible", timeout=30_000)
+        assert host.inner_text("#alert-text").startswith("not applied: "), \
+            host.inner_text("#alert-text")
+        host.fill("#steer-steps", "")
         host.click("#resume-run")
+        host.wait_for_selector("#alert", state="hidden", timeout=30_000)
         wait(host, "(s, at) => s.step >= at", 60_000, paused + 2)
         host.click("#stop")
         for page in (host, tab):

@@ -327,7 +327,11 @@ function renderProgress(s) {
     `<tr><td>${h.step}</td><td>${fmtLoss(h.loss)}</td><td>${short(h.hash)}</td></tr>`).join("");
   drawLoss(s.history);
   const leading = s.state === "training" && s.leader === s.peerId;
+  // The leader steers; everyone else (and the leader once the run ended) sees the changes
+  // made and may download them, without the leader's controls.
   $("steer").hidden = !leading && !s.schedule.length;
+  $("steer-intro").hidden = $("steer-controls").hidden = !leading;
+  $("steer-record").hidden = leading;
   for (const id of ["pause", "resume-run", "stop", "apply-change", "steer-lr", "steer-steps"]) {
     $(id).disabled = !leading;
   }
@@ -469,7 +473,11 @@ $("log-scale").addEventListener("change", timed(() => render()));
 
 function steer(request) {
   actionError("");
-  node.steer(request).catch((err) => actionError(`not applied: ${err.message}`));
+  node.steer(request).then(() => { // a change that applies settles the one refused before it
+    const last = node.status().messages.findLast((m) => m.level === "error");
+    if (last?.text.startsWith("not applied")) dismissedError = `${last.at} ${last.text}`;
+    render();
+  }, (err) => actionError(`not applied: ${err.message}`));
 }
 
 $("pause").addEventListener("click", timed(() => steer({ pause: true })));
