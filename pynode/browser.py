@@ -160,6 +160,12 @@ def run_checks(break_gate: bool = False, backend: str | None = None,
     order, skipped = page_backends(units.mul_lut, checks)
     rows.extend(CheckRow("exact gate", "-", f"skipped: {why}", name, 0.0)
                 for name, why in skipped)
+    if "webgpu" not in checks.backends:  # said in the table, not only in status().webgpu
+        rows.append(CheckRow("exact gate", "-", f"skipped: {checks.webgpu}", "webgpu", 0.0))
+        if backend == "webgpu":  # forced, but this browser has none: not "unknown"
+            rows.append(CheckRow("exact gate", "webgpu", f"FAIL: GEMM backend 'webgpu' is "
+                                 f"{checks.webgpu} in this browser", "webgpu", 0.0))
+            return checks
     if break_gate:
         order = [BrokenBackend(b) for b in order]
     ops, kernel_rows = kernel_gate(broken_kernels if break_kernels else None)
@@ -168,9 +174,7 @@ def run_checks(break_gate: bool = False, backend: str | None = None,
         # (kernels.wat, daisychain_product_holds) once the kernels passed their gate.
         gemm = select_gemm(units, prefer=backend, order=order, kernels=ops, check=True)
     except (GateError, UnknownBackendError) as exc:
-        missing = backend == "webgpu" and backend not in checks.backends
-        why = f" ({checks.webgpu})" if missing else ""
-        rows.append(CheckRow("exact gate", backend or "every backend", f"FAIL: {exc}{why}",
+        rows.append(CheckRow("exact gate", backend or "every backend", f"FAIL: {exc}",
                              backend or "-", 0.0))
         return checks
     for report in gemm.gate_reports:

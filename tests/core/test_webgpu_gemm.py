@@ -128,7 +128,10 @@ def test_page_checks_report_webgpu_and_a_forced_missing_one_fails():
     assert checks.ready and checks.gemm.backend_name == "numpy_int"
     assert checks.webgpu.startswith("unavailable: webgpu: only in a page")
     assert "webgpu" not in checks.backends
+    (row,) = [r for r in checks.rows if r.backend == "webgpu"]  # in the table, not only status
+    assert row.skipped and row.result == f"skipped: {checks.webgpu}"
     forced = run_checks(backend="webgpu")
     assert not forced.ready
-    assert "unknown GEMM backend 'webgpu'" in forced.rows[-1].result
-    assert "only in a page" in forced.rows[-1].result
+    said = forced.rows[-1].result  # it was "unknown GEMM backend 'webgpu'", which it is not
+    assert said.startswith("FAIL: GEMM backend 'webgpu' is unavailable: webgpu: only in a page")
+    assert said.endswith("in this browser") and "unknown" not in said
