@@ -274,7 +274,8 @@ export class PageNode extends EventTarget {
     } else if (msg.type === "started") {
       const waiter = this.starts.get(msg.id);
       this.starts.delete(msg.id);
-      if (waiter) (msg.ok ? waiter.resolve(msg) : waiter.reject(new Error(msg.error)));
+      const { type, id, ...answer } = msg; // the caller's answer, not the worker's envelope
+      if (waiter) (msg.ok ? waiter.resolve(answer) : waiter.reject(new Error(msg.error)));
     }
   }
 
