@@ -78,6 +78,8 @@ class Steering:
             except ConfigError as exc:
                 self.report("event", {"level": "error", "text": f"change not applied: {exc}"})
                 change = None
+        if change is not None and change.get("steps") == run.trainer.state.step:
+            self.paused = False  # the run ends here, as on Stop: a pause would hold it open
         admitted = [] if self.paused else self.admit_joiners(run)
         return json.dumps({"admit": admitted, "change": change, "pause": self.paused}).encode()
 

@@ -632,6 +632,29 @@ def test_the_leaders_pause_change_and_stop_apply_at_one_step_on_every_peer(check
     run(body())
 
 
+def test_steps_set_to_the_step_reached_while_paused_end_the_run(checks):
+    """A paused run told to end where it is (steps = the step reached) ends, as Stop does;
+    it stayed paused ("Paused after step 10 of 10") until someone pressed Resume."""
+
+    async def body():
+        net = MemoryNetwork()
+        pages = [Page(net, f"tab{i}", checks) for i in range(2)]
+        await asyncio.sleep(0.05)
+        leader = pages[0].peer
+        await leader.start({**CONFIG, "steps": 12})
+        await wait_for_step(pages[0], 2)
+        leader.steer(pause=True)
+        while not all(p.kinds("control") for p in pages):
+            await asyncio.sleep(0.01)
+        at = pages[0].kinds("control")[0]["step"]
+        leader.steer(steps=at)
+        await settle(pages, timeout=30)
+        assert all(max(p.hashes()) == at for p in pages)
+        changes = [c["change"] for c in pages[1].kinds("control") if c.get("change")]
+        assert changes == [{"steps": at, "step": at}], changes
+    run(body())
+
+
 def test_the_pages_steer_request_refuses_fields_it_does_not_know():
     """`daisychain.steer({step: 100})` (for `steps`) is refused with the fields steer takes,
     not accepted as a request of nothing; so is a pause that is not a boolean."""
