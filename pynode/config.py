@@ -88,8 +88,7 @@ class RunConfig:
             raise ConfigError(f"warmup must be an integer >= 0, got {self.warmup!r}")
         for name in ("weight_decay", "clip"):
             value = getattr(self, name)
-            if (isinstance(value, bool) or not isinstance(value, int | float)
-                    or not math.isfinite(value) or value < 0):
+            if not finite_number(value) or value < 0:
                 raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
 
     def _check_sync_every(self) -> None:
@@ -133,6 +132,17 @@ class RunConfig:
 
     def with_(self, **changes) -> RunConfig:
         return replace(self, **changes)
+
+
+def finite_number(value: object) -> bool:
+    """An int or float (not a bool) that is finite as a float: a JSON integer of 400 digits
+    is neither (math.isfinite raises OverflowError on it)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 OUTER_FIELDS = ("sync_every", "replicas", "outer_lr", "outer_momentum")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -76,6 +77,17 @@ def _read_checked(spec: str, size: int, mtime_ns: int) -> np.ndarray:
     return np.frombuffer(text, dtype=np.uint8)
 
 
+def is_text_type(kind: Any) -> bool:
+    """Whether an arrow type holds text: string, large_string, string_view, or a dictionary
+    of those (a pandas `category` column written to parquet)."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    view = getattr(pa.types, "is_string_view", lambda _: False)
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or view(kind)
+
+
 def parquet_text(path: str, raw: bytes) -> bytes:
     """The documents of a parquet file's `text` column joined by DOC_SEPARATOR (`path`
     names it in errors)."""
@@ -97,7 +109,7 @@ def parquet_text(path: str, raw: bytes) -> bytes:
     except (pa.ArrowException, KeyError) as exc:
         raise DataFileError(f"{path}: no readable 'text' column ({exc})") from None
     kind = table.column(0).type
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+    if not is_text_type(kind):
         raise DataFileError(f"{path}: its 'text' column holds {kind}, not text")
     docs = (doc.encode("utf-8") for doc in table.column(0).to_pylist() if doc)
     return DOC_SEPARATOR.join(docs)

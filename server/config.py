@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from pynode.config import finite_number
 from pynode.core.errors import DaisyError
 from server.ice import ICE_SCHEMES, TURN_SCHEMES
 
@@ -190,8 +190,7 @@ class ServerConfig:
 def _check_positive(cfg: ServerConfig, names: tuple[str, ...]) -> None:
     for name in names:
         value = getattr(cfg, name)
-        if (isinstance(value, bool) or not isinstance(value, (int, float))
-                or not math.isfinite(value) or value <= 0):
+        if not finite_number(value) or value <= 0:
             raise ServerConfigError(f"{name} must be a positive finite number, got {value!r}")
 
 

@@ -109,7 +109,10 @@ class DataService:
     def _mark_down(self, url: str, exc: Exception) -> str:
         if isinstance(exc, DataUnavailableError):  # still backing off: already logged
             return str(exc)
-        reason = f"{type(exc).__name__}: {exc}".replace(url, public_name(url))[:300]
+        reason = f"{type(exc).__name__}: {exc}"
+        for name in (url, url.removeprefix("file://")):  # as given, and as opened
+            reason = reason.replace(name, public_name(url))
+        reason = reason[:300]
         with self._lock:
             self._down[url] = (time.monotonic() + self._retry_s, reason)
         log.warning("data shard %s failed, serving the built-in corpus: %s", url, reason)

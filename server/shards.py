@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pynode.core.errors import DaisyError
+from pynode.datafile import is_text_type
 from server.rangefile import RangeFile
 
 log = logging.getLogger(__name__)
@@ -151,7 +152,7 @@ def read_footer(f: Any) -> ShardMeta:
     if TEXT_COLUMN not in metadata.schema.names:
         raise ShardError(f"no {TEXT_COLUMN!r} column (columns: {metadata.schema.names[:12]})")
     kind = metadata.schema.to_arrow_schema().field(TEXT_COLUMN).type
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+    if not is_text_type(kind):
         raise ShardError(f"its {TEXT_COLUMN!r} column holds {kind}, not text")
     rows = tuple(metadata.row_group(i).num_rows for i in range(metadata.num_row_groups))
     return ShardMeta(size=size, footer_bytes=footer_len + 8, metadata=metadata,

@@ -475,7 +475,7 @@ function steer(request) {
   actionError("");
   node.steer(request).then(() => { // a change that applies settles the one refused before it
     const last = node.status().messages.findLast((m) => m.level === "error");
-    if (last?.text.startsWith("not applied")) dismissedError = `${last.at} ${last.text}`;
+    if (/^(change )?not applied/.test(last?.text ?? "")) dismissedError = `${last.at} ${last.text}`;
     render();
   }, (err) => actionError(`not applied: ${err.message}`));
 }
@@ -554,8 +554,8 @@ $("upload").addEventListener("change", async (event) => {
   if (!file) return;
   actionError("");
   try {
-    const steps = Number.parseInt($("config-form").elements.steps.value, 10);
-    const answer = await node.resume(await file.arrayBuffer(), Number.isNaN(steps) ? null : steps);
+    const steps = whole($("config-form").elements.steps.value); // "1e3" is 1000, as the field
+    const answer = await node.resume(await file.arrayBuffer(), steps >= 1 ? steps : null);
     node.say("info", `resumed ${file.name} at step ${answer.step} with ${answer.ranks.length} peer(s)`);
   } catch (err) {
     actionError(`checkpoint refused: ${err.message}`);

@@ -33,7 +33,7 @@ def test_a_resume_with_nothing_left_to_train_says_so(tmp_path, capsys, at, flags
     """A checkpoint at the end of its own 4 steps, or --steps at or below its step."""
     saved = checkpoint_at(at, tmp_path / "saved.pt")
     err = refused(["train", "--resume", saved, "--no-progress", *flags], capsys)
-    assert f"ConfigError: the checkpoint is at step {at}" in err
+    assert f"NothingToTrainError: the checkpoint is at step {at}" in err
     assert "nothing to train" in err and "Traceback" not in err
 
 
@@ -274,3 +274,13 @@ def test_version_says_the_packages(capsys):
         main(["--version"])
     assert done.value.code == 0
     assert capsys.readouterr().out.strip() == f"pynode {pynode.__version__}"
+
+
+def test_an_integer_too_large_for_a_float_is_a_config_error_not_an_overflow():
+    """A JSON number of 400 digits (a crafted checkpoint, a room's proposal) made
+    math.isfinite raise OverflowError past every handler that expects ConfigError."""
+    from pynode.config import ConfigError
+
+    for name in ("clip", "weight_decay"):
+        with pytest.raises(ConfigError, match=f"{name} must be a finite number >= 0"):
+            RunConfig(**{name: 10**400})

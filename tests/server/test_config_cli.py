@@ -32,7 +32,7 @@ def test_config_from_dict_coerces_and_refuses() -> None:
                 {"allowed_origins": ["a.example"]}, {"allowed_origins": ["https://a/b"]},
                 {"max_ws_per_address": 0}, {"header_timeout_s": -1},
                 {"max_connections": -1}, {"rate_per_s": float("inf")},
-                {"bytes_per_s": float("nan")}):
+                {"bytes_per_s": float("nan")}, {"rate_per_s": 10**400}):  # no OverflowError
         with pytest.raises(ServerConfigError):
             ServerConfig.from_dict(bad)
 

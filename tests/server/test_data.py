@@ -186,3 +186,23 @@ def test_a_shard_too_short_for_a_trailer_is_named_as_no_parquet(data_app, tmp_pa
     body = get(data_app(urls=(str(empty),)), seed=0, step=0, index=0, bytes=B).json
     assert body["source"] == "builtin"
     assert body["reason"] == "ShardError: not a parquet file (0 bytes)"
+
+
+def test_text_stored_as_a_dictionary_is_text(data_app, tmp_path) -> None:
+    """A pandas `category` column written to parquet: a dictionary of strings. The check
+    for a text column must not refuse it (it trained before that check existed)."""
+    import pyarrow as pa
+
+    path = tmp_path / "category.parquet"
+    docs = [f"document {i} " * 20 for i in range(40)]
+    pq.write_table(pa.table({"text": pa.array(docs).dictionary_encode()}), path)
+    body = get(data_app(urls=(str(path),)), seed=1, step=2, index=3, bytes=B).json
+    assert body["source"] == "fineweb" and body["text"] in "\n\n".join(docs * 2)
+
+
+def test_a_local_shard_given_as_a_file_url_keeps_its_folder_to_itself(data_app,
+                                                                      tmp_path) -> None:
+    gone = f"file://{tmp_path}/gone.parquet"
+    body = get(data_app(urls=(gone,)), seed=0, step=0, index=0, bytes=B).json
+    assert body["source"] == "builtin" and "gone.parquet" in body["reason"]
+    assert str(tmp_path) not in body["reason"], body["reason"]
