@@ -64,6 +64,15 @@ async def wait_for_step(page: Page, step: int) -> None:
         await asyncio.sleep(0.01)
 
 
+async def room_run(checks, count: int, steps: int) -> list[Page]:
+    """`count` pages in one in-memory room, the first leading a run of CONFIG for `steps`."""
+    net = MemoryNetwork()
+    pages = [Page(net, f"tab{i}", checks) for i in range(count)]
+    await asyncio.sleep(0.05)
+    await pages[0].peer.start({**CONFIG, "steps": steps})
+    return pages
+
+
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 120))
 
@@ -594,11 +603,8 @@ def test_the_leaders_pause_change_and_stop_apply_at_one_step_on_every_peer(check
     from pynode.core.checkpoint import load_checkpoint
 
     async def body():
-        net = MemoryNetwork()
-        pages = [Page(net, f"tab{i}", checks) for i in range(3)]
-        await asyncio.sleep(0.05)
+        pages = await room_run(checks, 3, steps=12)
         leader = pages[0].peer
-        await leader.start({**CONFIG, "steps": 12})
         with pytest.raises(RoomError, match="only the leader"):
             pages[1].peer.steer(lr=0.001)
         with pytest.raises(ConfigError, match="lr must be in"):
@@ -637,11 +643,8 @@ def test_steps_set_to_the_step_reached_while_paused_end_the_run(checks):
     it stayed paused ("Paused after step 10 of 10") until someone pressed Resume."""
 
     async def body():
-        net = MemoryNetwork()
-        pages = [Page(net, f"tab{i}", checks) for i in range(2)]
-        await asyncio.sleep(0.05)
+        pages = await room_run(checks, 2, steps=12)
         leader = pages[0].peer
-        await leader.start({**CONFIG, "steps": 12})
         await wait_for_step(pages[0], 2)
         leader.steer(pause=True)
         while not all(p.kinds("control") for p in pages):
