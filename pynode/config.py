@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, fields, replace
 
 from pynode.core.errors import DaisyError
@@ -82,14 +81,15 @@ class RunConfig:
             raise ConfigError(f"frac_bits must be in 16..40, got {self.frac_bits}")
 
     def _check_optimizer(self) -> None:
-        """What AdamW and the schedule refuse (pynode.core.optim), refused here, before
+        """What AdamW and the schedule refuse (pynode.core.optim, asked here), refused before
         anything starts: a room would otherwise stop every peer at its first step."""
-        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
-            raise ConfigError(f"warmup must be an integer >= 0, got {self.warmup!r}")
-        for name in ("weight_decay", "clip"):
-            value = getattr(self, name)
-            if not finite_number(value) or value < 0:
-                raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
+        from pynode.core import optim
+
+        try:
+            optim.AdamConfig(weight_decay=self.weight_decay, clip=self.clip)
+            optim.lr_schedule(0, self.lr, self.warmup, self.steps)
+        except optim.OptimConfigError as exc:
+            raise ConfigError(str(exc)) from None
 
     def _check_sync_every(self) -> None:
         for name in ("sync_every", "replicas"):
@@ -132,17 +132,6 @@ class RunConfig:
 
     def with_(self, **changes) -> RunConfig:
         return replace(self, **changes)
-
-
-def finite_number(value: object) -> bool:
-    """An int or float (not a bool) that is finite as a float: a JSON integer of 400 digits
-    is neither (math.isfinite raises OverflowError on it)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
 
 
 OUTER_FIELDS = ("sync_every", "replicas", "outer_lr", "outer_momentum")

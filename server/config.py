@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from pynode.config import finite_number
 from pynode.core.errors import DaisyError
+from pynode.core.optim import is_real
 from server.ice import ICE_SCHEMES, TURN_SCHEMES
 
 # FineWeb-Edu's sample-10BT: 14 parquet shards of ~2 GB (resolve URLs redirect to the HF CDN).
@@ -190,7 +190,7 @@ class ServerConfig:
 def _check_positive(cfg: ServerConfig, names: tuple[str, ...]) -> None:
     for name in names:
         value = getattr(cfg, name)
-        if not finite_number(value) or value <= 0:
+        if not is_real(value) or value <= 0:
             raise ServerConfigError(f"{name} must be a positive finite number, got {value!r}")
 
 

@@ -131,9 +131,6 @@ async def join_command(args: argparse.Namespace) -> int:
     peer = NativePeer(args, units, gemm, status=StatusReporter(dashboard, 0) if dashboard else None)
     try:
         return await peer.run(cfg, resume)
-    except BaseException:  # interrupted (Ctrl-C): keep what the room agreed on, as train does
-        peer.saver.tell_last_agreed()
-        raise
     finally:
         await peer.close()
 
@@ -188,9 +185,6 @@ async def join_as_cluster(args: argparse.Namespace, units: Any, gemm: Any,
         peer = NativePeer(args, units, gemm, bridge, status=status)
         try:
             return await peer.run(cfg, resume)
-        except BaseException:  # interrupted: keep what the room agreed on
-            peer.saver.tell_last_agreed()
-            raise
         finally:
             await peer.close()
             await bridge.stop()

@@ -94,6 +94,13 @@ class NativePeer:
 
     # ----------------------------------------------------------------- lifecycle
     async def run(self, cfg: RunConfig | None, resume: Any) -> int:
+        try:
+            return await self._run(cfg, resume)
+        except BaseException:  # interrupted (Ctrl-C): keep what the room agreed on, as train does
+            self.saver.tell_last_agreed()
+            raise
+
+    async def _run(self, cfg: RunConfig | None, resume: Any) -> int:
         await self.connect()
         if not self.signaling.approved:
             wait = self.args.approval_wait

@@ -68,6 +68,7 @@ def plain_reason(text: str) -> str:
     text = _SOURCE_PREFIX.sub("", text.strip())
     return text.split(" This is typically caused", 1)[0]
 
+
 class _GlooFailed(Exception):
     """gloo raised: a connection closed or an operation timed out."""
 

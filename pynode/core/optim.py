@@ -361,5 +361,9 @@ def check_tensors(
 def is_real(value: object) -> bool:
     """A finite int or float (numpy's included), not a bool: what a rate or coefficient
     must be."""
-    return (isinstance(value, int | float | np.integer | np.floating)
-            and not isinstance(value, bool) and math.isfinite(value))
+    if not isinstance(value, int | float | np.integer | np.floating) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float (a JSON number of 400 digits)
+        return False

@@ -635,29 +635,21 @@ def test_a_cluster_splits_its_cross_check_recomputations(checks, reference):
     assert sum(1 for share in shares if share) >= min(3, work["leader"]), work  # shared
 
 
-def test_an_interrupted_join_saves_the_last_agreed_state(tmp_path, monkeypatch, capsys):
+def test_an_interrupted_join_saves_the_last_agreed_state(tmp_path, capsys):
     """Ctrl-C on a room peer with --save: the state of the last step the room agreed on is
-    written and said, as `train` does (a user's interrupted leader and member left none)."""
-    from pynode.cli import join as join_cli
-    from pynode.cli.main import main
+    written and said, as `train` does (a user's interrupted leader and member left none).
+    NativePeer.run does it, for a room peer and for a cluster's bridge alike."""
+    from pynode.cli.peer import NativePeer
     from pynode.cli.report import Saver
 
-    class Interrupted:
-        def __init__(self, args, units, gemm, status=None):
-            self.saver = Saver(args.save, args.save_every)
-            self.saver.agreed, self.saver.agreed_step = b"the agreed state", 7
+    async def interrupted(cfg, resume):
+        raise KeyboardInterrupt
 
-        async def run(self, cfg, resume):
-            raise KeyboardInterrupt
-
-        async def close(self):
-            pass
-
-    monkeypatch.setattr(join_cli, "NativePeer", Interrupted)
-    monkeypatch.setattr(join_cli, "require_network", lambda: None)
-    monkeypatch.setattr(join_cli, "load_units_and_gemm",
-                        lambda *_: (None, SimpleNamespace(backend_name="numpy_int")))
     saved = tmp_path / "room.pt"
-    assert main(["join", "--server", "http://127.0.0.1:9", "--save", str(saved)]) == 130
+    saver = Saver(str(saved), None)
+    saver.agreed, saver.agreed_step = b"the agreed state", 7
+    peer = SimpleNamespace(_run=interrupted, saver=saver)
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(NativePeer.run(peer, None, None))
     assert saved.read_bytes() == b"the agreed state"
     assert f"saved the last agreed state (step 7) to {saved}" in capsys.readouterr().err
