@@ -116,6 +116,18 @@ def test_three_tabs_train_the_native_hashes_and_an_unapproved_tab_gets_nothing(
     host_view = {p["id"]: p for p in status(host)["peers"]}
     assert not host_view[seen["peerId"]]["approved"]
     assert seen["peerId"] not in ranks
+    # A second run in the same room: each page's history (its table, its loss chart) is
+    # that run's alone, not mixed with the steps of the first (a user trial found 1-3 of
+    # the old run under 1-2 of the new, and their hashes).
+    again = {**SMALL, "steps": 2, "seed": 15}
+    first = status(host)["run"]
+    wait_trainable(host, ids[1:])
+    host.evaluate("(c) => daisychain.start(c)", again)
+    for page in (host, second, third):
+        wait(page, f"s => s.run !== {json.dumps(first)} && ['done', 'failed'].includes(s.state)",
+             240_000)
+        assert status(page)["state"] == "done", status(page)["error"]
+        assert history_hashes(page) == native_hashes(native_reference, again)
 
 
 def test_a_tab_joining_mid_run_is_synced_and_ends_on_the_same_hash(tabs, native_reference):

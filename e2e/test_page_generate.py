@@ -140,6 +140,7 @@ def test_generating_during_a_run_changes_no_hash(local_browser, server: LocalSer
     assert [h["hash"] for h in final["history"]] == hashes  # every step, generation or not
     done = during["done"]
     assert during["state"] == "training" and 2 <= done["step"] < RUN["steps"], during
+    assert not {"type", "id"} & set(done), done  # the answer, not the worker's envelope
     assert done["text"] == native_text(generators[done["step"]], DURING)
     want_after = AFTER["prompt"] + native_text(generators[RUN["steps"]], AFTER)
     assert after_live == want_after

@@ -178,6 +178,11 @@ def test_bad_and_unknown_room_codes_end_next_to_the_room_controls(
             page.wait_for_selector("#room-problem", state="visible", timeout=30_000)
             ended[name] = (time.monotonic() - joined_at, page.inner_text("#room-problem"),
                            status(page)["peerId"], page.is_hidden("#pending-line"))
+            # not "Private room, you are X" beside the reason it is in none (a user trial)
+            page.wait_for_function("() => document.querySelector('#room-line').textContent"
+                                   ".startsWith('Not in a room')", timeout=5_000)
+            assert page.inner_text("#room-line") == \
+                f"Not in a room (this page was peer {ended[name][2]}).", name
             page.wait_for_timeout(500)  # the socket's close arrives after the give-up
             said = [m["text"] for m in status(page)["messages"]]
             assert not any("reconnecting" in text for text in said), (name, said)

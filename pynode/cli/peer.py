@@ -297,9 +297,11 @@ class NativePeer:
         self.shown.update(state="training", leader=fields["leader"], run=fields["run"],
                           error=None)
         joined = fields["joined_at"]
+        joining = fields.get("joining") or []
+        joins = f" and {len(joining)} joining at its first step" if joining else ""
+        synced = "" if joined is None else f"; synced at step {joined}, hash verified"
         say(f"training: run {fields['run']} led by {fields['leader']}, {len(fields['ranks'])} "
-            f"peer(s), {cfg['steps']} steps" + outer_note(cfg) + ("" if joined is None else
-                                                  f"; synced at step {joined}, hash verified"))
+            f"peer(s){joins}, {cfg['steps']} steps" + outer_note(cfg) + synced)
         asyncio.ensure_future(self.print_matrix())
         if self.reporter is None and self.trainer is not None:
             self.reporter = StepReporter(self.trainer, cfg["steps"], self.args.log,

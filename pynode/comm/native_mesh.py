@@ -46,6 +46,12 @@ SHARE_EVERY = 4  # beats between two {"links": [...]} rows to every peer (the ma
 
 
 # ------------------------------------------------------------------------- the thread
+
+def gone_text(present: bool) -> str:
+    """Why a link to a peer is closed when the roster no longer lists it as approved: it
+    left the room (closed, lost or removed by the host), or it is there unapproved."""
+    return "no longer approved by the host" if present else "left the room"
+
 class NetThread:
     """An event loop in a daemon thread for aiortc and signaling."""
 
@@ -187,9 +193,10 @@ class NativeMesh(Mesh):
         if not (self.signaling.approved and self.signaling.connected):
             return  # no roster to go by: keep what we have
         approved = {e.get("id") for e in self.signaling.roster if e.get("state") == "approved"}
+        present = {e.get("id") for e in self.signaling.roster}
         for peer, link in list(self.links.items()):
             if peer not in approved:
-                log.info("peer %s: not on the approved roster; link closed", peer)
+                log.info("peer %s: %s; link closed", peer, gone_text(peer in present))
                 link.close()
 
     def _prune_later(self) -> None:

@@ -22,6 +22,7 @@ from pynode.config import RunConfig
 from pynode.core.errors import DaisyError
 from pynode.run.loop import OnStep, train
 from pynode.run.protocol import decode, encode, read_start, start_message
+from pynode.run.speed import UNKNOWN
 from pynode.run.trainer import Trainer
 
 
@@ -35,9 +36,16 @@ def agreement_entry(entries: list[bytes | None]) -> bytes:
     if votes and all(v[0].startswith(b"{") for v in votes):
         return _digest_union([v[0] for v in votes], len(votes) == len(entries))
     if len(votes) == len(entries) and len({v[0] for v in votes}) == 1:
-        speed = sum(float(v[2]) for v in votes)
-        return votes[0][0] + b"|" + repr(speed).encode()
+        return votes[0][0] + b"|" + repr(cluster_speed([v[2] for v in votes])).encode()
     return b"cluster ranks disagree:" + b",".join(v[0] for v in votes) + b"|1.0"
+
+
+def cluster_speed(speeds: list[bytes]) -> float:
+    """The cluster's speed from its ranks': their sum, each rank that knows none yet
+    (speed.UNKNOWN, past only its warm-up) counted at the known ranks' mean; UNKNOWN when
+    no rank knows."""
+    known = [s for s in map(float, speeds) if s > 0 and s != float("inf")]
+    return sum(known) * len(speeds) / len(known) if known else UNKNOWN
 
 
 def _digest_union(shares: list[bytes], complete: bool) -> bytes:

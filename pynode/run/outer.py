@@ -87,16 +87,15 @@ class OuterTrainer(Trainer):
             hook(self.state.step + 1, indices)
         size = self.size
         partial = np.zeros(2 * size + 1 + self.cfg.replicas, dtype=np.int64)
-        started = time.perf_counter()
+        done = self.inner_steps() * self.cfg.microbatches // self.cfg.replicas  # a replica's
         for replica in indices:
+            started = time.perf_counter()
             delta, codes, loss = self.replica_delta(replica)
+            self.meter.record(time.perf_counter() - started, done)
             partial[:size] += delta
             partial[size : 2 * size] += codes
             partial[2 * size] += loss
             partial[2 * size + 1 + replica] += 1
-        if indices:
-            done = len(indices) * self.inner_steps() * self.cfg.microbatches // self.cfg.replicas
-            self.microbatch_seconds = (time.perf_counter() - started) / done
         return partial
 
     def replica_delta(self, replica: int) -> tuple[np.ndarray, np.ndarray, int]:

@@ -121,7 +121,10 @@ class RoomPeer(Takeover, Steering):
     """This peer's part in the room's runs. `serve()` once; then `start` to lead a run.
 
     report(kind, fields) tells the page what happens:
-      run     {run, leader, ranks, config, joined_at}   training started or joined
+      run     {run, leader, ranks, config, joined_at,   training started or joined; `step`
+               joining, step, hash}                      and `hash`: the state it goes on
+                                                        from; `joining`: the peers admitted
+                                                        at its first step (a resumed start)
       step    {step, loss, hash, probe, members, seconds, inner, share, ...}
       inner   {run, replica, step}                      a --sync-every run: this peer took
                                                         inner step `step` of `replica`
@@ -439,7 +442,12 @@ class RoomPeer(Takeover, Steering):
             "inner", {"run": run.id, "replica": replica, "step": step}))
         self.report("run", {"run": run.id, "leader": run.leader, "ranks": list(run.coll.ranks),
                             "config": json.loads(run.cfg.to_json()),
-                            "joined_at": run.trainer.state.step if joined else None})
+                            "joined_at": run.trainer.state.step if joined else None,
+                            # admitted at the first step (a resumed start), not ranks yet
+                            "joining": sorted(run.joins),
+                            # the state it goes on from: a page keeps the steps it had
+                            # only where they led to this state (a resume of its own run)
+                            "step": run.trainer.state.step, "hash": run.trainer.state.hash()})
         self.announce()
         self.task = asyncio.ensure_future(self.train(run, skip_control=joined))
 

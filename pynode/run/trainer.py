@@ -31,6 +31,7 @@ from pynode.core.probe import probe_hash, probe_operands
 from pynode.core.statehash import state_hash
 from pynode.run.errors import ContributionError, ForkError
 from pynode.run.peercheck import PeerCheck, same_length
+from pynode.run.speed import SpeedMeter, planning_speeds
 from pynode.run.stepclock import StepClock
 from pynode.tasks.base import Task
 
@@ -140,7 +141,7 @@ class Trainer:
         # Ranks whose recomputed work disagreed with the majority's: they compute no more
         # microbatches in this run (crosscheck.py); the same set on every peer.
         self.distrusted: set[int] = set()
-        self.microbatch_seconds = 0.0
+        self.meter = SpeedMeter()  # its microbatch times and the speed it reports (speed.py)
         self.probe = probe_operands()  # the kernel probe's fixed operands, drawn once
         self.clock = StepClock()  # where its steps go (stepclock.py)
         self.peers = PeerCheck(self)  # the cross-peer check of its steps (peercheck.py)
@@ -179,16 +180,20 @@ class Trainer:
             hook(self.state.step + 1, indices)
         size, n = self.size, self.cfg.microbatches
         partial = np.zeros(size + 1 + 2 * n, dtype=np.int64)
-        started = time.perf_counter()
         for index in indices:
+            started = time.perf_counter()
             fixed, loss = self.contribution(index)
+            self.meter.record(time.perf_counter() - started)
             partial[:size] += fixed
             partial[size] += loss
             partial[size + 1 + index] += 1
             partial[size + 1 + n + index] = self.peers.digest(index, fixed, loss)
-        if indices:  # the mean: one slow microbatch (a busy core) must not re-plan the group
-            self.microbatch_seconds = (time.perf_counter() - started) / len(indices)
         return partial
+
+    @property
+    def microbatch_seconds(self) -> float:
+        """The measured seconds of one microbatch here (0.0 before any; speed.py)."""
+        return self.meter.seconds()
 
     def shared(self, indices: list[int]) -> list[int]:
         """The part of this rank's `indices` computed here: with a `share` of (i, c), every
@@ -395,7 +400,8 @@ class Trainer:
         if self.collective is None:
             return
         mine = f"{result.hash}:{result.probe}".encode()
-        speed = 1.0 / max(self.microbatch_seconds, 1e-6)
+        self.meter.end_step()
+        speed = self.meter.speed()
         seen = await self.collective.allgather_bytes(
             mine + b"|" + repr(speed).encode(), timeout=self.deadline()
         )
@@ -407,7 +413,7 @@ class Trainer:
             votes.append(vote)
             speeds[rank] = float(peer_speed)
         if self.options.capacities is None:
-            self.capacities = speeds
+            self.capacities = planning_speeds(speeds)
         # the same decision on every peer (it hangs on `seen` and `distrusted` only): the
         # trusted agree on (state, probe), and the distrusted, who compute nothing, on state
         trusted = {e.partition(b"|")[0] for r, e in enumerate(seen)

@@ -44,7 +44,8 @@ export class PageGenerator {
     } else if (msg.type === "started") {
       const waiter = this.requests.get(msg.id);
       this.requests.delete(msg.id);
-      if (waiter) (msg.ok ? waiter.resolve(msg) : waiter.reject(new Error(msg.error)));
+      const { type, id, ...answer } = msg; // the caller's answer, not the worker's envelope
+      if (waiter) (msg.ok ? waiter.resolve(answer) : waiter.reject(new Error(msg.error)));
     }
   }
 

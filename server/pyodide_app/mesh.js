@@ -246,6 +246,7 @@ export class Mesh extends EventTarget {
     this.joinedAt = performance.now();
     this.pruneTimer = null;
     this.approved = null; // ids of the last approved roster
+    this.present = new Set(); // ids of the last roster
     this.beating = null; // the heartbeat interval, from the first open link on
     for (const type of ["offer", "answer", "ice"]) {
       signaling.addEventListener(type, (e) => this.onSignal(type, e.detail));
@@ -293,8 +294,9 @@ export class Mesh extends EventTarget {
   // peers not in `ids` are closed (removed by the host, or gone), except within
   // ROSTER_GRACE_MS of (re)joining signaling: after a server restart the rosters refill
   // while the channels, which never touch the server, carry on.
-  connect(ids) {
+  connect(ids, present = ids) {
     this.approved = new Set(ids);
+    this.present = new Set(present); // every peer of the roster, approved or not
     for (const peer of ids) {
       if (peer === this.selfId) continue;
       if (!this.links.has(peer) && this.selfId < peer) {
@@ -317,7 +319,9 @@ export class Mesh extends EventTarget {
     if (this.approved === null) return;
     for (const link of [...this.links.values()]) {
       if (!this.approved.has(link.peer)) {
-        this.emit("error", { peer: link.peer, text: "not on the approved roster; link closed" });
+        // it left the room (closed, lost or removed by the host), or is there unapproved
+        const why = this.present.has(link.peer) ? "no longer approved by the host" : "left the room";
+        this.emit("error", { peer: link.peer, text: `${why}; link closed` });
         link.close();
       }
     }

@@ -172,7 +172,8 @@ export class PageNode extends EventTarget {
     const me = this.roster.get(this.state.peerId);
     if (me) Object.assign(this.state, { role: me.role, approved: me.approved });
     if (this.mesh && this.state.approved) {
-      this.mesh.connect([...this.roster.values()].filter((p) => p.approved).map((p) => p.id));
+      this.mesh.connect([...this.roster.values()].filter((p) => p.approved).map((p) => p.id),
+        [...this.roster.keys()]);
       // After a server restart members come back pending; a peer still in our live mesh
       // was approved before, so the host lets it back in at once. A removed or denied
       // peer never comes back pending: the server refuses its token, restarts included.
@@ -282,6 +283,16 @@ export class PageNode extends EventTarget {
   onReport(kind, f) {
     const s = this.state;
     if (kind === "run") {
+      // The steps shown so far stay only where this run goes on from them (a resume of
+      // the state they led to); another run's would mix two runs in the table and chart.
+      const from = s.history.find((h) => h.step === f.step);
+      if (!from || from.hash !== f.hash) {
+        s.history = [];
+        s.failovers = [];
+      } else {
+        s.history = s.history.filter((h) => h.step <= f.step);
+        s.failovers = s.failovers.filter((x) => x.step <= f.step);
+      }
       Object.assign(s, { state: "training", joining: null, run: f.run, leader: f.leader,
         steps: f.config.steps,
         config: f.config, error: null, heldout: null, schedule: [], paused: false,

@@ -95,7 +95,11 @@ function renderRoom(s) {
   $("pending-line").hidden = !s.peerId || s.approved || Boolean(s.roomProblem);
   $("room-problem").hidden = !s.roomProblem;
   $("room-problem").textContent = s.roomProblem || "";
-  if (s.roomProblem && !s.peerId) $("room-line").textContent = "Not in a room.";
+  // out of the room for good: no longer "you are X" beside the reason it left
+  if (s.roomProblem) {
+    $("room-line").textContent = s.peerId ? `Not in a room (this page was peer ${s.peerId}).`
+      : "Not in a room.";
+  }
 }
 
 // The latest error, wherever it came from (the server, the worker, a run, an action), stays

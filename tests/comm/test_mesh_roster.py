@@ -53,8 +53,9 @@ def roster(*approved: str, pending: tuple[str, ...] = ()) -> dict[str, Any]:
     return {"type": "roster", "peers": peers}
 
 
-def test_links_to_peers_off_the_approved_roster_are_closed_after_the_grace(monkeypatch):
+def test_links_to_peers_off_the_approved_roster_are_closed_after_the_grace(monkeypatch, caplog):
     monkeypatch.setattr(native_mesh, "ROSTER_GRACE_S", 0.3)
+    caplog.set_level("INFO", logger=native_mesh.log.name)
 
     async def body() -> None:
         sig = FakeSignaling()
@@ -66,6 +67,9 @@ def test_links_to_peers_off_the_approved_roster_are_closed_after_the_grace(monke
         assert not any(link.closed for link in links.values())
         await asyncio.sleep(0.5)  # the grace is over: the roster rules
         assert [p for p, link in links.items() if link.closed] == ["1", "2"]
+        # why, in words a host reads (a killed peer was "not on the approved roster")
+        assert "peer 1: no longer approved by the host; link closed" in caplog.text
+        assert "peer 2: left the room; link closed" in caplog.text
         sig.fire("roster", roster("a"))  # the host removed 0: its link goes at once
         assert links["0"].closed and not mesh.links
         sig.fire("joined", {"type": "joined"})  # signaling came back: a new grace
@@ -81,16 +85,18 @@ const { Mesh } = await import(process.argv[1]);
 const mesh = new Mesh(new EventTarget(), "a");
 const closed = [];
 const fake = (peer) => ({ peer, close() { closed.push(peer); mesh.links.delete(peer); } });
+const said = [];
+mesh.addEventListener("error", (e) => said.push(`${e.detail.peer}: ${e.detail.text}`));
 for (const p of ["0", "1", "2"]) mesh.links.set(p, fake(p));
-mesh.connect(["a", "0"]);  // just joined: the roster may still be refilling
+mesh.connect(["a", "0"], ["a", "0", "1"]);  // just joined: the roster may still be refilling
 const inGrace = [...closed];
 clearTimeout(mesh.pruneTimer); mesh.pruneTimer = null;
 mesh.joinedAt -= 31000;  // the grace is over
-mesh.connect(["a", "0"]);
+mesh.connect(["a", "0"], ["a", "0", "1"]);  // 1 is there unapproved, 2 is gone
 const afterGrace = [...closed];
 mesh.connect(["a"]);  // the host removed 0
 const left = [...mesh.links.keys()];
-console.log(JSON.stringify({ inGrace, afterGrace, last: [...closed], left }));
+console.log(JSON.stringify({ inGrace, afterGrace, last: [...closed], left, said }));
 """
 
 
@@ -98,7 +104,9 @@ def test_the_pages_mesh_follows_the_approved_roster_the_same_way():
     module = (REPO / "server" / "pyodide_app" / "mesh.js").as_uri()
     got = json.loads(node_check(NODE_CHECK, module))
     assert got == {"inGrace": [], "afterGrace": ["1", "2"], "last": ["1", "2", "0"],
-                   "left": []}
+                   "left": [], "said": ["1: no longer approved by the host; link closed",
+                                        "2: left the room; link closed",
+                                        "0: left the room; link closed"]}
 
 
 ICE_CHECK = """

@@ -122,6 +122,87 @@ def test_three_peers_train_the_reference_hashes(checks, reference):
     run(body())
 
 
+def test_a_peer_whose_first_microbatch_was_slow_keeps_its_share(checks, reference):
+    """A peer's first microbatch may take seconds (numba compiling on a fresh install). It
+    was its measured speed from then on: planned no microbatch, it measured nothing again
+    and idled for the rest of the run (a user trial, a native peer among two tabs). Now the
+    warm-up is not a speed (pynode/run/speed.py): the peer computes in the later steps."""
+    import time
+
+    computed: dict[int, int] = {}
+
+    def stalls_once(cfg, coll, resume):
+        trainer = checks.make_trainer(cfg, coll, resume)
+        first = trainer.contribution
+        calls = []
+
+        def contribution(index):
+            calls.append(index)
+            if len(calls) == 1:
+                time.sleep(0.5)
+            return first(index)
+
+        trainer.contribution = contribution
+        trainer.before_compute.append(lambda step, mine: computed.__setitem__(step, len(mine)))
+        return trainer
+
+    async def body():
+        net = MemoryNetwork()
+        pages = [Page(net, f"tab{i}", checks) for i in range(3)]
+        pages[2].peer.make_trainer = stalls_once
+        await asyncio.sleep(0.05)
+        await pages[0].peer.start({**CONFIG, "steps": 8})
+        await settle(pages)
+        for page in pages:
+            assert page.hashes() == {s + 1: h for s, h in enumerate(reference)}
+
+    run(body())
+    assert computed[1] == 1, computed  # 4 microbatches over 3: its one was the slow one
+    assert sum(computed[s] for s in range(3, 9)) >= 3, computed
+
+
+def test_a_resumed_start_says_who_joins_at_its_first_step(checks, reference):
+    """A leader resuming a checkpoint starts alone and admits the ready peers at its first
+    step: its run report names them (`join` printed "1 peer(s)", then "leading the run with
+    2 peer(s)", a user trial), and says the state it goes on from, which a page uses to
+    keep its earlier steps only where this run continues them."""
+    from pynode.config import RunConfig
+    from pynode.core import checkpoint
+
+    alone = checks.make_trainer(RunConfig.from_dict({**CONFIG, "steps": 6}), None, None)
+    run(steps_of(alone, 2))
+    saved = checkpoint.load_checkpoint(alone.state_bytes())
+
+    async def body():
+        net = MemoryNetwork()
+        pages = [Page(net, f"tab{i}", checks) for i in range(2)]
+        await asyncio.sleep(0.05)
+        cfg = RunConfig.from_dict({**CONFIG, "steps": 6})
+        ranks = await pages[0].peer.start_resumed(cfg, saved, 10)
+        assert ranks == ["tab0", "tab1"]
+        await settle(pages)
+        return pages
+
+    pages = run(body())
+    started = pages[0].kinds("run")[0]
+    assert started["ranks"] == ["tab0"] and started["joining"] == ["tab1"]
+    assert (started["step"], started["hash"]) == (2, reference[1])
+    joined = pages[1].kinds("run")[0]
+    assert (joined["step"], joined["hash"]) == (2, reference[1])
+    for page in pages:
+        assert page.hashes() == {s + 1: reference[s] for s in range(2, 6)}
+
+    async def fresh_start():
+        pages = await room_run(checks, 1, 2)
+        await settle(pages)
+        return pages[0].kinds("run")[0]
+
+    fresh = run(fresh_start())
+    initial = checks.make_trainer(RunConfig.from_dict({**CONFIG, "steps": 2}), None, None)
+    assert (fresh["step"], fresh["joining"]) == (0, [])
+    assert fresh["hash"] == initial.state.hash()
+
+
 def test_a_late_joiner_is_synced_and_ends_on_the_same_hash(checks, reference):
     async def body():
         net = MemoryNetwork()
