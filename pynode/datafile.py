@@ -97,16 +97,19 @@ def parquet_text(path: str, raw: bytes) -> bytes:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    # a damaged file raises ArrowException, OSError (a page pyarrow cannot deserialize) or
+    # ValueError: each is this file's fault, said in one line
+    damaged = (pa.ArrowException, OSError, ValueError, KeyError)
     try:
         names = pq.read_schema(pa.BufferReader(raw)).names
-    except pa.ArrowException as exc:
+    except damaged as exc:
         raise DataFileError(f"{path}: no readable 'text' column ({exc})") from None
     if "text" not in names:  # said with the file's own columns, not pyarrow's internals
         raise DataFileError(f"{path}: no readable 'text' column (its columns: "
                             f"{', '.join(names[:12]) or 'none'})")
     try:
         table = pq.read_table(pa.BufferReader(raw), columns=["text"])
-    except (pa.ArrowException, KeyError) as exc:
+    except damaged as exc:
         raise DataFileError(f"{path}: no readable 'text' column ({exc})") from None
     kind = table.column(0).type
     if not is_text_type(kind):

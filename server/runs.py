@@ -23,7 +23,7 @@ from pynode.core.errors import DaisyError
 # What a rank may report: name -> the types its value may have. None is allowed for all.
 NUMBER = (int, float)
 RANK_FIELDS: dict[str, tuple[type, ...]] = {
-    "state": (str,),               # training | finished | stopped
+    "state": (str,),               # waiting | training | finished | stopped
     "reason": (str,),              # why it stopped (an error line), or ""
     "step": (int,), "steps": (int,),
     "loss": NUMBER, "heldout": NUMBER,
@@ -37,7 +37,7 @@ RANK_FIELDS: dict[str, tuple[type, ...]] = {
     "bytes_sent": (int,), "bytes_received": (int,),
 }
 RUN_FIELDS: dict[str, tuple[type, ...]] = {"name": (str,), "command": (str,), "world": (int,)}
-STATES = ("training", "finished", "stopped")
+STATES = ("waiting", "training", "finished", "stopped")  # waiting: a room peer, no run yet
 MAX_TEXT = 200            # characters of any string field
 MAX_POINTS = 4096         # loss points kept per run (every other one dropped when full)
 MAX_POINTS_PER_REPORT = 512

@@ -96,10 +96,12 @@ async def share_run(collective: Any, mine: DashboardRun | None) -> DashboardRun 
 class StatusReporter:
     """One rank's status reports to `target` (a loop hook: call it with each StepResult)."""
 
-    def __init__(self, target: DashboardRun, rank: int, collective: Any = None) -> None:
+    def __init__(self, target: DashboardRun, rank: int, collective: Any = None,
+                 state: str = "training") -> None:
+        # state: "waiting" for a room peer until a run starts (attach), else "training"
         self.target, self.rank, self.collective = target, rank, collective
         self.trainer: Trainer | None = None
-        self.status: dict[str, Any] = {"rank": rank, "state": "training", "runtime": "native",
+        self.status: dict[str, Any] = {"rank": rank, "state": state, "runtime": "native",
                                        "device": platform.device_name(),
                                        "cores": platform.cpu_count(),
                                        "ram": platform.memory_bytes()}
@@ -117,7 +119,7 @@ class StatusReporter:
 
         self.trainer = trainer
         with self.wake:
-            self.status.update(steps=trainer.cfg.steps, step=trainer.state.step,
+            self.status.update(state="training", steps=trainer.cfg.steps, step=trainer.state.step,
                                backend=gemm_summary(trainer.gemm)[:200])
 
     def __call__(self, result: StepResult) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from dataclasses import fields
 from pathlib import Path
@@ -154,8 +155,8 @@ def parse_capacity(text: str | None, peers: int) -> dict[int, float] | None:
         values = [float(v) for v in text.split(",")]
     except ValueError as exc:
         raise ConfigError(f"--capacity must be numbers like 1,2,5, got {text!r}") from exc
-    if len(values) != peers or any(v <= 0 for v in values):
-        raise ConfigError(f"--capacity needs {peers} positive numbers, got {text!r}")
+    if len(values) != peers or not all(0 < v < math.inf for v in values):  # nan, inf too
+        raise ConfigError(f"--capacity needs {peers} positive finite numbers, got {text!r}")
     return dict(enumerate(values))
 
 

@@ -198,12 +198,25 @@ def end_status(status: StatusReporter | None, rank: int, trainer: Trainer | None
         print(final_status(rank, trainer, state, reason, collective), file=sys.stderr)
 
 
+PEERS_PER_CORE = 4  # `train --peers` refuses more local peers than this a core ...
+MIN_MOST_PEERS = 8  # ... unless there are no more than this many
+
+
 async def train_local_peers(args, cfg: RunConfig, capacities, resumed: bytes | None = None,
                             ) -> int:
     """Rank 0 in this process, ranks 1..N-1 as child processes over a Unix socket.
     `resumed`: the --resume checkpoint, read and checked (cfg is its run's)."""
     if args.peers < 1:
         raise ConfigError(f"--peers must be >= 1, got {args.peers}")
+    cores = platform.cpu_count()
+    most = max(MIN_MOST_PEERS, PEERS_PER_CORE * cores)
+    if args.peers > most:  # 200 on 2 cores started 199 interpreters and said nothing
+        raise ConfigError(f"--peers {args.peers} on {cores} core(s): each local peer is a "
+                          f"process holding the whole model; at most {most} here (one a "
+                          "core is the fastest; more only share the cores)")
+    if args.peers > cores:
+        say(f"note: {args.peers} local peers on {cores} core(s) share the cores: the run "
+            "shows the same bits, not more speed")
     dashboard = register(args.dashboard, f"train --peers {args.peers}", args.peers) \
         if args.dashboard else None
     with tempfile.TemporaryDirectory(prefix="pynode-") as tmp:

@@ -38,6 +38,7 @@ from pynode.config import ConfigError, RunConfig
 from pynode.datafile import is_file_spec
 from pynode.extras import require
 from pynode.run.assemble import build_trainer, load_resume, load_units_and_gemm
+from pynode.tasks import load_task
 
 CLUSTER_TIMEOUT_S = 60.0  # how long the cluster's ranks wait for each other to form
 
@@ -100,6 +101,9 @@ def start_plan(args: argparse.Namespace) -> tuple[RunConfig | None, Any]:
         raise ConfigError("--data FILE is read by each peer from its own disk, and a room's "
                           "tabs have none: serve a parquet file with `python -m server "
                           "--data-url FILE` and give --data http://SERVER")
+    check_data = getattr(load_task(cfg.task), "check_data", None)
+    if check_data is not None:  # a text this leader cannot read: said before joining
+        check_data(cfg)
     return cfg, ckpt
 
 
@@ -128,7 +132,8 @@ async def join_command(args: argparse.Namespace) -> int:
     say(f"verified: unit networks exact over their domains, GEMM backend {gemm.backend_name}")
     if args.cluster:
         return await join_as_cluster(args, units, gemm, cfg, resume, dashboard)
-    peer = NativePeer(args, units, gemm, status=StatusReporter(dashboard, 0) if dashboard else None)
+    status = StatusReporter(dashboard, 0, state="waiting") if dashboard else None
+    peer = NativePeer(args, units, gemm, status=status)
     try:
         return await peer.run(cfg, resume)
     finally:
@@ -181,7 +186,8 @@ async def join_as_cluster(args: argparse.Namespace, units: Any, gemm: Any,
         say(f"cluster of {inner.world_size} ranks: this rank joins the room for all of them")
         bridge = ClusterBridge(inner)
         bridge.start()
-        status = StatusReporter(dashboard, 0) if dashboard and inner.rank == 0 else None
+        status = StatusReporter(dashboard, 0, state="waiting") \
+            if dashboard and inner.rank == 0 else None
         peer = NativePeer(args, units, gemm, bridge, status=status)
         try:
             return await peer.run(cfg, resume)

@@ -403,6 +403,7 @@ def _connect_blocking(
     if not dist.is_available() or not dist.is_gloo_available():
         raise CommError("this torch build has no gloo backend")
     deadline = time.monotonic() + timeout
+    _resolve(addr, port)
     hosts_store = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
     if not hosts_store:
         # TCPStore's client retries a refused connect for about twice its timeout, logging
@@ -484,6 +485,18 @@ def _agree_attempt(store: Any, base: str, rank: int, world_size: int, deadline: 
 
 def _left(deadline: float) -> timedelta:
     return timedelta(seconds=max(deadline - time.monotonic(), _POLL_S))
+
+
+def _resolve(addr: str, port: int) -> None:
+    """CollectiveUsageError, at once, for a MASTER_ADDR this machine cannot resolve: rank
+    0's store otherwise timed out after seconds of C++ stack frames, saying only that."""
+    try:
+        socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        reason = getattr(exc, "strerror", None) or exc
+        raise CollectiveUsageError(f"MASTER_ADDR {addr!r} does not resolve on this machine "
+                                   f"({reason}): give every rank the address or host name of "
+                                   "rank 0's machine") from None
 
 
 def _wait_for_port(addr: str, port: int, deadline: float, timeout: float) -> None:

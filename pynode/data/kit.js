@@ -377,7 +377,7 @@ function sampleToken(logits, s, position) { // pynode.run.generate.sample_token
 function checkSampling(s) { // Sampling's refusals, in its words (an empty field: NaN)
   for (const name of ["tokens", "top_k", "seed"]) {
     if (!Number.isSafeInteger(s[name]) || s[name] < 0) {
-      throw new Error(`${name} must be an integer >= 0, got ${s[name]}`);
+      throw new Error(`${name} must be an integer from 0 to ${Number.MAX_SAFE_INTEGER}, got ${s[name]}`);
     }
   }
   const t = s.temperature;

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any
 
+from pynode import platform
 from pynode.config import ConfigError, RunConfig
 from pynode.core import checkpoint
 from pynode.run.errors import OutputError
@@ -51,6 +53,34 @@ def load_units_and_gemm(
                               build=build_backend, check=check_products)
 
 
+class MemoryRefusal(ConfigError):
+    """This machine does not have the memory a config needs (the leader's, or its own)."""
+
+
+def memory_needed(cfg: RunConfig, param_count: int) -> int:
+    """Rough peak bytes of a peer: params, Adam moments, gradients, partials, activations."""
+    state = param_count * (4 * 4 + 8)
+    activations = cfg.microbatch_size * cfg.seq * cfg.width * cfg.layers * 4 * 24
+    attention = cfg.microbatch_size * cfg.heads * cfg.seq * cfg.seq * 4 * 6 * cfg.layers
+    return state + activations + attention
+
+
+def check_memory(cfg: RunConfig, task: Any, rank: int | None = None) -> None:
+    """MemoryRefusal if this machine's available memory cannot hold `cfg`'s training (where
+    it can be known: not in the page), before anything of its size is allocated."""
+    available = platform.memory_bytes()
+    if not available:
+        return
+    shapes = task.build_model(cfg, None).param_shapes()
+    need = memory_needed(cfg, sum(math.prod(shape) for shape in shapes.values()))
+    if need > available:
+        who = "" if rank is None else f"rank {rank}: "
+        ask = ("ask the leader for a smaller config" if rank else
+               "choose a smaller one (--width, --layers, --seq, --microbatch-size)")
+        raise MemoryRefusal(f"{who}this config needs about {need / 2**20:.1f} MiB, only "
+                            f"{available / 2**20:.1f} MiB available; {ask}")
+
+
 def build_trainer(
     cfg: RunConfig, collective: Any = None,
     resume: checkpoint.CheckpointState | None = None, *,
@@ -66,6 +96,7 @@ def build_trainer(
     `check_products` as in load_units_and_gemm.
     """
     task = load_task(cfg.task)
+    check_memory(cfg, task, None if collective is None else collective.rank)
     units = gemm = None
     tune = False
     if getattr(task, "uses_units", True):

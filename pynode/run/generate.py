@@ -44,6 +44,7 @@ from pynode.core.errors import DaisyError
 from pynode.core.gpt import GPT
 from pynode.tasks.gpt import gpt_config
 
+MAX_SAFE_INTEGER = 2**53 - 1  # JavaScript's Number.MAX_SAFE_INTEGER
 SAMPLE_PURPOSE = 0x5A3D  # rng key of a sampled byte: (seed, position, SAMPLE_PURPOSE)
 WEIGHT_BITS = 31  # a kept byte's integer weight is floor(p * 2**WEIGHT_BITS)
 F32 = np.float32
@@ -61,10 +62,12 @@ class Sampling:
     seed: int = 0  # first element of every sampling key
 
     def __post_init__(self) -> None:
-        for name in ("tokens", "top_k", "seed"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise GenerateError(f"{name} must be an integer >= 0, got {value!r}")
+        for name in ("tokens", "top_k", "seed"):  # at most JavaScript's safe integers: the
+            value = getattr(self, name)            # kit and the page take the same ones
+            if not isinstance(value, int) or isinstance(value, bool) or \
+                    not 0 <= value <= MAX_SAFE_INTEGER:
+                raise GenerateError(f"{name} must be an integer from 0 to {MAX_SAFE_INTEGER}, "
+                                    f"got {value!r}")
         t = self.temperature
         if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             raise GenerateError(f"temperature must be a finite number >= 0, got {t!r}")

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from pynode import platform
-from pynode.config import ConfigError, RunConfig
-from pynode.run.assemble import build_trainer
+from pynode.config import RunConfig
+from pynode.run.assemble import MemoryRefusal, build_trainer, memory_needed  # noqa: F401
 from pynode.run.loop import OnStep, train
 from pynode.run.protocol import read_start, start_message
 from pynode.run.trainer import ALONE, Trainer, TrainOptions
@@ -27,10 +27,6 @@ log = logging.getLogger("pynode.run")
 
 SETUP_TIMEOUT = 120.0
 UNIT_NAMES = ("mul", "requant", "relu")
-
-
-class MemoryRefusal(ConfigError):
-    """This machine does not have the memory the leader's config needs."""
 
 
 @dataclass(frozen=True)
@@ -46,14 +42,6 @@ class PeerInfo:
     @classmethod
     def from_bytes(cls, data: bytes) -> PeerInfo:
         return cls(**json.loads(data))
-
-
-def memory_needed(cfg: RunConfig, param_count: int) -> int:
-    """Rough peak bytes of a peer: params, Adam moments, gradients, partials, activations."""
-    state = param_count * (4 * 4 + 8)
-    activations = cfg.microbatch_size * cfg.seq * cfg.width * cfg.layers * 4 * 24
-    attention = cfg.microbatch_size * cfg.heads * cfg.seq * cfg.seq * 4 * 6 * cfg.layers
-    return state + activations + attention
 
 
 async def agree_on_config(collective, cfg: RunConfig | None, resume: bytes | None):
@@ -87,14 +75,7 @@ async def run_member(
                             options=options, check_products=check_products)
     if prepare is not None:
         prepare(trainer)
-    param_count = sum(p.size for p in trainer.state.params.values())
-    available = platform.memory_bytes()
-    if available and memory_needed(cfg, param_count) > available:
-        raise MemoryRefusal(
-            f"rank {collective.rank}: this config needs about "
-            f"{memory_needed(cfg, param_count) / 2**20:.1f} MiB, only "
-            f"{available / 2**20:.1f} MiB available; ask the leader for a smaller config"
-        )
+    available = platform.memory_bytes()  # what it lacks was refused by build_trainer
     me = PeerInfo(collective.rank, platform.device_name(), platform.cpu_count(), available)
     infos = await collective.allgather_bytes(me.to_bytes(), timeout=SETUP_TIMEOUT)
     peers = [PeerInfo.from_bytes(b) for b in infos if b is not None]

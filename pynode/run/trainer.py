@@ -129,6 +129,9 @@ class Trainer:
         if cfg.eval_every and not all(hasattr(task, m) for m in ("heldout", "eval_loss")):
             raise ConfigError(f"task {cfg.task} has no held-out data (heldout, eval_loss): "
                               "train it with eval_every 0")
+        check_data = getattr(task, "check_data", None)  # optional: its data readable here
+        if check_data is not None:
+            check_data(cfg)
         self.model = task.build_model(cfg, gemm)
         self.shapes = self.model.param_shapes()
         self.state = state if state is not None else self.initial_state()
@@ -221,9 +224,16 @@ class Trainer:
         return fixed, int(fixedpoint.to_fixed(mean, LOSS_FRAC_BITS)[0])
 
     def flatten(self, grads: dict[str, np.ndarray]) -> np.ndarray:
+        if not isinstance(grads, dict):
+            raise ContributionError(f"task returned its gradients as a {type(grads).__name__}, "
+                                    "not a dict of parameter name -> float32 array")
         missing = [name for name in self.shapes if name not in grads]
         if missing:
             raise ContributionError(f"task returned no gradient for {', '.join(missing)}")
+        unknown = [str(name) for name in grads if name not in self.shapes]
+        if unknown:  # a misspelled name would train nothing where it was meant
+            raise ContributionError(f"task returned gradients for {', '.join(unknown)}, which "
+                                    "are not parameters of its model (param_shapes)")
         parts = []
         for name, shape in self.shapes.items():
             g = np.asarray(grads[name])

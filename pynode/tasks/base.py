@@ -28,6 +28,10 @@ class Task(Protocol):
     or result after the call (as pynode.core.layers), so the per-call product check may
     run beside the model and be settled after the microbatch (Gemm.defer_checks).
 
+    Optional: check_data(cfg) raises a named error (pynode.core.errors.DaisyError) for data
+    this peer cannot read, before any step; build_model never reads data (generation and
+    checkpoint checks build the model without it).
+
     Optional, for held-out loss (RunConfig.eval_every; pynode.run.trainer.heldout_loss):
     heldout(cfg, index) -> batch        held-out microbatch `index`, the same at every step
     eval_loss(model, params, batch)     -> loss float32, forward only

@@ -16,11 +16,16 @@ class GPTTask:
     name = "gpt"
     vocab = 256  # byte-level; recorded in checkpoints and checked on load
 
-    def build_model(self, cfg: RunConfig, gemm: Any) -> GPT:
-        if is_file_spec(cfg.data):  # a missing or other file is refused before any step
+    def check_data(self, cfg: RunConfig) -> None:
+        """Refuse, before any step, a data file that is missing or another (DataFileError)
+        and a text URL that cannot be read or holds another text (DataSourceError). Only a
+        trainer asks: a checkpoint's model (generate, the kit) needs no data."""
+        if is_file_spec(cfg.data):
             file_text(cfg.data)
-        if is_text_url(cfg.data):  # likewise a text that cannot be read or is another
+        if is_text_url(cfg.data):
             url_text(cfg.data)
+
+    def build_model(self, cfg: RunConfig, gemm: Any) -> GPT:
         return GPT(gpt_config(cfg), gemm)
 
     def sample(self, cfg: RunConfig, step: int, index: int) -> np.ndarray:

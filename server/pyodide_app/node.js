@@ -293,8 +293,9 @@ export class PageNode extends EventTarget {
         s.history = s.history.filter((h) => h.step <= f.step);
         s.failovers = s.failovers.filter((x) => x.step <= f.step);
       }
+      // the step and hash it goes on from, not the last run's until its first step is done
       Object.assign(s, { state: "training", joining: null, run: f.run, leader: f.leader,
-        steps: f.config.steps,
+        step: f.step, hash: f.hash, loss: null, probe: null, steps: f.config.steps,
         config: f.config, error: null, heldout: null, schedule: [], paused: false,
         inner: null, innerSteps: 0, members: f.ranks });
       this.say("info", f.joined_at === null ? `training started by ${f.leader}`

@@ -4,12 +4,15 @@ const main = document.getElementById("runs");
 const badge = document.getElementById("runs-badge");
 const empty = document.getElementById("runs-empty");
 
-// A training rank reports every second; one silent this long has likely gone (a killed
-// process says nothing), and the table says so rather than "training" forever.
-const SILENT_S = 30;
+// A training (or waiting) rank reports every second; one silent this long has likely gone
+// (a killed process says nothing), and the table says so rather than "training" forever.
+const SILENT_S = 10;
 
 function stateText(r) {
-  if (r.state === "training" && r.seen_s > SILENT_S) return `silent for ${r.seen_s} s (gone?)`;
+  if (["training", "waiting"].includes(r.state) && r.seen_s > SILENT_S) {
+    return `silent for ${r.seen_s} s (gone?)`;
+  }
+  if (r.state === "waiting") return "waiting for a run (a room peer)";
   return r.state + (r.reason ? `: ${r.reason}` : "");
 }
 

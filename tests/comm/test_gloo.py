@@ -100,6 +100,21 @@ def test_missing_settings_are_named(monkeypatch) -> None:
         )
 
 
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_master_addr_that_does_not_resolve_is_named_at_once(rank) -> None:
+    """Rank 0, which hosts the store, took --timeout and printed C++ stack frames, then
+    said only that the store timed out; rank 1 retried until its timeout too."""
+    import time
+
+    started = time.monotonic()
+    with pytest.raises(CollectiveUsageError,
+                       match=r"MASTER_ADDR 'no.such.host.invalid' does not resolve"):
+        asyncio.run(make_collective("gloo", rank=rank, world_size=2,
+                                    master_addr="no.such.host.invalid",
+                                    master_port=free_port(), timeout=30.0))
+    assert time.monotonic() - started < 15.0  # a lookup, not the 30 s timeout
+
+
 def test_nobody_else_joins_peer_lost_names_them() -> None:
     with pytest.raises(PeerLost) as lost:
         asyncio.run(

@@ -44,3 +44,15 @@ def test_memory_estimate_grows_with_the_config():
     small = group.memory_needed(CFG, 10_000)
     assert group.memory_needed(CFG.with_(seq=64), 10_000) > small
     assert group.memory_needed(CFG, 1_000_000) > small
+
+
+def test_a_config_too_large_for_this_machine_is_refused_before_anything_is_allocated(capsys):
+    """`train --seq 100000` (1.2 TiB of attention) ended in numpy's _ArrayMemoryError: the
+    GEMM tuning's forward pass allocated before the group's check ran, and a single peer
+    had no check at all. build_trainer refuses it first, alone or in a group."""
+    from pynode.cli.main import main
+
+    assert main(["train", "--seq", "100000", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: MemoryRefusal: this config needs about "), err
+    assert "choose a smaller one (--width, --layers, --seq, --microbatch-size)" in err

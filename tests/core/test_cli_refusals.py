@@ -284,3 +284,25 @@ def test_an_integer_too_large_for_a_float_is_a_config_error_not_an_overflow():
     for name in ("clip", "weight_decay"):
         with pytest.raises(ConfigError, match=f"{name} must be a finite number >= 0"):
             RunConfig(**{name: 10**400})
+
+
+@pytest.mark.parametrize("capacity", ["nan,1", "inf,1", "1,-inf", "0,1", "1"])
+def test_capacity_that_is_not_positive_and_finite_is_one_line(capacity):
+    """nan and inf passed the `v <= 0` test and ended in a ValueError traceback from the
+    planner's fractions."""
+    from pynode.cli.flags import parse_capacity
+    from pynode.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--capacity needs 2 positive finite numbers"):
+        parse_capacity(capacity, 2)
+
+
+def test_more_local_peers_than_the_cores_can_hold_is_refused(capsys, monkeypatch):
+    """`train --peers 200` on 2 cores started 199 interpreters, pushed the load to 153 and
+    printed nothing."""
+    from pynode import platform
+
+    monkeypatch.setattr(platform, "cpu_count", lambda: 2)
+    err = refused(["train", "--peers", "200", "--steps", "1"], capsys)
+    assert "ConfigError: --peers 200 on 2 core(s): each local peer is a process holding the " \
+           "whole model; at most 8 here" in err

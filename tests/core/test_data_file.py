@@ -93,7 +93,25 @@ def test_a_resume_refuses_a_data_file_that_changed(text_file, tmp_path, capsys):
     assert "the file changed, or this peer has another" in err
 
 
-@pytest.mark.parametrize("case", ["missing", "short", "no_text_column", "numbers"])
+def test_generate_and_the_kit_need_no_data_file(text_file, tmp_path, capsys):
+    """A model trained on a file samples without it: generate and kit read the checkpoint
+    alone (they refused, naming the moved file, since building the model read the data);
+    a resume still refuses the file that moved."""
+    saved = str(tmp_path / "run.pt")
+    rc, _, _ = run(["train", "--steps", "1", *SMALL, "--data", str(text_file), "--save", saved],
+                   capsys, tmp_path, "first")
+    assert rc == 0
+    text_file.unlink()
+    kit = tmp_path / "kit.html"
+    assert main(["generate", "--checkpoint", saved, "--prompt", "The ", "--tokens", "5"]) == 0
+    assert main(["kit", saved, "-o", str(kit)]) == 0 and kit.stat().st_size > 0
+    capsys.readouterr()
+    rc, hashes, err = run(["train", "--resume", saved, "--steps", "2", *SMALL[-3:]], capsys,
+                          tmp_path, "resumed")
+    assert rc == 2 and hashes == [] and "DataFileError" in err, err
+
+
+@pytest.mark.parametrize("case", ["missing", "short", "no_text_column", "numbers", "damaged"])
 def test_an_unusable_data_file_is_one_line_and_exit_2(tmp_path, capsys, case):
     path = tmp_path / "data.txt"
     if case == "short":
@@ -111,6 +129,14 @@ def test_an_unusable_data_file_is_one_line_and_exit_2(tmp_path, capsys, case):
 
         pq.write_table(pa.table({"text": [1, 2, 3]}), path)
         expected = "its 'text' column holds int64, not text"
+    elif case == "damaged":  # magic bytes and footer intact, a page zeroed: pyarrow's OSError
+        pa = pytest.importorskip("pyarrow")
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"text": [f"document {i}: " * 20 for i in range(200)]}), path)
+        raw = path.read_bytes()
+        path.write_bytes(raw[:4] + bytes(200) + raw[204:])
+        expected = "no readable 'text' column ("
     else:
         expected = "is not a file; give builtin, a DaisyChain server"
     rc, hashes, err = run(["train", "--steps", "1", *SMALL, "--data", str(path)], capsys,
@@ -126,6 +152,17 @@ def test_join_refuses_a_data_file_its_tabs_cannot_read(text_file, capsys):
     assert rc == 2
     assert "ConfigError: --data FILE is read by each peer from its own disk" in \
         capsys.readouterr().err
+
+
+def test_a_leader_refuses_a_text_it_cannot_read_before_joining(capsys):
+    """The model no longer reads the data (generate needs none), so `join --start` asks the
+    task's check_data itself: an uploaded text it cannot read is named before the room hears."""
+    pytest.importorskip("aiortc")
+    text = "http://127.0.0.1:9/uploads/" + "a" * 64 + "#sha256=" + "a" * 64
+    rc = main(["join", "--server", "http://127.0.0.1:9", "--start", "--data", text])
+    err = capsys.readouterr().err
+    assert rc == 2 and "DataSourceError" in err and "127.0.0.1:9/uploads/" in err, err
+    assert "SignalingError" not in err  # the room's server was never asked
 
 
 def test_the_config_accepts_only_a_well_formed_file_value():

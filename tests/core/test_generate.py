@@ -215,7 +215,10 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, checkpoint):
             "trains 'mlp'")
     assert want in refused([*base, str(mlp)], capsys)
     for flag, value, what in (("--temperature", "-1", "temperature"), ("--top-k", "-2", "top_k"),
-                              ("--tokens", "-5", "tokens"), ("--temperature", "nan", "temper")):
+                              ("--tokens", "-5", "tokens"), ("--temperature", "nan", "temper"),
+                              # the kit (JavaScript numbers) could not take it: refused alike
+                              ("--seed", str(2**53), "seed must be an integer from 0 to "
+                               "9007199254740991, got 9007199254740992")):
         assert f"GenerateError: {what}" in refused([*base, str(good), flag, value], capsys)
     err = refused(["generate", "--checkpoint", str(good), "--prompt", ""], capsys)
     assert "GenerateError: the prompt is empty" in err

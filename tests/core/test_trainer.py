@@ -272,6 +272,14 @@ def as_float64(g):
     return {**g, "wpe": g["wpe"].astype(np.float64)}
 
 
+def with_extra(g):  # a misspelled name was accepted, and its parameter trained on nothing
+    return {**g, "wpe_typo": g["wpe"]}
+
+
+def as_list(g):  # gave numpy's "truth value of an array is ambiguous"
+    return list(g.values())
+
+
 def too_large(g):
     return {**g, "wpe": np.full_like(g["wpe"], 1e9)}  # |g| * 2**32 > 2**53
 
@@ -295,6 +303,8 @@ class NanLossTask(GPTTask):
         (transposed, ContributionError, r"gradient wte: expected \(256, 32\)"),
         (without_wpe, ContributionError, "no gradient for wpe"),
         (as_float64, ContributionError, "float64"),
+        (with_extra, ContributionError, r"gradients for wpe_typo, which are not parameters"),
+        (as_list, ContributionError, "gradients as a list, not a dict"),
         (too_large, FixedPointOverflowError, "fixed-point bound"),
         # the parameter named, its place as plain integers (it said "a gradient value at
         # index (np.int64(1221),)" of the flat vector)

@@ -45,6 +45,31 @@ def test_a_registered_run_shows_its_ranks_and_loss_points_but_never_its_token():
     assert token not in json.dumps(board.views())
 
 
+def test_a_room_peer_waiting_for_a_run_says_so_then_training(monkeypatch):
+    """A `join` peer reported "training" (no step) for as long as it waited for a room's
+    run, and the board's silence check never fired for it."""
+    from types import SimpleNamespace
+
+    from pynode.cli import dashboard
+
+    posted: list[dict] = []
+    monkeypatch.setattr(dashboard, "post_json",
+                        lambda url, body, token=None: posted.append(body) or b"{}")
+    reporter = dashboard.StatusReporter(dashboard.DashboardRun("http://board", "r", "t"), 0,
+                                        state="waiting")
+    waiting = dict(reporter.status)
+    reporter.attach(SimpleNamespace(cfg=SimpleNamespace(steps=5), state=SimpleNamespace(step=0),
+                                    gemm=None))
+    assert reporter.status["state"] == "training"  # its room's run started
+    reporter.finish("finished")
+    assert waiting["state"] == "waiting" and posted[-1]["state"] == "finished"
+    assert reporter.status["steps"] == 5
+    board = RunBoard(max_runs=4, idle_s=60)
+    run, token = board.register({"name": "join", "command": "join", "world": 1})
+    board.report(run, token, {"rank": 0, "state": "waiting"})  # a state the board takes
+    assert board.views()[0]["ranks"][0]["state"] == "waiting"
+
+
 @pytest.mark.parametrize("record, match", [
     ({"rank": 0, "weights": [0.1, 0.2]}, "unknown fields: weights"),
     ({"rank": 0, "gradients": "AAAA"}, "unknown fields: gradients"),
