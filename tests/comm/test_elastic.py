@@ -273,5 +273,11 @@ def test_a_killed_rank_and_then_a_lost_machine_resume_on_the_reference_hash(tmp_
     assert f"rank {rank} of 2 was lost" in err
     alone = re.search(r"resuming from step (\d+) [^\n]*the group now has 1 rank\(s\)", err)
     assert alone, err[-3000:]  # a's own checkpoint: the last step both ranks agreed on
-    assert 2 * EVERY <= int(alone[1]) < done[second_before]["step"] <= int(alone[1]) + 1
+    last = int(alone[1])
+    after = [row["step"] for row in done[second_before:]]
+    # A step under way when the log was read may still complete and be logged before the
+    # kill lands (CI saw it once: the row of step 10, then "resuming from step 10"): then it
+    # is the last agreed step, the one a resumes from. Otherwise the next row follows it.
+    late = 1 if after and after[0] == last else 0
+    assert 2 * EVERY <= last and after[late] == last + 1, (last, after)
     assert "s after the previous attempt stopped" in err
