@@ -73,6 +73,18 @@ async def room_run(checks, count: int, steps: int) -> list[Page]:
     return pages
 
 
+async def room_with_odd_peer(checks, count: int, make_trainer, config: dict) -> tuple[
+        MemoryNetwork, list[Page]]:
+    """`count` pages in one in-memory room, the last one's trainers made by `make_trainer`
+    (a broken or slow peer); the first leads a run of `config`."""
+    net = MemoryNetwork()
+    pages = [Page(net, f"tab{i}", checks) for i in range(count)]
+    pages[-1].peer.make_trainer = make_trainer
+    await asyncio.sleep(0.05)
+    await pages[0].peer.start(config)
+    return net, pages
+
+
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 120))
 
@@ -147,11 +159,7 @@ def test_a_peer_whose_first_microbatch_was_slow_keeps_its_share(checks, referenc
         return trainer
 
     async def body():
-        net = MemoryNetwork()
-        pages = [Page(net, f"tab{i}", checks) for i in range(3)]
-        pages[2].peer.make_trainer = stalls_once
-        await asyncio.sleep(0.05)
-        await pages[0].peer.start({**CONFIG, "steps": 8})
+        _, pages = await room_with_odd_peer(checks, 3, stalls_once, {**CONFIG, "steps": 8})
         await settle(pages)
         for page in pages:
             assert page.hashes() == {s + 1: h for s, h in enumerate(reference)}
@@ -555,11 +563,8 @@ def corrupting(checks: Checks, at_step: int):
 
 def test_a_fork_between_two_peers_stops_both_with_a_clear_message(checks, reference):
     async def body():
-        net = MemoryNetwork()
-        pages = [Page(net, f"tab{i}", checks) for i in range(2)]
-        pages[1].peer.make_trainer = corrupting(checks, 2)
-        await asyncio.sleep(0.05)
-        await pages[0].peer.start({**CONFIG, "steps": 5})
+        _, pages = await room_with_odd_peer(checks, 2, corrupting(checks, 2),
+                                            {**CONFIG, "steps": 5})
         await settle(pages)
         for page in pages:
             assert "fork detected" in page.kinds("failed")[0]["error"]
@@ -569,11 +574,8 @@ def test_a_fork_between_two_peers_stops_both_with_a_clear_message(checks, refere
 
 def test_a_diverged_minority_is_resynced_from_the_majority(checks, reference):
     async def body():
-        net = MemoryNetwork()
-        pages = [Page(net, f"tab{i}", checks) for i in range(3)]
-        pages[2].peer.make_trainer = corrupting(checks, 2)
-        await asyncio.sleep(0.05)
-        await pages[0].peer.start({**CONFIG, "steps": 4})
+        _, pages = await room_with_odd_peer(checks, 3, corrupting(checks, 2),
+                                            {**CONFIG, "steps": 4})
         await settle(pages)
         for page in pages:
             assert page.kinds("done")[0]["hash"] == reference[3]
@@ -599,11 +601,9 @@ def test_a_tab_whose_gradients_are_wrong_is_outvoted_and_its_work_left_out(
         return trainer
 
     async def body():
-        net = MemoryNetwork()
-        pages = [Page(net, f"tab{i}", checks) for i in range(3)]
-        pages[2].peer.make_trainer = wrong
-        await asyncio.sleep(0.05)
-        await pages[0].peer.start({**CONFIG, "steps": 6, "cross_check": 1, "microbatches": 6})
+        net, pages = await room_with_odd_peer(checks, 3, wrong, {**CONFIG, "steps": 6,
+                                                                 "cross_check": 1,
+                                                                 "microbatches": 6})
         await wait_for_step(pages[0], 3)
         late = Page(net, "late", checks)  # learns who is left out from the sync
         await settle([*pages, late])
@@ -645,11 +645,7 @@ def test_a_tab_whose_gemm_is_wrong_is_named_and_left_out_without_stopping_the_ro
         return build_trainer(config, coll, resume, arithmetic=(checks.units, gemm))
 
     async def body():
-        net = MemoryNetwork()
-        pages = [Page(net, f"tab{i}", checks) for i in range(3)]
-        pages[2].peer.make_trainer = wrong
-        await asyncio.sleep(0.05)
-        await pages[0].peer.start(cfg)
+        _, pages = await room_with_odd_peer(checks, 3, wrong, cfg)
         await settle(pages)
         for page in pages:
             assert page.hashes() == {s + 1: h for s, h in enumerate(reference3)}
