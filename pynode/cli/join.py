@@ -37,8 +37,7 @@ from pynode.comm.signaling import check_room_code, ws_url
 from pynode.config import ConfigError, RunConfig
 from pynode.datafile import is_file_spec
 from pynode.extras import require
-from pynode.run.assemble import build_trainer, load_resume, load_units_and_gemm
-from pynode.tasks import load_task
+from pynode.run.assemble import build_trainer, load_resume, load_units_and_gemm, preflight
 
 CLUSTER_TIMEOUT_S = 60.0  # how long the cluster's ranks wait for each other to form
 
@@ -101,9 +100,7 @@ def start_plan(args: argparse.Namespace) -> tuple[RunConfig | None, Any]:
         raise ConfigError("--data FILE is read by each peer from its own disk, and a room's "
                           "tabs have none: serve a parquet file with `python -m server "
                           "--data-url FILE` and give --data http://SERVER")
-    check_data = getattr(load_task(cfg.task), "check_data", None)
-    if check_data is not None:  # a text this leader cannot read: said before joining
-        check_data(cfg)
+    preflight(cfg)  # a text this leader cannot read, a config too large: said before joining
     return cfg, ckpt
 
 

@@ -493,6 +493,8 @@ def _resolve(addr: str, port: int) -> None:
     try:
         socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as exc:
+        if getattr(exc, "errno", None) == socket.EAI_AGAIN:
+            return  # a resolver that may answer later: the store's own retries go on
         reason = getattr(exc, "strerror", None) or exc
         raise CollectiveUsageError(f"MASTER_ADDR {addr!r} does not resolve on this machine "
                                    f"({reason}): give every rank the address or host name of "

@@ -71,14 +71,30 @@ def check_memory(cfg: RunConfig, task: Any, rank: int | None = None) -> None:
     available = platform.memory_bytes()
     if not available:
         return
-    shapes = task.build_model(cfg, None).param_shapes()
+    try:  # a custom task's model may want its GEMM: then the trainer's build says what fails
+        shapes = task.build_model(cfg, None).param_shapes()
+    except Exception:  # noqa: BLE001 - only the estimate is skipped
+        return
     need = memory_needed(cfg, sum(math.prod(shape) for shape in shapes.values()))
     if need > available:
-        who = "" if rank is None else f"rank {rank}: "
-        ask = ("ask the leader for a smaller config" if rank else
-               "choose a smaller one (--width, --layers, --seq, --microbatch-size)")
+        # a rank of a group did not choose the config (a cluster's followers are all
+        # "rank 0" of the room): said the same to each
+        who, ask = (("", "choose a smaller one") if rank is None else
+                    (f"rank {rank}: ", "the run needs a smaller config"))
         raise MemoryRefusal(f"{who}this config needs about {need / 2**20:.1f} MiB, only "
-                            f"{available / 2**20:.1f} MiB available; {ask}")
+                            f"{available / 2**20:.1f} MiB available here; {ask} (--width, "
+                            "--layers, --seq, --microbatch-size)")
+
+
+def preflight(cfg: RunConfig) -> None:
+    """What a native peer checks of a run it leads or resumes before it starts anything or
+    asks anyone: its task's data is readable here (Task.check_data) and this machine's
+    memory holds it (check_memory)."""
+    task = load_task(cfg.task)
+    check_data = getattr(task, "check_data", None)
+    if check_data is not None:
+        check_data(cfg)
+    check_memory(cfg, task)
 
 
 def build_trainer(
@@ -128,8 +144,11 @@ def state_from_checkpoint(ckpt: checkpoint.CheckpointState) -> TrainState:
 def load_resume(
     path: str | os.PathLike, overrides: dict
 ) -> tuple[RunConfig, checkpoint.CheckpointState]:
-    """`read_resume` of the checkpoint file at `path` (--resume)."""
-    return read_resume(checkpoint_bytes(path, "--resume"), overrides)
+    """`read_resume` of the checkpoint file at `path` (--resume), and its run's `preflight`:
+    a data file that moved or changed is refused here, once, before any group forms."""
+    cfg, state = read_resume(checkpoint_bytes(path, "--resume"), overrides)
+    preflight(cfg)
+    return cfg, state
 
 
 def checkpoint_bytes(path: str | os.PathLike, flag: str) -> bytes:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from collections.abc import Collection
 
 WINDOW = 5  # microbatches whose lower median is the estimate
 REMEASURE_STEPS = 8  # idle steps in a row after which the reported speed starts doubling
@@ -82,10 +83,12 @@ class SpeedMeter:
         return 2.0 ** doublings / max(statistics.median_low(self.samples), 1e-6)
 
 
-def planning_speeds(reported: dict[int, float]) -> dict[int, float]:
+def planning_speeds(reported: dict[int, float], left_out: Collection[int] = ()) -> dict[int, float]:
     """rank -> speed to plan on: each UNKNOWN (or unreadable) speed becomes the lower median
-    of the known ones (1.0 when none is known). Every peer gets the same reported speeds
-    in the agreement round, so every peer plans alike."""
-    known = [s for s in reported.values() if s > 0 and s != float("inf")]
+    of the known ones of ranks not `left_out` (the distrusted, idle for good: their speed
+    only rises), 1.0 when none is known. Every peer gets the same reported speeds and holds
+    the same distrusted ranks after the agreement round, so every peer plans alike."""
+    known = [s for r, s in reported.items()
+             if r not in left_out and s > 0 and s != float("inf")]
     fill = statistics.median_low(known) if known else 1.0
     return {r: (s if s > 0 and s != float("inf") else fill) for r, s in reported.items()}

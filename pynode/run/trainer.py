@@ -423,7 +423,7 @@ class Trainer:
             votes.append(vote)
             speeds[rank] = float(peer_speed)
         if self.options.capacities is None:
-            self.capacities = planning_speeds(speeds)
+            self.capacities = planning_speeds(speeds, self.distrusted)
         # the same decision on every peer (it hangs on `seen` and `distrusted` only): the
         # trusted agree on (state, probe), and the distrusted, who compute nothing, on state
         trusted = {e.partition(b"|")[0] for r, e in enumerate(seen)

@@ -284,9 +284,10 @@ export class PageNode extends EventTarget {
     const s = this.state;
     if (kind === "run") {
       // The steps shown so far stay only where this run goes on from them (a resume of
-      // the state they led to); another run's would mix two runs in the table and chart.
+      // the state they led to, or this page synced into its run again); another run's
+      // would mix two runs in the table and chart.
       const from = s.history.find((h) => h.step === f.step);
-      if (!from || from.hash !== f.hash) {
+      if (f.run !== s.run && (!from || from.hash !== f.hash)) {
         s.history = [];
         s.failovers = [];
       } else {

@@ -56,3 +56,20 @@ def test_a_config_too_large_for_this_machine_is_refused_before_anything_is_alloc
     err = capsys.readouterr().err
     assert err.startswith("error: MemoryRefusal: this config needs about "), err
     assert "choose a smaller one (--width, --layers, --seq, --microbatch-size)" in err
+
+
+def test_a_task_whose_model_needs_its_gemm_skips_the_estimate(monkeypatch):
+    """check_memory builds the model without a GEMM to count its parameters; a custom task
+    that needs one there must not fail on that (its trainer says what is wrong, if
+    anything), nor be refused on a guess."""
+    from pynode.run.assemble import check_memory
+
+    class NeedsGemm:
+        def build_model(self, cfg, gemm):
+            return gemm.kernels  # AttributeError on None
+
+    monkeypatch.setattr(group.platform, "memory_bytes", lambda: 1 << 16)
+    check_memory(CFG, NeedsGemm())  # no AttributeError, no MemoryRefusal
+    with pytest.raises(group.MemoryRefusal, match="choose a smaller one"):
+        from pynode.tasks import load_task
+        check_memory(CFG, load_task("gpt"))

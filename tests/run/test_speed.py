@@ -90,3 +90,11 @@ def test_a_cluster_counts_a_rank_past_only_its_warm_up_at_the_others_mean():
     assert cluster_speed([b"10.0", b"0.0", b"20.0"]) == pytest.approx(45.0)
     assert cluster_speed([b"10.0", b"20.0"]) == pytest.approx(30.0)
     assert cluster_speed([b"0.0", b"0.0"]) == UNKNOWN
+
+
+def test_a_distrusted_peers_rising_speed_is_not_what_an_unknown_one_is_planned_at():
+    """A distrusted peer idles for good and its reported speed keeps doubling: filled in
+    from it, a peer past only its warm-up was given every microbatch for a step."""
+    reported = {0: 10.0, 1: UNKNOWN, 2: 6.5e5, 3: 6.5e5}
+    assert planning_speeds(reported, left_out={2, 3})[1] == 10.0
+    assert planning_speeds(reported)[1] == 6.5e5  # the reason for left_out
