@@ -255,8 +255,15 @@ class RoomPeer(Takeover, Steering):
                 size, repeats = int(head["bench"]["size"]), int(head["bench"]["repeats"])
                 self.task = asyncio.ensure_future(self.run_bench(coll, size, repeats))
                 return
-            cfg = RunConfig.from_dict(head["config"])
-            self.launch(Run(run_id, peer, cfg, self.make_trainer(cfg, coll, None), coll))
+            try:
+                cfg = RunConfig.from_dict(head["config"])
+                trainer = self.make_trainer(cfg, coll, None)
+            except DaisyError as exc:  # refused here (its memory, its data), as a sync is
+                await coll.close()  # the others drop us at once instead of at their deadline
+                self.report("failed", {"error": f"could not take part in the run: "
+                                                f"{type(exc).__name__}: {exc}"})
+                return
+            self.launch(Run(run_id, peer, cfg, trainer, coll))
         elif kind == "cancel" and self.pending and self.pending[:2] == (run_id, peer):
             self.pending = None
         elif kind == "join" and self.run and self.run.leader == self.id and run_id == self.run.id:
@@ -394,6 +401,10 @@ class RoomPeer(Takeover, Steering):
         """Leader, between steps: admit every joiner that reaches all members."""
         admitted = []
         for peer, reach in list(run.joins.items()):
+            if peer in run.coll.ranks:  # a member once (lost, or it refused the run): its id
+                del run.joins[peer]     # cannot take a second rank ("already has a rank"
+                log.info("room: %s asked to join the run it left; not admitted", peer)
+                continue                # stopped the leader)
             others = set(run.coll.member_ids()) - {self.id}
             if peer in self.chan.peers and others <= reach:
                 run.coll.admit(peer)

@@ -211,6 +211,30 @@ def test_a_resumed_start_says_who_joins_at_its_first_step(checks, reference):
     assert fresh["hash"] == initial.state.hash()
 
 
+def test_a_peer_that_refuses_the_run_it_accepted_leaves_at_once(checks, reference):
+    """A peer whose trainer refuses the run after it accepted (its memory, its data) kept
+    its link to the run's collective: the others waited for it until their deadline (30 s)
+    before they re-planned its microbatches. It closes the link, as a failed sync does."""
+    import time
+
+    from pynode.run.assemble import MemoryRefusal
+
+    def refuses(cfg, coll, resume):
+        raise MemoryRefusal("this config needs about 9 MiB, only 1 MiB available here")
+
+    async def body():
+        started = time.monotonic()
+        _, pages = await room_with_odd_peer(checks, 3, refuses, {**CONFIG, "steps": 4})
+        await settle(pages)
+        return pages, time.monotonic() - started
+
+    pages, took = run(body())
+    assert "MemoryRefusal: this config needs" in pages[2].kinds("failed")[0]["error"]
+    for page in pages[:2]:
+        assert page.hashes() == {s + 1: h for s, h in enumerate(reference[:4])}
+    assert took < 20, took  # not the 30 s deadline
+
+
 def test_a_late_joiner_is_synced_and_ends_on_the_same_hash(checks, reference):
     async def body():
         net = MemoryNetwork()
