@@ -20,7 +20,7 @@ from mixed_helpers import REPO, NativeJoin, reference_rows
 
 from pynode.config import RunConfig
 from pynode.core.gpt import gpt_param_shapes
-from pynode.run.group import memory_needed
+from pynode.run.assemble import memory_needed
 from pynode.tasks.gpt import gpt_config
 
 pytestmark = [pytest.mark.slow]

@@ -100,7 +100,8 @@ def start_plan(args: argparse.Namespace) -> tuple[RunConfig | None, Any]:
         raise ConfigError("--data FILE is read by each peer from its own disk, and a room's "
                           "tabs have none: serve a parquet file with `python -m server "
                           "--data-url FILE` and give --data http://SERVER")
-    preflight(cfg)  # a text this leader cannot read, a config too large: said before joining
+    if ckpt is None:  # load_resume did it for a resume
+        preflight(cfg)  # a text this leader cannot read, a config too large: said before joining
     return cfg, ckpt
 
 

@@ -19,6 +19,7 @@ from pynode.core import checkpoint
 from pynode.run.errors import OutputError
 from pynode.run.trainer import ALONE, Trainer, TrainOptions, TrainState
 from pynode.tasks import load_task
+from pynode.tasks.base import check_task_data
 
 log = logging.getLogger("pynode.run")
 
@@ -91,9 +92,7 @@ def preflight(cfg: RunConfig) -> None:
     asks anyone: its task's data is readable here (Task.check_data) and this machine's
     memory holds it (check_memory)."""
     task = load_task(cfg.task)
-    check_data = getattr(task, "check_data", None)
-    if check_data is not None:
-        check_data(cfg)
+    check_task_data(task, cfg)
     check_memory(cfg, task)
 
 

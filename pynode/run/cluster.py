@@ -22,7 +22,7 @@ from pynode.config import RunConfig
 from pynode.core.errors import DaisyError
 from pynode.run.loop import OnStep, train
 from pynode.run.protocol import decode, encode, read_start, start_message
-from pynode.run.speed import UNKNOWN
+from pynode.run.speed import UNKNOWN, is_known
 from pynode.run.trainer import Trainer
 
 
@@ -44,7 +44,7 @@ def cluster_speed(speeds: list[bytes]) -> float:
     """The cluster's speed from its ranks': their sum, each rank that knows none yet
     (speed.UNKNOWN, past only its warm-up) counted at the known ranks' mean; UNKNOWN when
     no rank knows."""
-    known = [s for s in map(float, speeds) if s > 0 and s != float("inf")]
+    known = [s for s in map(float, speeds) if is_known(s)]
     return sum(known) * len(speeds) / len(known) if known else UNKNOWN
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from pynode import platform
 from pynode.config import RunConfig
-from pynode.run.assemble import MemoryRefusal, build_trainer, memory_needed  # noqa: F401
+from pynode.run.assemble import build_trainer
 from pynode.run.loop import OnStep, train
 from pynode.run.protocol import read_start, start_message
 from pynode.run.trainer import ALONE, Trainer, TrainOptions

@@ -83,12 +83,16 @@ class SpeedMeter:
         return 2.0 ** doublings / max(statistics.median_low(self.samples), 1e-6)
 
 
+def is_known(speed: float) -> bool:
+    """A speed to plan on: positive and finite (not UNKNOWN, nan or inf)."""
+    return 0 < speed < float("inf")
+
+
 def planning_speeds(reported: dict[int, float], left_out: Collection[int] = ()) -> dict[int, float]:
     """rank -> speed to plan on: each UNKNOWN (or unreadable) speed becomes the lower median
     of the known ones of ranks not `left_out` (the distrusted, idle for good: their speed
     only rises), 1.0 when none is known. Every peer gets the same reported speeds and holds
     the same distrusted ranks after the agreement round, so every peer plans alike."""
-    known = [s for r, s in reported.items()
-             if r not in left_out and s > 0 and s != float("inf")]
+    known = [s for r, s in reported.items() if r not in left_out and is_known(s)]
     fill = statistics.median_low(known) if known else 1.0
-    return {r: (s if s > 0 and s != float("inf") else fill) for r, s in reported.items()}
+    return {r: (s if is_known(s) else fill) for r, s in reported.items()}

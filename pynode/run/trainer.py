@@ -33,7 +33,7 @@ from pynode.run.errors import ContributionError, ForkError
 from pynode.run.peercheck import PeerCheck, same_length
 from pynode.run.speed import SpeedMeter, planning_speeds
 from pynode.run.stepclock import StepClock
-from pynode.tasks.base import Task
+from pynode.tasks.base import Task, check_task_data
 
 log = logging.getLogger("pynode.run")
 
@@ -129,9 +129,7 @@ class Trainer:
         if cfg.eval_every and not all(hasattr(task, m) for m in ("heldout", "eval_loss")):
             raise ConfigError(f"task {cfg.task} has no held-out data (heldout, eval_loss): "
                               "train it with eval_every 0")
-        check_data = getattr(task, "check_data", None)  # optional: its data readable here
-        if check_data is not None:
-            check_data(cfg)
+        check_task_data(task, cfg)  # its data readable here, before any step
         self.model = task.build_model(cfg, gemm)
         self.shapes = self.model.param_shapes()
         self.state = state if state is not None else self.initial_state()

@@ -9,6 +9,14 @@ import numpy as np
 from pynode.config import RunConfig
 
 
+def check_task_data(task: Any, cfg: RunConfig) -> None:
+    """The task's optional `check_data(cfg)`: its named error for data this peer cannot
+    read (a trainer, and a run's leader before it starts, ask it)."""
+    check_data = getattr(task, "check_data", None)
+    if check_data is not None:
+        check_data(cfg)
+
+
 @runtime_checkable
 class Model(Protocol):
     def param_shapes(self) -> dict[str, tuple[int, ...]]: ...

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from pynode.config import RunConfig
-from pynode.run import group
+from pynode.run import assemble, group
 from pynode.run.protocol import start_message
 
 
@@ -32,18 +32,18 @@ CFG = RunConfig(steps=2, width=32, layers=1, heads=2, seq=16, microbatch_size=2,
 
 
 def test_follower_without_the_memory_refuses_with_a_clear_message(monkeypatch):
-    monkeypatch.setattr(group.platform, "memory_bytes", lambda: 1 << 16)  # 64 KiB free
+    monkeypatch.setattr(assemble.platform, "memory_bytes", lambda: 1 << 16)  # 64 KiB free
     collective = LeaderSaid(CFG)
     refusal = r"rank 1: this config needs about [\d.]+ MiB, only 0.1 MiB"
-    with pytest.raises(group.MemoryRefusal, match=refusal):
+    with pytest.raises(assemble.MemoryRefusal, match=refusal):
         asyncio.run(group.run_member(collective, None))
     assert collective.gathered == 0
 
 
 def test_memory_estimate_grows_with_the_config():
-    small = group.memory_needed(CFG, 10_000)
-    assert group.memory_needed(CFG.with_(seq=64), 10_000) > small
-    assert group.memory_needed(CFG, 1_000_000) > small
+    small = assemble.memory_needed(CFG, 10_000)
+    assert assemble.memory_needed(CFG.with_(seq=64), 10_000) > small
+    assert assemble.memory_needed(CFG, 1_000_000) > small
 
 
 def test_a_config_too_large_for_this_machine_is_refused_before_anything_is_allocated(capsys):
@@ -68,8 +68,8 @@ def test_a_task_whose_model_needs_its_gemm_skips_the_estimate(monkeypatch):
         def build_model(self, cfg, gemm):
             return gemm.kernels  # AttributeError on None
 
-    monkeypatch.setattr(group.platform, "memory_bytes", lambda: 1 << 16)
+    monkeypatch.setattr(assemble.platform, "memory_bytes", lambda: 1 << 16)
     check_memory(CFG, NeedsGemm())  # no AttributeError, no MemoryRefusal
-    with pytest.raises(group.MemoryRefusal, match="choose a smaller one"):
+    with pytest.raises(assemble.MemoryRefusal, match="choose a smaller one"):
         from pynode.tasks import load_task
         check_memory(CFG, load_task("gpt"))

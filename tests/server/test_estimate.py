@@ -13,7 +13,7 @@ import pytest
 
 from pynode.config import RunConfig
 from pynode.core.gpt import gpt_param_shapes
-from pynode.run.group import memory_needed
+from pynode.run.assemble import memory_needed
 from pynode.tasks.gpt import gpt_config
 
 ESTIMATE = Path(__file__).resolve().parents[2] / "server" / "static" / "estimate.js"
