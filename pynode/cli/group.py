@@ -24,6 +24,7 @@ from pynode.cli.dashboard import DashboardRun, StatusReporter, register, share_r
 from pynode.cli.elastic import ElasticRank, check_elastic_flags, launch
 from pynode.cli.faults import install_fault
 from pynode.cli.flags import (
+    CONFIG_FLAGS,
     capacity_note,
     check_output_flags,
     explicit_config,
@@ -161,6 +162,9 @@ async def follow(collective, args: argparse.Namespace, capacities,
     def prepare(trainer: Trainer) -> None:
         install_fault(trainer, rank)
         built.append(trainer)
+        note = ignored_flags_note(rank, args, trainer.cfg) if announce else None
+        if note:
+            say(note)
         if status is not None:
             status.attach(trainer)
             hooks.append(status)
@@ -186,6 +190,21 @@ async def follow(collective, args: argparse.Namespace, capacities,
         say(f"rank {rank}: finished: step {trainer.state.step}, state hash "
             f"{trainer.state.hash()} (every step agreed with the group)")
     return 0
+
+
+def ignored_flags_note(rank: int, args: argparse.Namespace, cfg: RunConfig) -> str | None:
+    """What a cluster rank > 0 was given that rank 0's run overrides (its config flags that
+    differ, and --resume), said once; None when nothing was. (--data is left out: the same
+    file is named by its path here and by its hash in the run's config.)"""
+    given = {n: getattr(args, n) for n in CONFIG_FLAGS if getattr(args, n, None) is not None}
+    differ = [f"--{n.replace('_', '-')} {v}" for n, v in given.items()
+              if n != "data" and getattr(cfg, n) != v]
+    if getattr(args, "resume", None):
+        differ.append(f"--resume {args.resume}")
+    if not differ:
+        return None
+    return (f"rank {rank}: {', '.join(differ)} ignored: rank 0 chooses the run for every rank "
+            f"(here task {cfg.task}, {cfg.steps} steps)")
 
 
 def end_status(status: StatusReporter | None, rank: int, trainer: Trainer | None, state: str,

@@ -149,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
     if args.command in TRAINING_COMMANDS:  # before the cross-check's worker thread allocates
         platform.share_malloc_arena()
+        from pynode.cli.report import stop_on_sigterm
+
+        stop_on_sigterm()
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
@@ -199,7 +202,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {type(missing).__name__}: {missing}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        from pynode.cli.report import TERMINATED
+
+        # a local peer of train --peers says which (the whole group hears a terminal's Ctrl-C)
+        who = f"rank {args.rank}: " if args.command == "_peer" else ""
+        if TERMINATED:
+            print(f"{who}terminated", file=sys.stderr)
+            return 128 + TERMINATED[0]
+        print(f"{who}interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         if not stdout_gone():

@@ -24,7 +24,7 @@ def say(text: str) -> None:
 def name_rank_in_logs(rank: int) -> None:
     """Prefix this process's log lines with its group rank (a group's ranks share stderr)."""
     for handler in logging.getLogger().handlers:
-        handler.setFormatter(logging.Formatter(f"rank {rank}: %(levelname)s:%(name)s:%(message)s"))
+        handler.setFormatter(logging.Formatter(f"rank {rank}: %(levelname)s %(name)s: %(message)s"))
 
 
 def echo(text: str) -> None:
@@ -59,10 +59,36 @@ def run_header(trainer: Trainer) -> str:
             f"params {params:,}  from step {trainer.state.step}{outer}")
 
 
+TERMINATED: list[int] = []  # the SIGTERM this process received (stop_on_sigterm)
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM (kill, timeout, docker stop, systemd) stops a training run as Ctrl-C does:
+    the same way out, so --save gets the last agreed state; it is said as 'terminated'
+    (stop_reason) and the exit status is 143. It hands the signal to whatever SIGINT's
+    handler is (asyncio.run's cancels the run's task), or raises KeyboardInterrupt where
+    SIGINT is ignored (a background job of a script). Main thread only."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def on_term(signum: int, frame: Any) -> None:
+        TERMINATED.append(signum)
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            handler(signal.SIGINT, frame)
+        else:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+
+
 def stop_reason(exc: BaseException) -> str:
     """Why a run stopped, for its status line and the dashboard."""
     if isinstance(exc, KeyboardInterrupt | asyncio.CancelledError):  # Ctrl-C (asyncio.run)
-        return "interrupted (Ctrl-C)"
+        return "terminated (SIGTERM)" if TERMINATED else "interrupted (Ctrl-C)"
     return f"{type(exc).__name__}: {exc}"
 
 

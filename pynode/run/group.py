@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from pynode import platform
+from pynode.comm.base import CommError, PeerLost
 from pynode.config import RunConfig
 from pynode.run.assemble import build_trainer
 from pynode.run.loop import OnStep, train
@@ -26,6 +27,7 @@ from pynode.run.trainer import ALONE, Trainer, TrainOptions
 log = logging.getLogger("pynode.run")
 
 SETUP_TIMEOUT = 120.0
+SETUP_FAILED = b"setup failed: "  # a PeerInfo entry that says why its member cannot start
 UNIT_NAMES = ("mul", "requant", "relu")
 
 
@@ -71,14 +73,18 @@ async def run_member(
     the traffic each member sent (see report_traffic) and where each member's steps went
     (report_timings)."""
     cfg, state = await agree_on_config(collective, cfg, resume)
-    trainer = build_trainer(cfg, collective, state, backend=backend, kernels=kernels,
-                            options=options, check_products=check_products)
-    if prepare is not None:
-        prepare(trainer)
+    try:
+        trainer = build_trainer(cfg, collective, state, backend=backend, kernels=kernels,
+                                options=options, check_products=check_products)
+        if prepare is not None:
+            prepare(trainer)
+    except Exception as exc:  # its task, data or memory: the others hear why, not a timeout
+        await tell_setup_failed(collective, exc)
+        raise
     available = platform.memory_bytes()  # what it lacks was refused by build_trainer
     me = PeerInfo(collective.rank, platform.device_name(), platform.cpu_count(), available)
     infos = await collective.allgather_bytes(me.to_bytes(), timeout=SETUP_TIMEOUT)
-    peers = [PeerInfo.from_bytes(b) for b in infos if b is not None]
+    peers = read_peer_infos(infos)
     if collective.rank == 0:
         report(plan_table(peers, trainer.plan()))
     await train(trainer, on_step=on_step)
@@ -86,6 +92,27 @@ async def run_member(
     first_step = state.step if state is not None else 0
     traffic = await report_traffic(collective, trainer, report, steps=cfg.steps - first_step)
     return trainer, traffic, await report_timings(collective, trainer)
+
+
+async def tell_setup_failed(collective, exc: Exception) -> None:
+    """Take part in the members' roll (run_member's PeerInfo allgather) with why this member
+    cannot set the run up, so every other member stops at once naming it (read_peer_infos)
+    instead of waiting SETUP_TIMEOUT for it; a group already broken hears nothing more."""
+    reason = f"{type(exc).__name__}: {exc}".encode(errors="replace")
+    try:
+        await collective.allgather_bytes(SETUP_FAILED + reason, timeout=SETUP_TIMEOUT)
+    except CommError:
+        pass
+
+
+def read_peer_infos(infos: list[bytes | None]) -> list[PeerInfo]:
+    """The members' PeerInfo entries; PeerLost naming the first member that could not set
+    the run up (tell_setup_failed), with its reason."""
+    for rank, entry in enumerate(infos):
+        if entry is not None and entry.startswith(SETUP_FAILED):
+            reason = entry[len(SETUP_FAILED):].decode(errors="replace")
+            raise PeerLost([rank], f"rank {rank} could not take part in the run: {reason}")
+    return [PeerInfo.from_bytes(b) for b in infos if b is not None]
 
 
 def plan_table(peers: list[PeerInfo], plan: dict[int, list[int]]) -> str:

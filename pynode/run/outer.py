@@ -38,7 +38,7 @@ from pynode.core import fixedpoint, optim
 from pynode.core.errors import NonFiniteError
 from pynode.core.plan import microbatch_plan, replica_microbatches
 from pynode.core.probe import probe_hash
-from pynode.run.trainer import LOSS_FRAC_BITS, StepResult, Trainer, TrainState
+from pynode.run.trainer import LOSS_FRAC_BITS, StepResult, Trainer, TrainState, task_loss
 
 
 class OuterTrainer(Trainer):
@@ -116,7 +116,8 @@ class OuterTrainer(Trainer):
             total = np.zeros(self.size, dtype=np.int64)  # (P,) int64
             for index in picks:
                 batch = self.task.sample(cfg, step, index)
-                loss, grads = self.task.loss(self.model, params, batch, (cfg.seed, step, index))
+                loss, grads = task_loss(self.task, self.model, params, batch,
+                                        (cfg.seed, step, index))
                 total += fixedpoint.to_fixed(self.flatten(grads), cfg.frac_bits)
                 loss_sum += int(fixedpoint.to_fixed(np.asarray([loss], np.float32),
                                                     LOSS_FRAC_BITS)[0])

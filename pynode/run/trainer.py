@@ -90,6 +90,20 @@ def check_initial(params: Any, shapes: dict[str, Any]) -> None:
         raise ContributionError(f"init_params: {exc}") from None
 
 
+def task_loss(task: Any, model: Any, params: dict[str, np.ndarray], batch: Any,
+              key: tuple[int, ...]) -> tuple[Any, Any]:
+    """The task's loss(model, params, batch, key) as (loss, gradients), or ContributionError
+    naming what it returned instead (a dict of gradients alone read as its two keys)."""
+    result = task.loss(model, params, batch, key)
+    if not isinstance(result, tuple | list) or len(result) != 2:
+        what = (f"a {type(result).__name__} of {len(result)}" if isinstance(result, tuple | list)
+                else f"a {type(result).__name__}")
+        raise ContributionError(f"the task's loss() returned {what}, not (loss, gradients): "
+                                "the microbatch's mean loss and a dict of parameter name -> "
+                                "float32 gradient")
+    return result[0], result[1]
+
+
 def not_finite(grads: dict[str, np.ndarray]) -> str:
     """Which gradient holds a value that is not finite: its name, how many, the first's place."""
     for name, g in grads.items():
@@ -132,6 +146,9 @@ class Trainer:
         check_task_data(task, cfg)  # its data readable here, before any step
         self.model = task.build_model(cfg, gemm)
         self.shapes = self.model.param_shapes()
+        if not self.shapes:  # it would train, then fail to save: no checkpoint holds nothing
+            raise ContributionError(f"task {cfg.task}: its model has no parameters "
+                                    "(param_shapes is empty): there is nothing to train")
         self.state = state if state is not None else self.initial_state()
         self.size = sum(int(np.prod(s)) for s in self.shapes.values())  # P
         # the step's gated hot kernels (the reference for a task without int8 GEMMs), and
@@ -208,7 +225,8 @@ class Trainer:
         fixed-point mean loss."""
         cfg, step = self.cfg, self.state.step
         batch = self.task.sample(cfg, step, index)
-        loss, grads = self.task.loss(self.model, self.state.params, batch, (cfg.seed, step, index))
+        loss, grads = task_loss(self.task, self.model, self.state.params, batch,
+                                (cfg.seed, step, index))
         flat = self.flatten(grads)
         try:
             fixed = fixedpoint.to_fixed(flat, cfg.frac_bits)

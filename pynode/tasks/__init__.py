@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import traceback
 
 from pynode.core.errors import DaisyError
 from pynode.extras import require
@@ -22,8 +23,20 @@ REGISTERED = {
 }
 
 
+TASK_MEMBERS = ("name", "build_model", "sample", "loss")  # what base.Task requires
+
+
 class UnknownTaskError(DaisyError, LookupError):
     """A task name that is neither registered nor an importable module:Class."""
+
+
+def raised_at(exc: BaseException) -> str:
+    """' (file, line N)' of the innermost frame that raised `exc` ('' if none; a
+    SyntaxError says its place itself)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if isinstance(exc, SyntaxError) or not frames:
+        return ""
+    return f" ({frames[-1].filename}, line {frames[-1].lineno})"
 
 
 def load_task(name: str) -> Task:
@@ -41,6 +54,9 @@ def load_task(name: str) -> Task:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise UnknownTaskError(f"task {name!r}: cannot import {module_name!r} ({exc})") from exc
+    except Exception as exc:  # noqa: BLE001 - the module's own error, said where it is
+        raise UnknownTaskError(f"task {name!r}: importing {module_name!r} failed: "
+                               f"{type(exc).__name__}: {exc}{raised_at(exc)}") from exc
     cls = getattr(module, class_name, None)
     if cls is None:
         raise UnknownTaskError(f"task {name!r}: module {module_name!r} has no {class_name!r}")
@@ -57,6 +73,8 @@ def load_task(name: str) -> Task:
         pass
     task = cls()
     if not isinstance(task, Task):
-        raise UnknownTaskError(f"task {name!r}: {target} does not implement the Task interface")
+        missing = [member for member in TASK_MEMBERS if not hasattr(task, member)]
+        raise UnknownTaskError(f"task {name!r}: {target} does not implement the Task interface "
+                               f"(it has no {', '.join(missing)}: docs/CUSTOM_TASK.md)")
     require(f"task {name!r}", *getattr(task, "requires", ()))
     return task

@@ -7,14 +7,27 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from pynode.config import RunConfig
+from pynode.core.errors import DaisyError
+
+
+class TaskDataError(DaisyError):
+    """A task's check_data raised an error of its own kind (not a DaisyError): said in one
+    line with the task's name, as the project's own errors are."""
 
 
 def check_task_data(task: Any, cfg: RunConfig) -> None:
     """The task's optional `check_data(cfg)`: its named error for data this peer cannot
     read (a trainer, and a run's leader before it starts, ask it)."""
     check_data = getattr(task, "check_data", None)
-    if check_data is not None:
+    if check_data is None:
+        return
+    try:
         check_data(cfg)
+    except DaisyError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a researcher's ValueError is said too
+        raise TaskDataError(f"task {cfg.task!r}: check_data: {type(exc).__name__}: "
+                            f"{exc}") from exc
 
 
 @runtime_checkable
@@ -36,9 +49,10 @@ class Task(Protocol):
     or result after the call (as pynode.core.layers), so the per-call product check may
     run beside the model and be settled after the microbatch (Gemm.defer_checks).
 
-    Optional: check_data(cfg) raises a named error (pynode.core.errors.DaisyError) for data
-    this peer cannot read, before any step; build_model never reads data (generation and
-    checkpoint checks build the model without it).
+    Optional: check_data(cfg) raises an error for data this peer cannot read, before any
+    step (a DaisyError is said as it is, any other as TaskDataError with its type);
+    build_model never reads data (generation and checkpoint checks build the model
+    without it).
 
     Optional, for held-out loss (RunConfig.eval_every; pynode.run.trainer.heldout_loss):
     heldout(cfg, index) -> batch        held-out microbatch `index`, the same at every step

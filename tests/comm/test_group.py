@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from comm_helpers import free_port
-from pynode_runs import Done, Launched
+from pynode_runs import REPO, Done, Launched
 
 from pynode import native_kernels
 from pynode.core.checkpoint import load_checkpoint
@@ -88,14 +88,17 @@ class InTerminal:
 
 
 def gloo_pair(folder: Path, name: str, args: list[str], fault: str | None = None,
-              world: int = 2) -> list:
-    """`cluster` ranks 0..world-1 (rank r > 0 is named NAME-rankR)."""
+              world: int = 2, rank0_env: dict | None = None,
+              rank0_args: tuple[str, ...] = ()) -> list:
+    """`cluster` ranks 0..world-1 (rank r > 0 is named NAME-rankR); `rank0_env` and
+    `rank0_args`: more environment and flags for rank 0 alone."""
     base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world)}
     if fault:
         base["PYNODE_FAULT"] = fault
     others = [Launched(folder, f"{name}-rank{r}", ["cluster", *args], {**base, "RANK": str(r)})
               for r in range(1, world)]
-    return [Launched(folder, name, ["cluster", *args], {**base, "RANK": "0"}), *others]
+    return [Launched(folder, name, ["cluster", *args, *rank0_args],
+                     {**base, "RANK": "0", **(rank0_env or {})}), *others]
 
 
 @pytest.fixture(scope="module")
@@ -160,6 +163,15 @@ def runs(tmp_path_factory, full_suite) -> dict:
         pairs["gloo_grad"] = gloo_pair(folder, "gloo_grad",
                                        [*TRAIN[1:], *QUICK, "--cross-check", "1",
                                         "--capacity", "1,1,1"], fault="1:2:grad", world=3)
+        # Rank 1 cannot import rank 0's task module (on rank 0's PYTHONPATH only).
+        tasks = folder / "tasks_here"
+        tasks.mkdir()
+        (tasks / "regtask.py").write_text(
+            (REPO / "examples" / "my_task_template.py").read_text())
+        pairs["setup"] = gloo_pair(
+            folder, "setup", [*QUICK, "--no-progress", "--timeout", str(GLOO_TIMEOUT_S)],
+            rank0_env={"PYTHONPATH": os.pathsep.join(map(str, (REPO, tasks)))},
+            rank0_args=("--task", "regtask:LinearRegressionTask", "--steps", "3"))
         text = folder / "notes.txt"
         text.write_text(" ".join(f"line {i}: the peers read this file each" for i in range(300)))
         started["file1"] = Launched(folder, "file1", [*TRAIN, *QUICK, "--data", str(text)])
@@ -344,7 +356,7 @@ def test_a_peer_whose_kernel_is_wrong_at_one_shape_is_named_and_changes_no_hash(
     run = ok(runs[name])
     assert run.hashes == reference.hashes and run.final_hash == reference.final_hash
     peer = ok(runs[f"{name}-rank1"]) if name.startswith("gloo") else run  # loopback: one stderr
-    assert "rank 1: WARNING:pynode.core.gemm.select:GEMM backend wrong_" in peer.err
+    assert "rank 1: WARNING pynode.core.gemm.select: GEMM backend wrong_" in peer.err
     assert "gave a wrong product" in peer.err and "on another backend" in peer.err
 
 
@@ -358,7 +370,7 @@ def test_a_peer_whose_gradients_are_wrong_is_outvoted_named_and_left_out(
     assert "step 2: microbatch" in run.err and "ranks [1] computed it wrong" in run.err
     assert "step 2: leaving out the work of ranks [1]; microbatches" in run.err
     peer = ok(runs[f"{name}-rank1"]) if name.startswith("gloo") else run  # loopback: one stderr
-    assert "rank 1: WARNING:pynode.run:step 2: this peer (rank 1) computed differently" in peer.err
+    assert "rank 1: WARNING pynode.run: step 2: this peer (rank 1) computed differently" in peer.err
 
 
 @pytest.mark.full
@@ -412,6 +424,21 @@ def test_gloo_rank_death_stops_rank0_in_bounded_time_with_a_checkpoint(runs, ref
 
 
 @pytest.mark.full
+def test_a_rank_that_cannot_set_the_run_up_stops_the_group_at_once_naming_why(runs):
+    """Rank 1 cannot import rank 0's custom task. It said why and left within a second;
+    rank 0 waited out the setup's 120 s and said only 'Connection closed by peer'."""
+    if "setup" not in runs:
+        pytest.skip("full suite only")
+    rank0, rank1 = runs["setup"], runs["setup-rank1"]
+    assert rank1.rc == 3, rank1.err[-2000:]
+    assert "UnknownTaskError: task 'regtask:LinearRegressionTask': cannot import" in rank1.err
+    assert rank0.rc == 3, rank0.err[-2000:]
+    assert ("error: the group stopped: PeerLost: rank 1 could not take part in the run: "
+            "UnknownTaskError: task 'regtask:LinearRegressionTask': cannot import") in rank0.err
+    assert "Connection closed" not in rank0.err
+    assert rank0.log == []  # no step trained
+
+
 def test_restart_after_gloo_death_finishes_with_the_reference_hash(runs, reference):
     resumed = ok(runs["resume_death"])
     assert resumed.hashes == reference.hashes[2:]

@@ -18,14 +18,14 @@ class LeaderSaid:
 
     def __init__(self, cfg: RunConfig):
         self.broadcasts = [start_message("go", cfg)]
-        self.gathered = 0
+        self.gathered: list[bytes] = []
 
     async def broadcast_bytes(self, data, *, root=0, timeout):
         return self.broadcasts.pop(0)
 
     async def allgather_bytes(self, data, *, timeout):
-        self.gathered += 1
-        raise AssertionError("a refusing follower must not go on to the next collective")
+        self.gathered.append(data)
+        return [b"leader's entry", data]
 
 
 CFG = RunConfig(steps=2, width=32, layers=1, heads=2, seq=16, microbatch_size=2, microbatches=2)
@@ -37,7 +37,19 @@ def test_follower_without_the_memory_refuses_with_a_clear_message(monkeypatch):
     refusal = r"rank 1: this config needs about [\d.]+ MiB, only 0.1 MiB"
     with pytest.raises(assemble.MemoryRefusal, match=refusal):
         asyncio.run(group.run_member(collective, None))
-    assert collective.gathered == 0
+    # it takes part in the members' roll only to say why (the others stop at once on it)
+    [said] = collective.gathered
+    assert said.startswith(group.SETUP_FAILED + b"MemoryRefusal: rank 1: this config needs")
+
+
+def test_every_member_stops_naming_the_one_that_could_not_set_the_run_up():
+    entries = [b'{"rank": 0}', group.SETUP_FAILED + b"DataFileError: notes.txt cannot be read"]
+    with pytest.raises(group.PeerLost, match=r"^rank 1 could not take part in the run: "
+                       r"DataFileError: notes.txt cannot be read$") as caught:
+        group.read_peer_infos(entries)
+    assert caught.value.ranks == (1,)
+    info = group.PeerInfo(0, "cpu", 2, 1 << 30)
+    assert group.read_peer_infos([info.to_bytes(), None]) == [info]
 
 
 def test_memory_estimate_grows_with_the_config():

@@ -164,15 +164,17 @@ def flipped(data: bytes) -> bytes:
 
 
 def edited(data: bytes) -> bytes:
-    """One weight bit changed and the zip rewritten with fresh CRCs: only the hash can tell."""
-    source, out = zipfile.ZipFile(io.BytesIO(data)), io.BytesIO()
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as archive:
-        for info in source.infolist():
-            blob = source.read(info.filename)
-            if info.filename == "archive/data/0":
-                blob = bytes([blob[0] ^ 0x01]) + blob[1:]
-            archive.writestr(info.filename, blob)
-    return out.getvalue()
+    """One weight bit changed and the archive written again as pynode writes it, with fresh
+    CRCs: only the hash can tell."""
+    from pynode.core.checkpoint import _zip_stored
+
+    source, records = zipfile.ZipFile(io.BytesIO(data)), []
+    for info in source.infolist():
+        blob = source.read(info.filename)
+        if info.filename == "archive/data/0":
+            blob = bytes([blob[0] ^ 0x01]) + blob[1:]
+        records.append((info.filename, blob))
+    return _zip_stored(records)
 
 
 BAD_CHECKPOINTS = {
@@ -274,11 +276,16 @@ def test_train_refuses_corrupted_unit_weights(runs):
 
 # --- interrupted ------------------------------------------------------------------------------
 
-def test_ctrl_c_stops_a_run_between_steps_and_saves_the_last_agreed_step(tmp_path):
+@pytest.mark.parametrize(("signum", "rc", "said"), [(signal.SIGINT, 130, "interrupted"),
+                                                    (signal.SIGTERM, 143, "terminated")])
+def test_ctrl_c_stops_a_run_between_steps_and_saves_the_last_agreed_step(tmp_path, signum,
+                                                                         rc, said):
     """SIGINT (a terminal's Ctrl-C) stops a one-peer run at the next step boundary, exit
     130, with --save holding the last step it logged: it used to train on to the last step
     (a one-peer step never yields to the event loop that takes the signal) and say
-    "interrupted" only then, or leave the last --save-every checkpoint behind."""
+    "interrupted" only then, or leave the last --save-every checkpoint behind. SIGTERM
+    (kill, timeout, docker stop) does the same, exit 143: it used to end the process at
+    once, silent, with no --save written."""
     saved = tmp_path / "c.pt"
     run = Launched(tmp_path, "long", ["train", "--steps", "20000", "--seed", "1", *SMALL,
                                       "--no-progress", "--save", str(saved),
@@ -289,10 +296,10 @@ def test_ctrl_c_stops_a_run_between_steps_and_saves_the_last_agreed_step(tmp_pat
         if run.proc.poll() is not None:
             break
         time.sleep(0.1)
-    os.kill(run.proc.pid, signal.SIGINT)
+    os.kill(run.proc.pid, signum)
     done = run.wait(120)
     steps = len(done.log)
-    assert done.rc == 130 and "interrupted" in done.err, done.err[-2000:]
+    assert done.rc == rc and done.err.rstrip().endswith(said), done.err[-2000:]
     assert 3 <= steps < 20000, steps
     assert f"saved the last agreed state (step {steps}) to {saved}" in done.err
     state = load_checkpoint(saved.read_bytes())

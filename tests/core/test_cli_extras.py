@@ -117,3 +117,20 @@ def test_a_parquet_data_file_without_pyarrow_names_the_extra(hide_dir, tmp_path)
     assert done.stderr.strip().splitlines()[-1] == (
         f"error: MissingExtraError: --data {path} (a parquet file) needs pyarrow, not "
         "installed here: pip install 'daisychain[server]'")
+
+
+def test_a_cluster_rank_says_which_of_its_flags_rank_0_overrides():
+    """Rank 1 given --task gpt --steps 99 --resume said only 'following rank 0's run' and
+    trained rank 0's run: what it was given went unseen."""
+    from pynode.cli.group import ignored_flags_note
+    from pynode.cli.main import build_parser, parse_args
+    from pynode.config import RunConfig
+
+    cfg = RunConfig(task="mlp", steps=3, lr=0.01)
+    args = parse_args(build_parser(), ["cluster", "--task", "gpt", "--steps", "99", "--lr",
+                                       "0.01", "--resume", "base.pt", "--kernels", "numpy"])
+    assert ignored_flags_note(1, args, cfg) == (
+        "rank 1: --task gpt, --steps 99, --resume base.pt ignored: rank 0 chooses the run for "
+        "every rank (here task mlp, 3 steps)")  # --lr agrees, --kernels is this rank's own
+    same = parse_args(build_parser(), ["cluster", "--task", "mlp", "--kernels", "numpy"])
+    assert ignored_flags_note(1, same, cfg) is None

@@ -234,7 +234,8 @@ def test_unknown_task_is_refused_by_name():
         load_task("no_such_module_xyz:Task")
     with pytest.raises(UnknownTaskError, match="has no 'Nope'"):
         load_task("pynode.tasks.gpt:Nope")
-    with pytest.raises(UnknownTaskError, match="Task interface"):
+    with pytest.raises(UnknownTaskError, match=r"Task interface \(it has no name, "
+                       r"build_model, sample, loss: docs/CUSTOM_TASK.md\)"):
         load_task("pynode.config:RunConfig")
     # what a slip in module:Class names: no traceback, a named refusal
     with pytest.raises(UnknownTaskError, match="cannot be made with no arguments"):
@@ -247,6 +248,60 @@ def test_unknown_task_is_refused_by_name():
         with pytest.raises(UnknownTaskError, match="give it as module:Class"):
             load_task(name)
     assert isinstance(UnknownTaskError("x"), DaisyError)
+
+
+def test_a_task_module_that_fails_to_import_is_named_with_its_error(tmp_path, monkeypatch):
+    """A SyntaxError in a task module, or an exception raised while it imports, was a
+    traceback through load_task (exit 1), where a missing dependency was one line."""
+    (tmp_path / "syntaxslip.py").write_text("class T:\n    def x(:\n        pass\n")
+    (tmp_path / "raiser.py").write_text("X = 1\nraise RuntimeError('boom at import')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(UnknownTaskError, match=r"task 'syntaxslip:T': importing 'syntaxslip' "
+                       r"failed: SyntaxError: .*syntaxslip.py, line 2"):
+        load_task("syntaxslip:T")
+    with pytest.raises(UnknownTaskError, match=r"task 'raiser:T': importing 'raiser' failed: "
+                       r"RuntimeError: boom at import \(.*raiser.py, line 2\)$"):
+        load_task("raiser:T")
+
+
+class DataCheckTask(GPTTask):
+    """A task whose check_data raises the researcher's own kind of error."""
+
+    def check_data(self, cfg):
+        raise ValueError("my dataset /data/x.npy is missing")
+
+
+def test_a_check_data_error_of_any_kind_is_said_in_one_named_line(gemm):
+    from pynode.tasks.base import TaskDataError
+
+    with pytest.raises(TaskDataError, match=r"^task 'gpt': check_data: ValueError: my dataset "
+                       r"/data/x.npy is missing$"):
+        Trainer(TINY, DataCheckTask(), gemm)
+    assert issubclass(TaskDataError, DaisyError)  # main() prints it as one line
+
+
+class DictLossTask(GPTTask):
+    """loss() returns its gradients alone: a dict, which unpacked into its first two keys."""
+
+    def loss(self, model, params, batch, key):
+        return super().loss(model, params, batch, key)[1]
+
+
+class NoParamsTask(GPTTask):
+    """A model with no parameters: it trained, then failed to save at the end."""
+
+    def build_model(self, cfg, gemm):
+        model = super().build_model(cfg, gemm)
+        model.param_shapes = dict
+        model.init_params = lambda seed: {}
+        return model
+
+
+def test_a_loss_that_returns_something_else_and_a_model_without_parameters_are_named(gemm):
+    assert_refused_unchanged(Trainer(TINY, DictLossTask(), gemm), ContributionError,
+                             r"the task's loss\(\) returned a dict, not \(loss, gradients\)")
+    with pytest.raises(ContributionError, match="its model has no parameters"):
+        Trainer(TINY, NoParamsTask(), gemm)
 
 
 class GradientTask(GPTTask):
