@@ -162,7 +162,8 @@ async def follow(collective, args: argparse.Namespace, capacities,
     def prepare(trainer: Trainer) -> None:
         install_fault(trainer, rank)
         built.append(trainer)
-        note = ignored_flags_note(rank, args, trainer.cfg) if announce else None
+        note = (ignored_flags_note(rank, args, trainer.cfg, trainer.state.step) if announce
+                else None)
         if note:
             say(note)
         if status is not None:
@@ -192,14 +193,16 @@ async def follow(collective, args: argparse.Namespace, capacities,
     return 0
 
 
-def ignored_flags_note(rank: int, args: argparse.Namespace, cfg: RunConfig) -> str | None:
+def ignored_flags_note(rank: int, args: argparse.Namespace, cfg: RunConfig,
+                       resumed_from: int = 0) -> str | None:
     """What a cluster rank > 0 was given that rank 0's run overrides (its config flags that
-    differ, and --resume), said once; None when nothing was. (--data is left out: the same
-    file is named by its path here and by its hash in the run's config.)"""
+    differ, and --resume where rank 0's run starts at step 0: `resumed_from`), said once;
+    None when nothing was. (--data is left out: the same file is named by its path here and
+    by its hash in the run's config.)"""
     given = {n: getattr(args, n) for n in CONFIG_FLAGS if getattr(args, n, None) is not None}
     differ = [f"--{n.replace('_', '-')} {v}" for n, v in given.items()
               if n != "data" and getattr(cfg, n) != v]
-    if getattr(args, "resume", None):
+    if getattr(args, "resume", None) and resumed_from == 0:  # rank 0 did not resume a run
         differ.append(f"--resume {args.resume}")
     if not differ:
         return None
@@ -311,7 +314,10 @@ async def cluster_command(args, cfg: RunConfig | None, argv: list[str] | None = 
     require("cluster (the gloo transport)", "torch")
     # rank 0 writes the outputs; under torchrun's agent every rank writes --save
     check_output_flags(args, writes=os.environ.get("RANK", "0") == "0" or args.elastic)
-    if cfg is not None:  # a task's own extras (a resumed checkpoint's task: by its reading)
+    # a task's own extras (a resumed checkpoint's task: by its reading), on rank 0, which
+    # chooses the run: another rank that cannot load it says so to the group once it forms
+    # (pynode.run.group.tell_setup_failed), not to itself before
+    if cfg is not None and os.environ.get("RANK", "0") == "0":
         load_task(cfg.task)
     dashboard = None
     if args.dashboard and os.environ.get("RANK") == "0":  # refused before the group forms

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import re
@@ -24,6 +25,7 @@ from pynode.cli.flags import (
 from pynode.cli.generate import add_generate_parser, add_train_sample_flags
 from pynode.cli.join import add_join_parser
 from pynode.cli.kit import add_kit_parser
+from pynode.cli.signals import sigterm_as_interrupt, terminated
 from pynode.config import ConfigError
 from pynode.core.errors import DaisyError
 from pynode.extras import explain
@@ -149,49 +151,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
     if args.command in TRAINING_COMMANDS:  # before the cross-check's worker thread allocates
         platform.share_malloc_arena()
-        from pynode.cli.report import stop_on_sigterm
-
-        stop_on_sigterm()
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
     try:
-        if args.command == "train":
-            from pynode.cli.train import train_command
-
-            return asyncio.run(train_command(args))
-        if args.command == "cluster":
-            from pynode.cli.group import cluster_command
-
-            # with --resume, the checkpoint's config and the flags given over it: rank 0 reads it
-            cfg = None if args.resume else config_from_args(args)
-            return asyncio.run(cluster_command(args, cfg, argv))
-        if args.command == "_peer":
-            from pynode.cli.group import peer_command
-
-            return asyncio.run(peer_command(args))
-        if args.command == "join":
-            from pynode.cli.join import join_command
-
-            return asyncio.run(join_command(args))
-        if args.command == "generate":
-            from pynode.cli.generate import generate_command
-
-            return generate_command(args)
-        if args.command == "kit":
-            from pynode.cli.kit import kit_command
-
-            return kit_command(args)
-        if args.command == "verify":
-            from pynode.verify import verify_command
-
-            return verify_command(json_rows=args.json)
-        if args.command == "bench":
-            import importlib
-
-            module = importlib.import_module(f"pynode.bench.{args.name.replace('-', '_')}")
-            return module.main(args.args)
+        with (sigterm_as_interrupt() if args.command in TRAINING_COMMANDS
+              else contextlib.nullcontext()):
+            return run_command(args, argv)
     except (DaisyError, ConfigError, FileNotFoundError, IsADirectoryError) as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
@@ -202,17 +169,54 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {type(missing).__name__}: {missing}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        from pynode.cli.report import TERMINATED
-
         # a local peer of train --peers says which (the whole group hears a terminal's Ctrl-C)
         who = f"rank {args.rank}: " if args.command == "_peer" else ""
-        if TERMINATED:
+        if terminated():
             print(f"{who}terminated", file=sys.stderr)
-            return 128 + TERMINATED[0]
+            return 128 + terminated()
         print(f"{who}interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         if not stdout_gone():
             raise
         return 128 + 13  # what a shell reports for a command SIGPIPE stopped
+
+
+def run_command(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """The command `args` names, run; main says how it ended."""
+    if args.command == "train":
+        from pynode.cli.train import train_command
+
+        return asyncio.run(train_command(args))
+    if args.command == "cluster":
+        from pynode.cli.group import cluster_command
+
+        # with --resume, the checkpoint's config and the flags given over it: rank 0 reads it
+        cfg = None if args.resume else config_from_args(args)
+        return asyncio.run(cluster_command(args, cfg, argv))
+    if args.command == "_peer":
+        from pynode.cli.group import peer_command
+
+        return asyncio.run(peer_command(args))
+    if args.command == "join":
+        from pynode.cli.join import join_command
+
+        return asyncio.run(join_command(args))
+    if args.command == "generate":
+        from pynode.cli.generate import generate_command
+
+        return generate_command(args)
+    if args.command == "kit":
+        from pynode.cli.kit import kit_command
+
+        return kit_command(args)
+    if args.command == "verify":
+        from pynode.verify import verify_command
+
+        return verify_command(json_rows=args.json)
+    if args.command == "bench":
+        import importlib
+
+        module = importlib.import_module(f"pynode.bench.{args.name.replace('-', '_')}")
+        return module.main(args.args)
     return 0

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pynode.cli.signals import terminated
 from pynode.core.errors import DaisyError
 from pynode.run.assemble import write_atomically
 from pynode.run.trainer import StepResult, Trainer
@@ -59,36 +60,10 @@ def run_header(trainer: Trainer) -> str:
             f"params {params:,}  from step {trainer.state.step}{outer}")
 
 
-TERMINATED: list[int] = []  # the SIGTERM this process received (stop_on_sigterm)
-
-
-def stop_on_sigterm() -> None:
-    """SIGTERM (kill, timeout, docker stop, systemd) stops a training run as Ctrl-C does:
-    the same way out, so --save gets the last agreed state; it is said as 'terminated'
-    (stop_reason) and the exit status is 143. It hands the signal to whatever SIGINT's
-    handler is (asyncio.run's cancels the run's task), or raises KeyboardInterrupt where
-    SIGINT is ignored (a background job of a script). Main thread only."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return
-
-    def on_term(signum: int, frame: Any) -> None:
-        TERMINATED.append(signum)
-        handler = signal.getsignal(signal.SIGINT)
-        if callable(handler):
-            handler(signal.SIGINT, frame)
-        else:
-            raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
-
-
 def stop_reason(exc: BaseException) -> str:
     """Why a run stopped, for its status line and the dashboard."""
     if isinstance(exc, KeyboardInterrupt | asyncio.CancelledError):  # Ctrl-C (asyncio.run)
-        return "terminated (SIGTERM)" if TERMINATED else "interrupted (Ctrl-C)"
+        return "terminated (SIGTERM)" if terminated() else "interrupted (Ctrl-C)"
     return f"{type(exc).__name__}: {exc}"
 
 

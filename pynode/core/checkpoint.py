@@ -3,7 +3,8 @@
 Bytes in, bytes out. The file is torch's zip serialization (see docs/CHECKPOINTS.md): a
 protocol-2 pickle `archive/data.pkl` whose tensors are REDUCEs of
 torch._utils._rebuild_tensor_v2 over persistent storages `archive/data/<key>` (raw
-little-endian bytes, 64-byte aligned). We write the pickle opcodes ourselves because
+little-endian bytes, 64-byte aligned; the zip container is pynode/core/ptzip.py). We
+write the pickle opcodes ourselves because
 pickle.Pickler cannot name torch's globals without importing torch; we read it with an
 unpickler that maps the four kinds of global a checkpoint needs to our own functions and
 refuses every other one. A file that fails any check is refused whole.
@@ -17,14 +18,13 @@ import math
 import pickle
 import re
 import struct
-import zipfile
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from pynode.core import ptzip
 from pynode.core.errors import DaisyError
 from pynode.core.optim import AdamState
 from pynode.core.statehash import state_hash
@@ -32,7 +32,6 @@ from pynode.core.statehash import state_hash
 MAGIC = "DAISYCHAIN-CKPT"
 FORMAT_VERSION = 1
 ARCHIVE = "archive"
-STORAGE_ALIGNMENT = 64
 
 # torch storage class (module `torch`) -> little-endian numpy dtype of its elements
 _STORAGE_DTYPES = {
@@ -45,9 +44,6 @@ _KEYS = ("magic", "format_version", "task", "config", "step", "params", "adam_m"
          "adam_step", "data_cursor", "state_hash")
 _EXPECT_KEYS = {"task", "config", "param_shapes", "vocab"}
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-# the members a .pt archive holds, under its folder: ours, and those torch.save writes
-_RECORD = re.compile(r"data\.pkl|data/\d+|version|byteorder|\.format_version"
-                     r"|\.storage_alignment|\.data/version|\.data/serialization_id")
 
 
 class CheckpointError(DaisyError, ValueError):
@@ -97,10 +93,14 @@ def save_checkpoint(state: CheckpointState) -> bytes:
     }
     pickled, storages = _TorchPickler().dump(payload)
     records = [("data.pkl", pickled), (".format_version", b"1"),
-               (".storage_alignment", str(STORAGE_ALIGNMENT).encode()), ("byteorder", b"little")]
+               (".storage_alignment", str(ptzip.STORAGE_ALIGNMENT).encode()),
+               ("byteorder", b"little")]
     records += [(f"data/{key}", data) for key, data in enumerate(storages)]
     records.append(("version", b"3\n"))
-    return _zip_stored([(f"{ARCHIVE}/{name}", data) for name, data in records])
+    try:
+        return ptzip.write_stored([(f"{ARCHIVE}/{name}", data) for name, data in records])
+    except ptzip.ArchiveError as exc:  # over its limits
+        raise CheckpointError(str(exc)) from None
 
 
 def load_checkpoint(b: bytes, expect: dict[str, Any] | None = None) -> CheckpointState:
@@ -114,7 +114,13 @@ def load_checkpoint(b: bytes, expect: dict[str, Any] | None = None) -> Checkpoin
     """
     if not isinstance(b, bytes | bytearray | memoryview):
         raise CheckpointError(f"load_checkpoint takes bytes, got {type(b).__name__}")
-    records = _read_zip(bytes(b))
+    try:
+        records = ptzip.read_members(bytes(b))
+    except ptzip.ArchiveError as exc:
+        raise CheckpointError(str(exc)) from None
+    order = records.get("byteorder", b"little")
+    if order not in (b"little", b"big"):
+        raise CheckpointError(f"unknown byteorder record {order!r}")
     obj = _unpickle(records)
     if not isinstance(obj, dict):
         raise CheckpointError(f"not a DaisyChain checkpoint: top level is {type(obj).__name__}")
@@ -227,7 +233,7 @@ def _check_expect(state: CheckpointState, expect: dict[str, Any] | None) -> None
                                   f"the model needs {want[wrong[0]]}")
 
 
-# --- writing: pickle opcodes and a stored zip -------------------------------------------------
+# --- writing: pickle opcodes -------------------------------------------------------------
 
 class _TorchPickler:
     """Protocol-2 pickle of dict/list/str/int/float/bool/None and numpy arrays as torch tensors."""
@@ -313,146 +319,7 @@ def _pickle_int(n: int) -> bytes:
     return b"\x8a" + bytes([len(raw)]) + raw
 
 
-def _zip_stored(records: list[tuple[str, bytes]]) -> bytes:
-    """An uncompressed zip whose members start on STORAGE_ALIGNMENT boundaries, as torch's."""
-    if len(records) >= 2**16:
-        raise CheckpointError(f"{len(records)} tensors: over the zip member limit of this writer")
-    out, central = bytearray(), bytearray()
-    for name, data in records:
-        raw_name = name.encode("utf-8")
-        offset = len(out)
-        pad = -(offset + 30 + len(raw_name) + 4) % STORAGE_ALIGNMENT
-        extra = b"FB" + struct.pack("<H", pad) + b"Z" * pad
-        crc = zlib.crc32(data)
-        if offset + len(data) >= 2**32:
-            raise CheckpointError("checkpoint over 4 GiB: zip64 is not supported by this writer")
-        fixed = struct.pack("<HHHHHIII", 20, 0x0800, 0, 0, 0x21, crc, len(data), len(data))
-        out += b"PK\x03\x04" + fixed + struct.pack("<HH", len(raw_name), len(extra))
-        out += raw_name + extra + data
-        central += b"PK\x01\x02" + struct.pack("<H", 20) + fixed
-        central += struct.pack("<HHHHHII", len(raw_name), 0, 0, 0, 0, 0, offset) + raw_name
-    end = struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, len(records), len(records),
-                      len(central), len(out), 0)
-    return bytes(out + central + end)
-
-
-# --- reading: zip members and a restricted unpickler ----------------------------------------
-
-def _read_zip(b: bytes) -> dict[str, bytes]:
-    """Members under the archive folder that holds data.pkl, by name relative to it: every
-    member one torch writes (_RECORD), each local header as the central directory says
-    (_check_local), the `version` record torch.load requires among them."""
-    try:
-        with zipfile.ZipFile(io.BytesIO(b)) as zf:
-            infos = zf.infolist()
-            names = [info.filename for info in infos]
-            if len(set(names)) != len(names):
-                raise CheckpointError("archive lists a member twice")
-            pkl = [n for n in names if n.endswith("/data.pkl") and n.count("/") == 1]
-            if len(pkl) != 1:
-                raise CheckpointError(f"archive has {len(pkl)} data.pkl members, needs exactly 1")
-            prefix = pkl[0][: -len("data.pkl")]
-            records = {}
-            for info in infos:
-                name = info.filename[len(prefix):]
-                if not info.filename.startswith(prefix) or not _RECORD.fullmatch(name):
-                    raise CheckpointError(f"member {info.filename!r} is not one a .pt archive "
-                                          f"holds (damaged name?)")
-                if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 1:
-                    raise CheckpointError(f"member {info.filename} is compressed or encrypted")
-                records[name] = zf.read(info)
-            _check_layout(b, infos)
-    except CheckpointError:
-        raise
-    except Exception as exc:  # zipfile signals damage with many exception types
-        raise CheckpointError(f"not a readable .pt archive (truncated or damaged?): {exc}") from exc
-    if not re.fullmatch(rb"\d+\n?", records.get("version", b"")):
-        raise CheckpointError(f"archive has no readable {prefix}version record (torch.load "
-                              "needs one; damaged?)")
-    order = records.get("byteorder", b"little")
-    if order not in (b"little", b"big"):
-        raise CheckpointError(f"unknown byteorder record {order!r}")
-    return records
-
-
-def _check_layout(b: bytes, infos: list[zipfile.ZipInfo]) -> None:
-    """Every byte of the archive means something and says it once: the members lie end to
-    end from byte 0, the central directory right after them and its end record last, with
-    no comment, extra field or attribute, and each central entry agrees with its member's
-    local header (_check_local). zipfile reads only what it needs, so a flipped byte in a
-    field it skips (a local header's sizes, an attribute, the padding) went unseen, where
-    torch.load, which reads other fields, may refuse the file."""
-    end = 0
-    for info in sorted(infos, key=lambda i: i.header_offset):
-        if info.header_offset != end:
-            raise CheckpointError(f"member {info.filename} is not where the previous one ends "
-                                  "(damaged?)")
-        if (info.create_system, info.reserved, info.volume, info.internal_attr,
-                info.external_attr, info.extra, info.comment) != (0, 0, 0, 0, 0, b"", b"") \
-                or info.create_version != info.extract_version:
-            raise CheckpointError(f"member {info.filename}: its directory entry holds fields "
-                                  "no .pt writer sets (damaged, or packed again by another "
-                                  "zip tool?)")
-        end = _check_local(b, info)
-    n, eocd = len(infos), len(b) - 22
-    record = struct.unpack_from("<4sHHHHIIH", b, eocd) if eocd >= 0 else ()
-    size = record[5] if len(record) == 8 else -1  # the central directory's
-    zip64 = b[end + size : eocd] if size >= 0 else b""
-    if zip64:  # torch's writer adds zip64's end record and its locator
-        zip64 = struct.unpack("<4sQHHIIQQQQ4sIQI", zip64) if len(zip64) == 76 else ()
-        made_by = zip64[2] if zip64 else 0
-        if zip64 != (b"PK\x06\x06", 44, made_by, 45, 0, 0, n, n, size, end,
-                     b"PK\x06\x07", 0, end + size, 1):
-            raise CheckpointError("the archive's zip64 end record does not close its directory "
-                                  "(damaged?)")
-    if record != (b"PK\x05\x06", 0, 0, n, n, size, end, 0) or size < 0:
-        raise CheckpointError("the archive's end record does not close its directory "
-                              "(damaged or followed by other bytes?)")
-    pos = end  # zipfile reads a name, extra field or comment cut short by the end silently
-    for info in infos:
-        sig, nlen, xlen, clen = struct.unpack_from("<4s24xHHH", b, pos)
-        name = info.orig_filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437")
-        if (sig, b[pos + 46 : pos + 46 + nlen], xlen, clen) != (b"PK\x01\x02", name, 0, 0):
-            raise CheckpointError(f"member {info.filename}: its directory entry is damaged")
-        pos += 46 + nlen
-    if pos != end + size:
-        raise CheckpointError("the archive's directory is not the size its end record says "
-                              "(damaged?)")
-
-
-def _check_local(b: bytes, info: zipfile.ZipInfo) -> int:
-    """A member's local header (and data descriptor, where its flags say it has one) must
-    say what the central directory says of it, field by field, and its alignment padding
-    (torch's "FB" extra field) be torch's. Returns where the member ends."""
-    at = info.header_offset
-    fields = struct.unpack_from("<4sHHHHHIIIHH", b, at)
-    (sig, version, flags, method, time, date, crc, csize, usize, nlen, xlen) = fields
-    y, mo, d, h, mi, sec = info.date_time
-    dos = ((y - 1980) << 9 | mo << 5 | d, h << 11 | mi << 5 | sec // 2)
-    sizes = (crc, csize, usize)
-    # with a data descriptor (flag 8: torch's writer) the local sizes may be left 0
-    sizes_ok = sizes == (info.CRC, info.compress_size, info.file_size) or (
-        flags & 8 and sizes == (0, 0, 0))
-    if not sizes_ok or (sig, version, flags, method, (date, time)) != (
-            b"PK\x03\x04", info.extract_version, info.flag_bits, info.compress_type, dos):
-        raise CheckpointError(f"member {info.filename}: its local header differs from the "
-                              "archive's directory (damaged?)")
-    extra = b[at + 30 + nlen : at + 30 + nlen + xlen]
-    if extra and (extra[:2] != b"FB" or extra[2:4] != struct.pack("<H", xlen - 4)
-                  or extra[4:].strip(b"Z")):
-        raise CheckpointError(f"member {info.filename}: its local extra field is not torch's "
-                              "alignment padding (damaged?)")
-    end = at + 30 + nlen + xlen + info.compress_size
-    if not flags & 8:
-        return end
-    # a data descriptor after the data (torch's writer): crc and sizes, maybe a signature
-    signed = b[end : end + 4] == b"PK\x07\x08"
-    tail = b[end + 4 * signed : end + 4 * signed + 12]
-    if tail != struct.pack("<III", info.CRC, info.compress_size, info.file_size):
-        raise CheckpointError(f"member {info.filename}: its data descriptor differs from "
-                              "the archive's directory (damaged?)")
-    return end + 4 * signed + 12
-
+# --- reading: a restricted unpickler ------------------------------------------------------
 
 class _StorageType(NamedTuple):
     name: str          # torch storage class name, e.g. "FloatStorage"

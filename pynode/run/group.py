@@ -1,7 +1,8 @@
 """What every member of a training group runs (SPMD), whatever the transport.
 
 Leader-follower: rank 0 broadcasts the run's `go` message (pynode.run.protocol: the config
-and, when resuming, the checkpoint); followers refuse a config they cannot hold in memory;
+and, when resuming, the checkpoint); a member that cannot train it (its memory, its task
+module, its data) says why in the members' roll, so every member stops naming it;
 then all members train in lockstep (pynode.run.loop) and rank 0 reports the plan, the loss
 and the cluster-wide unit-invocation counts.
 """
@@ -46,14 +47,13 @@ class PeerInfo:
         return cls(**json.loads(data))
 
 
-async def agree_on_config(collective, cfg: RunConfig | None, resume: bytes | None):
-    """Rank 0's config (and checkpoint, if resuming) reaches every member, validated."""
+async def share_start(collective, cfg: RunConfig | None, resume: bytes | None) -> bytes:
+    """Rank 0's `go` message (its config, and checkpoint if resuming) to every member; read
+    it with read_start."""
     leader = collective.rank == 0
-    message = await collective.broadcast_bytes(
+    return await collective.broadcast_bytes(
         start_message("go", cfg, resume) if leader else None, timeout=SETUP_TIMEOUT
     )
-    _, cfg, state = read_start(message)
-    return cfg, state
 
 
 async def run_member(
@@ -72,8 +72,9 @@ async def run_member(
     """Join the group's run and train it to the end; returns the trainer (final state),
     the traffic each member sent (see report_traffic) and where each member's steps went
     (report_timings)."""
-    cfg, state = await agree_on_config(collective, cfg, resume)
-    try:
+    message = await share_start(collective, cfg, resume)
+    try:  # once every member holds the message, each says whether it can train it
+        _, cfg, state = read_start(message)
         trainer = build_trainer(cfg, collective, state, backend=backend, kernels=kernels,
                                 options=options, check_products=check_products)
         if prepare is not None:
@@ -98,7 +99,8 @@ async def tell_setup_failed(collective, exc: Exception) -> None:
     """Take part in the members' roll (run_member's PeerInfo allgather) with why this member
     cannot set the run up, so every other member stops at once naming it (read_peer_infos)
     instead of waiting SETUP_TIMEOUT for it; a group already broken hears nothing more."""
-    reason = f"{type(exc).__name__}: {exc}".encode(errors="replace")
+    said = str(exc).removeprefix(f"rank {collective.rank}: ")  # read_peer_infos names it
+    reason = f"{type(exc).__name__}: {said}".encode(errors="replace")
     try:
         await collective.allgather_bytes(SETUP_FAILED + reason, timeout=SETUP_TIMEOUT)
     except CommError:

@@ -73,8 +73,9 @@ def load_task(name: str) -> Task:
         pass
     task = cls()
     if not isinstance(task, Task):
-        missing = [member for member in TASK_MEMBERS if not hasattr(task, member)]
+        missing = [member for member in TASK_MEMBERS if getattr(task, member, None) is None]
+        lacks = f"it has no {', '.join(missing)}" if missing else "see its members"
         raise UnknownTaskError(f"task {name!r}: {target} does not implement the Task interface "
-                               f"(it has no {', '.join(missing)}: docs/CUSTOM_TASK.md)")
+                               f"({lacks}: docs/CUSTOM_TASK.md)")
     require(f"task {name!r}", *getattr(task, "requires", ()))
     return task

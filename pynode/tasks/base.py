@@ -23,7 +23,7 @@ def check_task_data(task: Any, cfg: RunConfig) -> None:
         return
     try:
         check_data(cfg)
-    except DaisyError:
+    except (DaisyError, ImportError):  # an extra it needs: main names what to install
         raise
     except Exception as exc:  # noqa: BLE001 - a researcher's ValueError is said too
         raise TaskDataError(f"task {cfg.task!r}: check_data: {type(exc).__name__}: "

@@ -39,7 +39,7 @@ def test_follower_without_the_memory_refuses_with_a_clear_message(monkeypatch):
         asyncio.run(group.run_member(collective, None))
     # it takes part in the members' roll only to say why (the others stop at once on it)
     [said] = collective.gathered
-    assert said.startswith(group.SETUP_FAILED + b"MemoryRefusal: rank 1: this config needs")
+    assert said.startswith(group.SETUP_FAILED + b"MemoryRefusal: this config needs")
 
 
 def test_every_member_stops_naming_the_one_that_could_not_set_the_run_up():

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from pynode.core import checkpoint as ck
+from pynode.core import ptzip
 from pynode.core.checkpoint import (
     CheckpointError,
     CheckpointState,
@@ -49,7 +50,7 @@ def raw_file(payload: dict, pkl: bytes | None = None, drop: str | None = None) -
     records = [("archive/data.pkl", pkl if pkl is not None else pickled)]
     records += [(f"archive/data/{i}", s) for i, s in enumerate(storages)]
     records.append(("archive/version", b"3\n"))
-    return ck._zip_stored([(n, d) for n, d in records if n != drop])
+    return ptzip.write_stored([(n, d) for n, d in records if n != drop])
 
 
 def payload_of(state: CheckpointState, **changes) -> dict:
@@ -82,7 +83,7 @@ def test_members_are_aligned_like_torch():
         names = zf.namelist()
         assert names[0] == "archive/data.pkl" and "archive/version" in names
         for info in zf.infolist():
-            assert data_start(data, info) % ck.STORAGE_ALIGNMENT == 0, info.filename
+            assert data_start(data, info) % ptzip.STORAGE_ALIGNMENT == 0, info.filename
 
 
 def data_start(data: bytes, info: zipfile.ZipInfo) -> int:
@@ -140,11 +141,11 @@ def test_reads_a_big_endian_archive():
     records = [("archive/data.pkl", pickled), ("archive/byteorder", b"big")]
     records += [(f"archive/data/{i}", b) for i, b in enumerate(swapped)]
     records.append(("archive/version", b"3\n"))
-    back = load_checkpoint(ck._zip_stored(records))
+    back = load_checkpoint(ptzip.write_stored(records))
     assert same_tensors(back.params, state.params) and same_tensors(back.adam_v, state.adam_v)
     records[1] = ("archive/byteorder", b"middle")
     with pytest.raises(CheckpointError, match="byteorder"):
-        load_checkpoint(ck._zip_stored(records))
+        load_checkpoint(ptzip.write_stored(records))
 
 
 def test_expectations_checked():
@@ -217,7 +218,8 @@ def test_every_flipped_bit_is_refused():
     assert accepted_flips(data) == []
     cut = data.rfind(b"version")
     renamed = data[:cut - 1] + b"Q" + data[cut:]  # archive/version -> archiveQversion
-    with pytest.raises(CheckpointError, match="is not one a .pt archive holds"):
+    with pytest.raises(CheckpointError, match="'archiveQversion' is not a record this reader "
+                       "knows"):
         load_checkpoint(renamed)
     with pytest.raises(CheckpointError, match="end record"):
         load_checkpoint(data + b"\0")
@@ -226,6 +228,12 @@ def test_every_flipped_bit_is_refused():
         for info in source.infolist():
             dest.writestr(info.filename, source.read(info))
     with pytest.raises(CheckpointError, match="packed again by another zip tool"):
+        load_checkpoint(out.getvalue())
+    out = io.BytesIO()  # 65,535 members, as a torch.save of 70,000 tensors: named as a limit
+    with zipfile.ZipFile(out, "w") as dest:
+        for key in range(0xFFFF):
+            dest.writestr(f"archive/data/{key}", b"")
+    with pytest.raises(CheckpointError, match="over this reader's limits"):
         load_checkpoint(out.getvalue())
 
 
@@ -318,7 +326,7 @@ def test_storage_problems_refused():
         load_checkpoint(raw_file(payload_of(state), drop="archive/data/1"))
     pickled, storages = ck._TorchPickler().dump(payload_of(state))
     storages[0] = storages[0][:-4]
-    short = ck._zip_stored([("archive/data.pkl", pickled), ("archive/version", b"3\n")] + [
+    short = ptzip.write_stored([("archive/data.pkl", pickled), ("archive/version", b"3\n")] + [
         (f"archive/data/{i}", s) for i, s in enumerate(storages)])
     with pytest.raises(CheckpointError, match="expected"):
         load_checkpoint(short)

@@ -166,7 +166,7 @@ def flipped(data: bytes) -> bytes:
 def edited(data: bytes) -> bytes:
     """One weight bit changed and the archive written again as pynode writes it, with fresh
     CRCs: only the hash can tell."""
-    from pynode.core.checkpoint import _zip_stored
+    from pynode.core.ptzip import write_stored
 
     source, records = zipfile.ZipFile(io.BytesIO(data)), []
     for info in source.infolist():
@@ -174,7 +174,7 @@ def edited(data: bytes) -> bytes:
         if info.filename == "archive/data/0":
             blob = bytes([blob[0] ^ 0x01]) + blob[1:]
         records.append((info.filename, blob))
-    return _zip_stored(records)
+    return write_stored(records)
 
 
 BAD_CHECKPOINTS = {

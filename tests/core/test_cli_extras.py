@@ -134,3 +134,6 @@ def test_a_cluster_rank_says_which_of_its_flags_rank_0_overrides():
         "every rank (here task mlp, 3 steps)")  # --lr agrees, --kernels is this rank's own
     same = parse_args(build_parser(), ["cluster", "--task", "mlp", "--kernels", "numpy"])
     assert ignored_flags_note(1, same, cfg) is None
+    # every machine given the same --resume (QUICKSTART's restart): rank 0 resumed it
+    resumed = parse_args(build_parser(), ["cluster", "--resume", "base.pt"])
+    assert ignored_flags_note(1, resumed, cfg, resumed_from=12) is None
