@@ -29,6 +29,9 @@ from local_page import LocalServer, open_page
 
 pytestmark = [pytest.mark.slow]
 
+# Far more steps than a test waits for: it stops the run itself.
+LONG_RUN = {"task": "gpt", "width": 32, "layers": 1, "heads": 2, "seq": 16,
+            "microbatch_size": 2, "microbatches": 2, "steps": 100_000, "seed": 7}
 TINY = {"width": "32", "layers": "1", "heads": "2", "seq": "16", "microbatch_size": "2",
         "microbatches": "2", "steps": "2", "seed": "5"}
 
@@ -204,7 +207,9 @@ def test_the_host_removes_an_approved_peer_with_its_rows_button(local_browser, t
                                                                  console):
     """The server always took `remove`; the page offered no way to send it. The host's row
     of an approved peer has a Remove button; the removed page is out for good and says why,
-    and the host's own row has none."""
+    and the host's own row has none. A page removed in the middle of a run stops it there
+    (it trained on alone to its last step and said "Finished", still approved), and its
+    state still downloads."""
     server = local_server(tmp_path)
     try:
         host = open_page(local_browser, f"{server.url}/?create=1", console)
@@ -216,10 +221,27 @@ def test_the_host_removes_an_approved_peer_with_its_rows_button(local_browser, t
         host.wait_for_selector(f'button[data-remove="{member_id}"]', timeout=30_000)
         assert host.locator(f'button[data-remove="{host_id}"]').count() == 0
         assert member.locator("button[data-remove]").count() == 0  # members cannot remove
+        wait_booted(member)
+        member.evaluate("(c) => daisychain.start(c)", LONG_RUN)  # alone: 127.0.0.1 has no
+        wait(member, "s => s.step >= 2", 120_000)  # WebRTC candidates (see the docstring)
         host.click(f'button[data-remove="{member_id}"]')
         member.wait_for_selector("#room-problem", state="visible", timeout=30_000)
         said = member.inner_text("#room-problem")
+        wait(member, "s => s.messages.some(m => m.text.startsWith('stopped training'))",
+             60_000)
+        stopped = status(member)
+        time.sleep(3)  # a run that went on would take more steps meanwhile
+        after = status(member)
+        saved = member.evaluate("async () => (await daisychain.checkpoint()).byteLength")
         wait(host, "(s, id) => !s.peers.some(p => p.id === id)", 30_000, member_id)
     finally:
         server.close()
     assert said == "this page leaves the room: removed by the host", said
+    stop_line = next(m["text"] for m in stopped["messages"]
+                     if m["text"].startswith("stopped training"))
+    assert stop_line == (f"stopped training at step {after['step']}: this page leaves the "
+                         "room: removed by the host"), stop_line
+    assert (after["state"], after["approved"]) == ("failed", False), after
+    assert after["step"] == stopped["step"] < LONG_RUN["steps"], (stopped["step"], after)
+    assert not any(m["text"].startswith("run finished") for m in after["messages"])
+    assert saved > 1000, saved

@@ -386,6 +386,10 @@ class BrowserPeer:
     def gone(self, peer: str) -> None:
         self.mesh.gone(peer)
 
+    def leave(self, reason: str) -> None:
+        """The host removed or declined this page: its run stops (RoomPeer.leave)."""
+        self.room.leave(reason)
+
     async def start(self, config_json: str) -> str:
         """Lead a run; returns JSON {ok, ranks} or {ok: false, error} (never raises into JS)."""
         try:

@@ -26,6 +26,11 @@ class LeftRun(DaisyError):
     without it): it asks the run's leader to join it again."""
 
 
+class LeftRoom(DaisyError):
+    """The host removed or declined this peer: it stops its run where it stands and takes
+    part in nothing more (RoomPeer.leave)."""
+
+
 class OutputError(DaisyError):
     """A file this peer was asked to write (--save, --log, --summary, a kit) cannot be
     written there: found before the run where it can be, else when it is written (the file

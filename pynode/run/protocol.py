@@ -57,7 +57,7 @@ from pynode.comm.wire import MessageError, pack_message, unpack_message
 from pynode.config import ConfigError, RunConfig
 from pynode.core import checkpoint
 from pynode.core.errors import DaisyError
-from pynode.run.errors import ForkError, LeftRun, RoomError
+from pynode.run.errors import ForkError, LeftRoom, LeftRun, RoomError
 from pynode.run.loop import BeforeStep, train
 from pynode.run.room import Reporter, Run, TrainerFactory
 from pynode.run.steering import Steering
@@ -165,6 +165,7 @@ class RoomPeer(Takeover, Steering):
         self.requested: dict[str, Any] | None = None
         self.paused = False
         self.stopping = False
+        self.left: str | None = None  # why the host removed or declined this peer (`leave`)
         # Failover: survivors' reports to this peer as the next leader (run -> peer -> report)
         # and the answer of the member this peer reported to (run -> (peer, message)).
         self.survivors: dict[str, dict[str, dict[str, Any]]] = {}
@@ -223,6 +224,8 @@ class RoomPeer(Takeover, Steering):
 
     def check_free(self) -> None:
         """RoomError unless this peer can start a run now."""
+        if self.left is not None:
+            raise RoomError(self.left)
         joining = self.joining()
         if self.run is None and joining is not None:
             raise RoomError(f"this peer waits to join the run of {joining[1]}: it is admitted "
@@ -240,6 +243,8 @@ class RoomPeer(Takeover, Steering):
 
     async def handle(self, peer: str, head: dict[str, Any], blob: bytes) -> None:
         kind, run_id = head["t"], head.get("run")
+        if self.left is not None:  # out of the room for good: no run, no proposal, no sync
+            return
         if kind == "hello":
             self.hellos[peer] = head
             self.report_peers()
@@ -445,6 +450,23 @@ class RoomPeer(Takeover, Steering):
                             "generate from")
         return trainer.state_bytes()
 
+    def leave(self, reason: str) -> None:
+        """The host removed or declined this peer: it is out of the room for good. The run
+        it is in stops where it stands (the state stays, for a checkpoint), whatever its
+        links do next (closing them would leave it a group of one that trains on), and it
+        starts, joins and answers nothing from then on. A run waiting on its group is
+        cancelled; one that a cancel misses (Python 3.11's wait_for can swallow one) stops
+        at its next step or failover (check_in_room)."""
+        self.left = reason
+        self.pending = None
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+    def check_in_room(self) -> None:
+        """LeftRoom once this peer left the room (`leave`)."""
+        if self.left is not None:
+            raise LeftRoom(self.left)
+
     # ----------------------------------------------------------------- training
     def launch(self, run: Run, joined: bool = False) -> None:
         self.run = run
@@ -471,6 +493,7 @@ class RoomPeer(Takeover, Steering):
 
         async def control(_: Trainer) -> None:
             nonlocal skip_control
+            self.check_in_room()
             if not skip_control:
                 await self.control(run)
             skip_control = False
@@ -488,10 +511,20 @@ class RoomPeer(Takeover, Steering):
                                 on_step=(report_step,))
                     break
                 except PeerLost as exc:
+                    self.check_in_room()  # its links closed as it left: no group of one
                     if not await self.fail_over(run, exc):
                         raise
                     skip_control, before = False, set(run.coll.member_ids())
             self.report("done", {"step": trainer.state.step, "hash": trainer.state.hash()})
+        except (LeftRoom, asyncio.CancelledError):
+            if self.left is None:  # a cancel of its own: not this peer leaving the room
+                raise
+            # a step under way when it left is not one the group agreed on: not kept
+            kept = run.agreed[-1]
+            if trainer.state.step != kept.step:
+                trainer.rewind(kept.state, kept.cfg, kept.schedule)
+            self.report("event", {"level": "warn", "text": f"stopped training at step "
+                                  f"{trainer.state.step}: {self.left}"})
         except ForkError as exc:
             self.report("failed", {"error": f"fork detected: {exc}"})
         except PeerLost as exc:

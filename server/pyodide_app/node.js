@@ -65,7 +65,8 @@ export class PageNode extends EventTarget {
     this.left = false; // declined or removed by the host: out of the room for good
     this.worker = new Worker("/app/worker.js");
     this.worker.onmessage = (e) => this.onWorker(e.data);
-    this.worker.onerror = (e) => this.fail(`compute worker crashed: ${e.message}`);
+    this.computeDown = null; // why the worker answers nothing more (crashed, no Python)
+    this.worker.onerror = (e) => this.workerDown(`compute worker crashed: ${e.message}`);
     this.wireSignaling();
   }
 
@@ -91,11 +92,21 @@ export class PageNode extends EventTarget {
     this.tellPeers();
   }
 
+  workerDown(text) {
+    this.computeDown = text;
+    this.fail(text);
+  }
+
   // The host declined or removed this page: it leaves signaling for good, and nothing
   // that arrives later (its checks passing, the socket closing) says it is waiting again.
+  // Its Python stops the run it is in first: with its links closed it would fail over to
+  // itself and train on alone (the worker takes messages in order, so before the links'
+  // `gone`).
   leave(text) {
     this.left = true;
     this.state.roomProblem = text;
+    this.state.approved = false;
+    this.worker.postMessage({ type: "leave", reason: text });
     this.signaling.close();
     if (this.mesh) this.mesh.close();
     this.fail(text);
@@ -253,7 +264,7 @@ export class PageNode extends EventTarget {
       s.bytes_sent += msg.data.byteLength;
       if (this.mesh) this.mesh.send(msg.peer, msg.data);
     } else if (msg.type === "state") {
-      if (msg.state === "failed") this.fail(`could not start Python: ${msg.error}`);
+      if (msg.state === "failed") this.workerDown(`could not start Python: ${msg.error}`);
       else if (!this.left) s.state = msg.state;
       this.tellPeers();
       this.changed();
@@ -282,6 +293,9 @@ export class PageNode extends EventTarget {
 
   onReport(kind, f) {
     const s = this.state;
+    // Out of the room: a step already on its way still counts (the state downloads), a run
+    // starting or ending, a failover or a join asked for does not.
+    if (this.left && !["event", "step"].includes(kind)) return;
     if (kind === "run") {
       // The steps shown so far stay only where this run goes on from them (a resume of
       // the state they led to, or this page synced into its run again); another run's
@@ -406,10 +420,11 @@ export class PageNode extends EventTarget {
   }
 
   request(msg) {
-    // A worker that failed (crashed, or its checks failed to load) answers nothing: refuse
-    // at once with the reason instead of leaving the caller waiting forever.
-    if (this.state.state === "failed") {
-      return Promise.reject(new Error(`this tab cannot compute: ${this.state.error}`));
+    // A worker that crashed, or whose Python did not start, answers nothing: refuse at once
+    // with the reason instead of leaving the caller waiting forever. One whose run failed,
+    // or that left the room, still answers (its state downloads).
+    if (this.computeDown) {
+      return Promise.reject(new Error(`this tab cannot compute: ${this.computeDown}`));
     }
     const id = this.nextStart++;
     return new Promise((resolve, reject) => {

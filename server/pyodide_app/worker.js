@@ -3,7 +3,7 @@
 // from /runtime/ (numpy from the wheel beside it), pynode from /bundle/pynode.zip, checked
 // against the sha256 the server sends with it.
 //
-// main -> worker: boot {flags}, self {id}, open {peer}, gone {peer},
+// main -> worker: boot {flags}, self {id}, open {peer}, gone {peer}, leave {reason},
 //                 message {peer, data: ArrayBuffer (transferred)}, start {id, config},
 //                 bench {id, size, repeats}, gemm {id, cases},
 //                 generate {id, data: .pt ArrayBuffer, request: {prompt, tokens, ...}},
@@ -23,6 +23,7 @@ let checks = null; // its Checks, once run
 let peer = null; // its BrowserPeer, once checks passed and signaling named us
 let selfId = null;
 const early = []; // mesh events that came before `peer` existed, in order
+let left = null; // the host removed or declined this page: it takes part in nothing more
 
 function post(msg, transfer = []) {
   self.postMessage(msg, transfer);
@@ -84,7 +85,7 @@ async function boot(flags) {
 }
 
 function makePeer() {
-  if (peer || !selfId || !checks || !checks.ready) return;
+  if (peer || left || !selfId || !checks || !checks.ready) return;
   peer = browser.BrowserPeer(bridge, selfId, checks);
   for (const [kind, id, data] of early.splice(0)) meshEvent(kind, id, data);
 }
@@ -153,6 +154,9 @@ self.onmessage = (event) => {
     if (checks) makePeer();
   } else if (msg.type === "open" || msg.type === "gone" || msg.type === "message") {
     meshEvent(msg.type, msg.peer, msg.data);
+  } else if (msg.type === "leave") {
+    left = msg.reason;
+    if (peer) peer.leave(msg.reason);
   } else if (msg.type === "checkpoint") {
     checkpoint(msg);
   } else if (msg.type === "kit") {

@@ -273,6 +273,38 @@ def test_a_vanished_member_costs_time_not_bits(checks, reference):
     run(body())
 
 
+def test_a_removed_member_stops_where_it_stands_and_the_others_go_on(checks, reference):
+    """The host removes tab2 in the middle of a run: its links close as a cut's do, but it
+    does not take over alone and train on (a page did, to "Finished"); it stops at the step
+    it reached, starts nothing more, and the others end on the reference bits."""
+    async def body():
+        net = MemoryNetwork()
+        pages = [Page(net, f"tab{i}", checks) for i in range(3)]
+        await asyncio.sleep(0.05)
+        await pages[0].peer.start({**CONFIG, "steps": 6})
+        await wait_for_step(pages[2], 2)
+        pages[2].peer.leave("this page leaves the room: removed by the host")
+        net.cut("tab2")
+        await settle(pages[:2])
+        await asyncio.sleep(0.2)  # a run going on alone would take a step meanwhile
+        removed = pages[2]
+        reached = max(removed.hashes())
+        assert reached < 6 and removed.peer.run is None and removed.peer.task.done()
+        assert not removed.kinds("leader") and not removed.kinds("done")
+        assert removed.kinds("event")[-1]["text"] == (
+            f"stopped training at step {reached}: this page leaves the room: removed by "
+            "the host")
+        assert all(reference[s - 1] == h for s, h in removed.hashes().items())
+        # its state still downloads: the last step the group agreed on
+        assert removed.peer.last_trainer.state.hash() == reference[reached - 1]
+        assert len(removed.peer.checkpoint()) > 1000
+        with pytest.raises(RoomError, match="removed by the host"):
+            await removed.peer.start(CONFIG)
+        for page in pages[:2]:
+            assert page.hashes() == {s + 1: h for s, h in enumerate(reference[:6])}
+    run(body())
+
+
 def test_a_lost_leader_is_replaced_by_the_next_peer_and_no_bit_changes(checks, reference):
     """The leader vanishes after step 2: the next member in rank order leads, everyone
     continues from the step all agreed on, and a peer arriving later joins the new leader.
