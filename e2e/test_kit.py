@@ -16,7 +16,7 @@ from browser_helpers import CHROMIUM_FLAGS, missing_browser_parts
 from pynode.cli.main import main
 from pynode.config import RunConfig
 from pynode.core.gpt import gpt_init_params
-from pynode.run.generate import Sampling, load_generator, read_model
+from pynode.run.generate import GenerateError, Sampling, load_generator, read_model
 from pynode.run.trainer import Trainer, TrainState
 from pynode.tasks import load_task
 from pynode.tasks.gpt import gpt_config
@@ -82,22 +82,68 @@ def test_the_kit_gives_the_cli_bytes_offline(tmp_path: Path):
         page.goto(kit.as_uri())
         got = [page.evaluate("([p, s]) => kit.generate(p, s)", [p, s]) for p, s in CASES]
         logits = [page.evaluate("([t, n]) => kit.logits(t, n)", [t, n]) for t, n in windows]
+        # A long generation: Generate is off until it ends or Stop is pressed (a second
+        # one interleaved with it on the shared window, giving neither's bytes).
+        page.fill("#form [name=prompt]", "The ")
+        page.fill("#form [name=tokens]", "1e6")  # the number the field shows, not 1
+        page.fill("#form [name=temperature]", "0")
+        page.click("#generate")
+        page.wait_for_function("() => document.querySelector('#output').textContent.length "
+                               "> 60", timeout=30_000)
+        buttons = page.evaluate("() => ['generate', 'stop'].map(id => "
+                                "document.getElementById(id).disabled)")
+        page.evaluate("() => document.getElementById('form').requestSubmit()")  # Enter
+        page.click("#stop")
+        page.wait_for_function("() => !document.querySelector('#generate').disabled",
+                               timeout=30_000)
+        stopped = page.inner_text("#output")
+        page.wait_for_timeout(300)
+        stopped_stays = page.inner_text("#output") == stopped
         page.fill("#form [name=prompt]", CASES[2][0])
         for name, value in CASES[2][1].items():
             page.fill(f"#form [name={name}]", str(value))
-        page.click("#form button")
+        page.click("#generate")
         shown = CASES[2][0] + bytes.fromhex(want[2]).decode("utf-8", "replace")
         page.wait_for_function("(t) => document.querySelector('#output').textContent === t",
                                arg=shown, timeout=30_000)
         page.fill("#form [name=temperature]", "")  # an emptied field: the form's NaN
-        page.click("#form button")
+        page.click("#generate")
         page.wait_for_function("() => document.querySelector('#output').textContent === "
                                "'error: temperature must be a finite number >= 0, got NaN'",
                                timeout=30_000)
+        form_refusals = []
+        # (what the browser's own checks let through: "2.5" bytes never submits)
+        for name, value in (("temperature", "1e-40"), ("tokens", "1e20")):
+            page.fill("#form [name=temperature]", "0.7")
+            page.fill(f"#form [name={name}]", value)
+            page.evaluate("() => { document.querySelector('#output').textContent = ''; }")
+            page.click("#generate")
+            page.wait_for_function("() => document.querySelector('#output').textContent"
+                                   ".startsWith('error: ')", timeout=30_000)
+            form_refusals.append(page.inner_text("#output").removeprefix("error: "))
+            page.fill("#form [name=tokens]", "5")
+        overflow = page.evaluate("""() => { try { kit.generate("The ", {tokens: 5,
+            temperature: 1.2e-38, top_k: 0, seed: 0}); } catch (e) { return e.message; } }""")
         refused = page.evaluate("""() => { try { kit.generate("a", {tokens: 5,
             temperature: 1, top_k: NaN, seed: 0}); } catch (e) { return e.message; } }""")
         browser.close()
     assert refused == "top_k must be an integer from 0 to 9007199254740991, got NaN"
+    assert buttons == [True, False], buttons
+    assert stopped_stays, "Stop ends the generation"
+    greedy = bytes(generator.generate(b"The ", Sampling(tokens=len(stopped.encode()),
+                                                        temperature=0.0)))
+    shown_greedy = stopped.removeprefix("The ").rstrip("\ufffd")
+    assert len(shown_greedy) > 40 and greedy.decode("utf-8", "replace").startswith(
+        shown_greedy), (stopped, greedy)
+    python_refusals = []  # the same words as pynode's
+    for sampling in (dict(temperature=1e-40), dict(tokens=10**20)):
+        with pytest.raises(GenerateError) as caught:
+            Sampling(**{"tokens": 5, "temperature": 0.7, **sampling})
+        python_refusals.append(str(caught.value))
+    assert form_refusals == python_refusals
+    with pytest.raises(GenerateError) as caught:
+        bytes(generator.generate(b"The ", Sampling(tokens=5, temperature=1.2e-38)))
+    assert overflow == str(caught.value), overflow
     assert not errors, errors
     assert requests == [kit.as_uri()], requests  # the file itself, nothing else
     for case, g, w in zip(CASES, got, want, strict=True):

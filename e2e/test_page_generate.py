@@ -108,8 +108,9 @@ def test_generating_during_a_run_changes_no_hash(local_browser, server: LocalSer
         final = status(page)
 
         page.fill("#generate-form [name=prompt]", AFTER["prompt"])
-        for name in ("tokens", "temperature", "top_k", "seed"):
-            page.fill(f"#generate-form [name={name}]", str(AFTER[name]))
+        for name in ("tokens", "temperature", "top_k", "seed"):  # 30 bytes as "3e1": the
+            shown = "3e1" if name == "tokens" else str(AFTER[name])  # field's number (not 3)
+            page.fill(f"#generate-form [name={name}]", shown)
         page.click("#generate")
         page.wait_for_function("() => /bytes from the model at step/.test("
                                "document.querySelector('#generate-line').textContent)",

@@ -366,13 +366,21 @@ function sampleToken(logits, s, position) { // pynode.run.generate.sample_token
   const k = s.top_k === 0 ? logits.length : Math.min(s.top_k, logits.length);
   const kept = order.slice(0, k).sort((a, b) => a - b);
   const t = fr(s.temperature);
-  const probs = softmaxRow(kept.map((i) => fr(logits[i] / t)), () => true);
+  const scaled = kept.map((i) => fr(logits[i] / t));
+  if (!scaled.every(Number.isFinite)) {
+    throw new Error(`temperature ${s.temperature} is too small for this model: the logits ` +
+      "divided by it overflow float32 (use 0 for greedy, or a larger one)");
+  }
+  const probs = softmaxRow(scaled, () => true);
   const cumulative = [];
   let total = 0;
   for (const p of probs) cumulative.push(total += Math.floor(p * 2147483648));
   const draw = randint([s.seed, position, SAMPLE_PURPOSE], total);
   return kept[cumulative.findIndex((c) => c > draw)];
 }
+
+const TEMPERATURE_MIN = 1.1754943508222875e-38; // generate.TEMPERATURE_MIN: float32's tiny
+const TEMPERATURE_MAX = 3.4028234663852886e38; // and its largest
 
 function checkSampling(s) { // Sampling's refusals, in its words (an empty field: NaN)
   for (const name of ["tokens", "top_k", "seed"]) {
@@ -383,6 +391,9 @@ function checkSampling(s) { // Sampling's refusals, in its words (an empty field
   const t = s.temperature;
   if (typeof t !== "number" || !Number.isFinite(t) || t < 0) {
     throw new Error(`temperature must be a finite number >= 0, got ${t}`);
+  }
+  if (t !== 0 && !(t >= TEMPERATURE_MIN && t <= TEMPERATURE_MAX)) { // a float32 of its own
+    throw new Error(`temperature must be 0 (greedy) or a float32 from 1.2e-38 to 3.4e38, got ${t}`);
   }
 }
 

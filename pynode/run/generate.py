@@ -48,6 +48,10 @@ MAX_SAFE_INTEGER = 2**53 - 1  # JavaScript's Number.MAX_SAFE_INTEGER
 SAMPLE_PURPOSE = 0x5A3D  # rng key of a sampled byte: (seed, position, SAMPLE_PURPOSE)
 WEIGHT_BITS = 31  # a kept byte's integer weight is floor(p * 2**WEIGHT_BITS)
 F32 = np.float32
+# The logits are divided by the temperature as a float32: one below the smallest normal
+# float32 (a subnormal, or 0 once cast) or past the largest is refused, by the kit alike.
+TEMPERATURE_MIN = float(np.finfo(F32).tiny)  # 1.1754944e-38
+TEMPERATURE_MAX = float(np.finfo(F32).max)  # 3.4028235e38
 
 
 class GenerateError(DaisyError, ValueError):
@@ -71,6 +75,9 @@ class Sampling:
         t = self.temperature
         if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             raise GenerateError(f"temperature must be a finite number >= 0, got {t!r}")
+        if t != 0 and not TEMPERATURE_MIN <= t <= TEMPERATURE_MAX:  # a float32 of its own
+            raise GenerateError("temperature must be 0 (greedy) or a float32 from 1.2e-38 "
+                                f"to 3.4e38, got {t!r}")
 
 
 class Decoder:
@@ -152,7 +159,12 @@ def sample_token(logits: np.ndarray, sampling: Sampling, position: int, ops: Any
     vocab = logits.shape[-1]
     k = vocab if sampling.top_k == 0 else min(sampling.top_k, vocab)
     kept = np.sort(np.argsort(-logits, kind="stable")[:k])  # (k,) byte order
-    scaled = logits[kept] / F32(sampling.temperature)  # (k,) f32
+    with np.errstate(over="ignore"):
+        scaled = logits[kept] / F32(sampling.temperature)  # (k,) f32
+    if not np.isfinite(scaled).all():
+        raise GenerateError(f"temperature {sampling.temperature!r} is too small for this "
+                            "model: the logits divided by it overflow float32 (use 0 for "
+                            "greedy, or a larger one)")
     probs = ops.softmax_rows(np.ascontiguousarray(scaled[None, :]))[0]  # (k,) f32
     weights = np.floor(np.ldexp(probs.astype(np.float64), WEIGHT_BITS)).astype(np.int64)
     cumulative = np.cumsum(weights)  # (k,) int64, exact

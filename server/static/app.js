@@ -490,8 +490,8 @@ $("stop").addEventListener("click", timed(() => steer({ stop: true })));
 $("steer").addEventListener("submit", timed((event) => {
   event.preventDefault();
   const request = {};
-  if ($("steer-lr").value) request.lr = parseFloat($("steer-lr").value);
-  if ($("steer-steps").value) request.steps = parseInt($("steer-steps").value);
+  if ($("steer-lr").value) request.lr = given($("steer-lr").value);
+  if ($("steer-steps").value) request.steps = given($("steer-steps").value);
   steer(request);
 }));
 
@@ -607,9 +607,10 @@ $("download-kit").addEventListener("click", async () => {
 $("generate-form").addEventListener("submit", timed((event) => {
   event.preventDefault();
   const form = new FormData(event.target);
-  const request = { prompt: form.get("prompt"), tokens: parseInt(form.get("tokens")),
-    temperature: parseFloat(form.get("temperature")), top_k: parseInt(form.get("top_k")),
-    seed: parseInt(form.get("seed")) };
+  // the numbers the fields show, refused by pynode's Sampling in its words if they do not do
+  const request = { prompt: form.get("prompt"), tokens: given(form.get("tokens")),
+    temperature: given(form.get("temperature")), top_k: given(form.get("top_k")),
+    seed: given(form.get("seed")) };
   const output = $("generate-output");
   showGenerateError("");
   output.textContent = request.prompt;

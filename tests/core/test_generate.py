@@ -25,6 +25,8 @@ from pynode.core.gpt import GPT
 from pynode.core.kernels import REFERENCE
 from pynode.run.assemble import load_units_and_gemm
 from pynode.run.generate import (
+    TEMPERATURE_MAX,
+    TEMPERATURE_MIN,
     Decoder,
     GenerateError,
     Generator,
@@ -134,6 +136,25 @@ def test_sampling_follows_the_weights_and_top_k():
     assert sample_token(logits, Sampling(temperature=0), 0, REFERENCE) == 0  # first largest
     assert {sample_token(logits, Sampling(top_k=1, seed=s), 7, REFERENCE)
             for s in range(50)} == {0}  # the tie goes to the lower byte
+
+
+def test_a_temperature_float32_cannot_hold_or_divide_by_is_refused_by_name():
+    """1e-40 is 0 or a subnormal as a float32, 1e39 past its largest: they failed inside
+    the softmax (or warned on the cast). A tiny normal one that makes the logits overflow
+    is named where it does."""
+    for t in (1e-40, 1e-50, 1e39, float(np.nextafter(np.float32(TEMPERATURE_MIN), 0))):
+        with pytest.raises(GenerateError, match=r"^temperature must be 0 \(greedy\) or a "
+                           r"float32 from 1.2e-38 to 3.4e38, got "):
+            Sampling(temperature=t)
+    for t in (0, 0.0, TEMPERATURE_MIN, TEMPERATURE_MAX, 1e-30):
+        Sampling(temperature=t)
+    logits = np.array([1.0, 5.0, 2.0, 0.0], np.float32)  # 5 / 1.2e-38 > 3.4e38
+    with pytest.raises(GenerateError, match=r"^temperature 1.2e-38 is too small for this "
+                       r"model: the logits divided by it overflow float32"):
+        sample_token(logits, Sampling(temperature=1.2e-38), 0, REFERENCE)
+    assert sample_token(logits, Sampling(temperature=TEMPERATURE_MAX), 0, REFERENCE) in range(4)
+    assert sample_token(logits / np.float32(1e9), Sampling(temperature=1e-30), 0,
+                        REFERENCE) == 1  # a large but finite scale: all on the largest
 
 
 def test_the_draw_is_the_keyed_randint(monkeypatch):
