@@ -203,6 +203,29 @@ def test_bad_and_unknown_room_codes_end_next_to_the_room_controls(
     assert ended["real"][2] not in host_saw, "a page that gave up left the room"
 
 
+def test_a_member_is_told_when_the_hosts_page_is_gone(local_browser, tmp_path, console):
+    """A private room keeps its host while the host's page is away; its members saw no sign
+    of it, and waited on approvals nobody could give."""
+    server = local_server(tmp_path)
+    try:
+        host = open_page(local_browser, f"{server.url}/?create=1", console)
+        member = open_page(local_browser, f"{server.url}/?room={status(host)['room']}",
+                           console)
+        approve(host, member)
+        wait(member, "s => s.peers.length === 2", 30_000)
+        shown_with_host = member.is_visible("#host-away")
+        host.context.close()
+        member.wait_for_selector("#host-away", state="visible", timeout=30_000)
+        said = " ".join(member.inner_text("#host-away").split())
+        away = status(member)
+    finally:
+        server.close()
+    assert not shown_with_host
+    assert said == ("The host's page is not connected: nobody can approve or remove peers "
+                    "until it comes back. A run goes on without it."), said
+    assert away["hostAway"] and away["approved"], away
+
+
 def test_the_host_removes_an_approved_peer_with_its_rows_button(local_browser, tmp_path,
                                                                  console):
     """The server always took `remove`; the page offered no way to send it. The host's row

@@ -166,6 +166,7 @@ class RoomPeer(Takeover, Steering):
         self.paused = False
         self.stopping = False
         self.left: str | None = None  # why the host removed or declined this peer (`leave`)
+        self.finished: set[str] = set()  # runs this peer trained to their last step
         # Failover: survivors' reports to this peer as the next leader (run -> peer -> report)
         # and the answer of the member this peer reported to (run -> (peer, message)).
         self.survivors: dict[str, dict[str, dict[str, Any]]] = {}
@@ -396,7 +397,10 @@ class RoomPeer(Takeover, Steering):
             return  # accepted a proposal (or proposing): wait for that
         for peer, hello in self.hellos.items():
             run = hello.get("run")
-            if run and run.get("leader") == peer and peer in self.chan.peers:
+            # a leader's hello from before the end of a run this peer finished with it
+            # (its last one, saying so, may come after another member's)
+            if run and run.get("leader") == peer and peer in self.chan.peers \
+                    and run.get("id") not in self.finished:
                 self.pending = (run["id"], peer, float("inf"))
                 self.send(peer, "join", run=run["id"], open=sorted(self.chan.peers))
                 return
@@ -515,6 +519,7 @@ class RoomPeer(Takeover, Steering):
                     if not await self.fail_over(run, exc):
                         raise
                     skip_control, before = False, set(run.coll.member_ids())
+            self.finished.add(run.id)
             self.report("done", {"step": trainer.state.step, "hash": trainer.state.hash()})
         except (LeftRoom, asyncio.CancelledError):
             if self.left is None:  # a cancel of its own: not this peer leaving the room

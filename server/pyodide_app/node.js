@@ -30,6 +30,7 @@ export class PageNode extends EventTarget {
     this.flags = flags;
     this.state = {
       room: null, peerId: null, role: null, approved: false, private: false,
+      hostAway: false, // a private room whose host's page is not connected now
       state: "booting", step: 0, loss: null, hash: null, probe: null, leader: null,
       run: null, steps: null, config: null, members: [], error: null, checks: [], history: [], messages: [],
       failovers: [],
@@ -182,6 +183,8 @@ export class PageNode extends EventTarget {
     }]));
     const me = this.roster.get(this.state.peerId);
     if (me) Object.assign(this.state, { role: me.role, approved: me.approved });
+    // A private room keeps its host while the host's page is away (server/rooms.py)
+    this.state.hostAway = Boolean(this.state.private && m.host && !this.roster.has(m.host));
     if (this.mesh && this.state.approved) {
       this.mesh.connect([...this.roster.values()].filter((p) => p.approved).map((p) => p.id),
         [...this.roster.keys()]);

@@ -93,6 +93,7 @@ function renderRoom(s) {
   $("share-line").hidden = !(s.private && s.role === "host");
   if (s.room) $("share-link").value = `${location.origin}/?room=${s.room}`;
   $("pending-line").hidden = !s.peerId || s.approved || Boolean(s.roomProblem);
+  $("host-away").hidden = !s.hostAway || !s.approved || Boolean(s.roomProblem);
   $("room-problem").hidden = !s.roomProblem;
   $("room-problem").textContent = s.roomProblem || "";
   // out of the room for good: no longer "you are X" beside the reason it left

@@ -305,6 +305,28 @@ def test_a_removed_member_stops_where_it_stands_and_the_others_go_on(checks, ref
     run(body())
 
 
+def test_a_finished_run_is_not_asked_to_join_again(checks, reference):
+    """A member that finished a run may hear another member's last hello before the
+    leader's: it then still held the leader's hello from the run's start, and asked to join
+    the run it had just finished (the page said "asked tab0 to join its run")."""
+    async def body():
+        pages = await room_run(checks, 3, 3)
+        await settle(pages)
+        run_id = pages[1].kinds("run")[0]["run"]
+        stale = {"t": "hello", "state": "training",
+                 "run": {"id": run_id, "leader": "tab0", "step": 0, "steps": 3}}
+        await pages[1].peer.handle("tab0", stale, b"")
+        await pages[1].peer.handle("tab2", {"t": "hello", "state": "ready", "run": None}, b"")
+        assert not [f for f in pages[1].kinds("joining") if f["run"]], pages[1].reports
+        assert pages[1].peer.pending is None
+        other = {**stale, "run": {**stale["run"], "id": "another"}}  # a run it was not in
+        await pages[1].peer.handle("tab0", other, b"")
+        assert pages[1].kinds("joining")[-1] == {"run": "another", "leader": "tab0"}
+        for page in pages:
+            assert page.hashes() == {s + 1: h for s, h in enumerate(reference[:3])}
+    run(body())
+
+
 def test_a_lost_leader_is_replaced_by_the_next_peer_and_no_bit_changes(checks, reference):
     """The leader vanishes after step 2: the next member in rank order leads, everyone
     continues from the step all agreed on, and a peer arriving later joins the new leader.

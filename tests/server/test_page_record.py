@@ -12,7 +12,8 @@ sys.path.insert(0, str(REPO / "tests"))
 from node_check import node_check  # noqa: E402
 
 # Calls the PageNode methods of stdin (a JSON list of [method, ...arguments]) on a bare
-# PageNode (no worker; a signaling stand-in that records closing) and prints its state.
+# PageNode (worker and signaling stand-ins that record what they are told) and prints
+# its state.
 REPLAY = """
 import { readFileSync } from "node:fs";
 const { PageNode } = await import(process.argv[1]);
@@ -23,10 +24,12 @@ page.changed = () => {};
 page.tellPeers = () => {};
 page.mesh = null;
 page.signaling = { close() { page.state.signalingClosed = true; } };
+page.worker = { postMessage(msg) { (page.state.posted ??= []).push(msg); } };
 page.roster = new Map();
 page.info = new Map();
 page.trainable = {};
 page.links = () => [];
+page.__setattr = (name, value) => { page.state[name] = value; };
 for (const [method, ...args] of JSON.parse(readFileSync(0, "utf8"))) page[method](...args);
 console.log(JSON.stringify({ ...page.state, status: page.status() }));
 """
@@ -72,8 +75,42 @@ def test_a_page_the_host_declined_stays_out_once_its_checks_pass():
     assert state["state"] == "failed" and state["signalingClosed"] is True, state
     assert state["roomProblem"] == "this page leaves the room: the host declined"
     assert state["error"] == state["roomProblem"]
+    assert state["posted"] == [{"type": "leave", "reason": state["roomProblem"]}]
     fresh = replay([["onWorker", checks]])  # the same checks without a decline
     assert fresh["state"] == "ready" and fresh["roomProblem"] is None
+
+
+def test_a_page_removed_mid_run_keeps_its_steps_and_never_says_finished():
+    """Removed during a run: the worker is told to leave before anything else; a step
+    already on its way still counts (the state downloads at it), the run's end or a
+    failover do not change the page (it took over alone and said Finished, approved)."""
+    run = ["onReport", "run", {"run": "r", "leader": "lead", "config": {"steps": 60},
+                               "ranks": ["lead", "me"], "joined_at": None}]
+    removed = ["leave", "this page leaves the room: removed by the host"]
+    leader = ["onReport", "leader", {"leader": "me", "lost": "lead", "step": 2, "ranks": ["me"]}]
+    stopped = ["onReport", "event", {"level": "warn", "text": "stopped training at step 3: "
+                                     "this page leaves the room: removed by the host"}]
+    done = ["onReport", "done", {"step": 60, "hash": "h60"}]
+    state = replay([["onRoster", {"peers": [{"id": "me", "role": "member",
+                                             "state": "approved"}]}],
+                    run, step(1), step(2), removed, step(3), leader, stopped, done])
+    assert state["posted"] == [{"type": "leave", "reason": removed[1]}]
+    assert (state["state"], state["approved"], state["step"]) == ("failed", False, 3), state
+    assert state["leader"] == "lead" and not state["failovers"]
+    assert [h["step"] for h in state["history"]] == [1, 2, 3]
+    assert [m["text"] for m in state["messages"]][-2:] == [removed[1], stopped[2]["text"]]
+
+
+def test_a_member_of_a_private_room_sees_when_the_hosts_page_is_away():
+    member = {"id": "me", "role": "member", "state": "approved"}
+    host = {"id": "h", "role": "host", "state": "approved"}
+    joined = ["onRoster", {"host": "h", "peers": [host, member]}]
+    away = ["onRoster", {"host": "h", "peers": [member]}]
+    private = ["__setattr", "private", True]
+    assert replay([private, joined])["hostAway"] is False
+    assert replay([private, joined, away])["hostAway"] is True
+    assert replay([private, joined, away, joined])["hostAway"] is False
+    assert replay([away])["hostAway"] is False  # an automatic room has no host to wait for
 
 
 def test_a_page_waiting_to_join_a_run_says_so_until_admitted():
