@@ -116,6 +116,20 @@ def test_generating_during_a_run_changes_no_hash(local_browser, server: LocalSer
                                "document.querySelector('#generate-line').textContent)",
                                timeout=60_000)
         after_live = page.inner_text("#generate-output")
+        # A long one ended by Stop: its bytes so far stay, and Generate is on again
+        page.fill("#generate-form [name=tokens]", "1e5")
+        page.click("#generate")
+        page.wait_for_function("(n) => document.querySelector('#generate-output')"
+                               ".textContent.length > n", arg=len(AFTER["prompt"]) + 40,
+                               timeout=60_000)
+        page.click("#generate-stop")
+        page.wait_for_function("() => /, stopped\\.$/.test("
+                               "document.querySelector('#generate-line').textContent)",
+                               timeout=60_000)
+        stopped = page.inner_text("#generate-output")
+        stop_buttons = page.evaluate("() => ['generate', 'generate-stop'].map(id => "
+                                     "document.getElementById(id).disabled)")
+        page.fill("#generate-form [name=tokens]", str(AFTER["tokens"]))
         with page.expect_download() as state:
             page.click("#download")
         with page.expect_download() as kit:
@@ -145,6 +159,10 @@ def test_generating_during_a_run_changes_no_hash(local_browser, server: LocalSer
     assert done["text"] == native_text(generators[done["step"]], DURING)
     want_after = AFTER["prompt"] + native_text(generators[RUN["steps"]], AFTER)
     assert after_live == want_after
+    long_text = native_text(generators[RUN["steps"]], {**AFTER, "tokens": len(stopped) * 4})
+    assert stopped.startswith(AFTER["prompt"]) and len(stopped) < 5_000, len(stopped)
+    assert long_text.startswith(stopped.removeprefix(AFTER["prompt"]).rstrip("\ufffd"))
+    assert stop_buttons == [False, True]
     assert after_file == want_after, line
     assert page_kit == build_kit(page_state)  # the page's kit is the command's, byte for byte
 

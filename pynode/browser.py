@@ -251,8 +251,9 @@ async def generate_text(checks: Checks, buffer: Any, request_json: str, bridge: 
     request {id, prompt (text), tokens, temperature, top_k, seed}: the bytes `python -m
     pynode generate` writes (pynode.run.generate). Streams the text as it comes, whole
     characters, as `generated` reports {id, text}, yielding to the worker's event loop
-    every GENERATE_YIELD_EVERY_S; returns JSON {ok, bytes (hex), text, step, context, prompt_bytes,
-    seconds} or {ok: false, error} (never raises into JS)."""
+    every GENERATE_YIELD_EVERY_S, when it asks `bridge.stopped(id)` whether the page's Stop
+    came (it then ends there); returns JSON {ok, bytes (hex), text, step, context,
+    prompt_bytes, seconds, stopped} or {ok: false, error} (never raises into JS)."""
     from pynode.run.generate import load_generator, text_pieces
 
     started = time.perf_counter()
@@ -270,18 +271,22 @@ async def generate_text(checks: Checks, buffer: Any, request_json: str, bridge: 
                 produced.append(token)
                 yield token
 
-        yielded = time.perf_counter()
+        yielded, stopped = time.perf_counter(), False
         for piece in text_pieces(tokens()):  # one byte each
             if piece:
                 bridge.post("generated", json.dumps({"id": request["id"], "text": piece}))
             if time.perf_counter() - yielded > GENERATE_YIELD_EVERY_S:
                 await asyncio.sleep(0)  # the worker's other messages get their turn
                 yielded = time.perf_counter()
+                stopped = bool(bridge.stopped(request["id"]))  # the page's Stop came
+                if stopped:
+                    break
     except (DaisyError, ValueError, TypeError, KeyError) as exc:
         return json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
     return json.dumps({"ok": True, "bytes": produced.hex(), "text": produced.decode(
         "utf-8", "replace"), "step": generator.step, "context": generator.context,
-        "prompt_bytes": len(prompt), "seconds": time.perf_counter() - started})
+        "prompt_bytes": len(prompt), "seconds": time.perf_counter() - started,
+        "stopped": stopped})
 
 
 def generate_request(request: Any) -> tuple[Any, bytes]:

@@ -65,13 +65,19 @@ export class PageGenerator {
 
   // data: the .pt bytes (an ArrayBuffer, transferred); request: {prompt, tokens, temperature,
   // top_k, seed}; onText(piece) as whole characters come. Resolves to {bytes (hex), text,
-  // step, context, prompt_bytes, seconds}; rejects with the reason (a bad file, ...).
+  // step, context, prompt_bytes, seconds, stopped}; rejects with the reason (a bad file, ...).
   async generate(data, request, onText = () => {}) {
     await this.boot();
     const id = this.nextId++;
     return new Promise((resolve, reject) => {
-      this.requests.set(id, { resolve, reject, onText });
+      this.requests.set(id, { resolve, reject, onText, generating: true });
       this.worker.postMessage({ type: "generate", id, data, request }, [data]);
     });
+  }
+
+  // Ends every generation under way where it is (each resolves with what it made, stopped).
+  stop() {
+    const ids = [...this.requests].filter(([, r]) => r.generating).map(([id]) => id);
+    if (ids.length) this.worker.postMessage({ type: "stop", ids });
   }
 }

@@ -7,7 +7,7 @@
 //                 message {peer, data: ArrayBuffer (transferred)}, start {id, config},
 //                 bench {id, size, repeats}, gemm {id, cases},
 //                 generate {id, data: .pt ArrayBuffer, request: {prompt, tokens, ...}},
-//                 kit {id, data: .pt ArrayBuffer}
+//                 kit {id, data: .pt ArrayBuffer}, stop {ids: generations to end}
 // worker -> main: state {state, error}, checks {ready, rows}, send {peer, data (transferred)},
 //                 report {kind, fields}, started {id, ok, ranks | error}
 //
@@ -31,7 +31,11 @@ function post(msg, transfer = []) {
 
 // What Python calls: `send` gets a Uint8Array that owns its ArrayBuffer (pyodide's to_js
 // copied it out of the wasm heap), so the buffer is transferred, not copied, to the page.
+const stopped = new Set(); // generations the page asked to stop (ids)
 const bridge = {
+  stopped(id) { // asked by a generation each time it hands the event loop over
+    return stopped.delete(id);
+  },
   send(peerId, bytes) {
     post({ type: "send", peer: peerId, data: bytes.buffer }, [bytes.buffer]);
   },
@@ -161,6 +165,8 @@ self.onmessage = (event) => {
     checkpoint(msg);
   } else if (msg.type === "kit") {
     post({ type: "started", id: msg.id, ...JSON.parse(browser.kit_html(msg.data)) });
+  } else if (msg.type === "stop") {
+    for (const id of msg.ids) stopped.add(id);
   } else if (msg.type === "generate") {
     generate(msg).catch((err) => post({ type: "started", id: msg.id, ok: false, error: String(err) }));
   } else if (["start", "resume", "bench", "gemm", "steer"].includes(msg.type)) {

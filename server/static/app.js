@@ -616,6 +616,7 @@ $("generate-form").addEventListener("submit", timed((event) => {
   showGenerateError("");
   output.textContent = request.prompt;
   $("generate").disabled = true;
+  $("generate-stop").disabled = false;
   $("generate-line").textContent = "Generating…";
   (async () => {
     const data = await generateSource();
@@ -623,12 +624,19 @@ $("generate-form").addEventListener("submit", timed((event) => {
     output.textContent = request.prompt + done.text;
     $("generate-line").textContent = `${done.bytes.length / 2} bytes from the model at step ` +
       `${done.step} in ${done.seconds.toFixed(1)} s (context ${done.context} bytes` +
-      `${done.prompt_bytes > done.context ? ": it saw the prompt's last ones" : ""}).`;
+      `${done.prompt_bytes > done.context ? ": it saw the prompt's last ones" : ""})` +
+      `${done.stopped ? ", stopped" : ""}.`;
   })().catch((err) => {
     showGenerateError(`could not generate: ${err.message}`);
     $("generate-line").textContent = "";
-  }).finally(() => { $("generate").disabled = false; });
+  }).finally(() => {
+    $("generate").disabled = false;
+    $("generate-stop").disabled = true;
+  });
 }));
+
+// Ends the generation where it is: its bytes so far stay, as a finished one's.
+$("generate-stop").addEventListener("click", timed(() => generator.stop()));
 
 window.addEventListener("pagehide", () => {
   node.mesh?.close();

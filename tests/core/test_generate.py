@@ -291,6 +291,9 @@ def test_the_page_streams_the_bytes_of_generate(checkpoint, reference_arithmetic
         def post(self, kind, fields):
             self.posts.append((kind, json.loads(fields)))
 
+        def stopped(self, request_id):  # the page's Stop: not pressed
+            return False
+
     checks = Checks(units=reference_arithmetic[0], gemm=reference_arithmetic[1])
     request = {"id": 7, "prompt": "h\u00e9llo", "tokens": 30, "temperature": 1.2, "top_k": 0,
                "seed": 5}
@@ -300,6 +303,7 @@ def test_the_page_streams_the_bytes_of_generate(checkpoint, reference_arithmetic
     want = bytes(load_generator(checkpoint, arithmetic=reference_arithmetic).generate(
         "h\u00e9llo".encode(), Sampling(tokens=30, temperature=1.2, seed=5)))
     assert answer["ok"] and bytes.fromhex(answer["bytes"]) == want, answer
+    assert answer["stopped"] is False
     assert answer["step"] == 2 and answer["context"] == 16 and answer["prompt_bytes"] == 6
     pieces = [f["text"] for kind, f in bridge.posts if kind == "generated" and f["id"] == 7]
     assert "".join(pieces) == answer["text"] == want.decode("utf-8", "replace")
@@ -319,6 +323,40 @@ def test_the_page_streams_the_bytes_of_generate(checkpoint, reference_arithmetic
                         ({"id": 9, "tokens": 5}, "the prompt is missing")):
         bad = json.loads(asyncio.run(generate_text(checks, checkpoint, json.dumps(odd), bridge)))
         assert not bad["ok"] and reason in bad["error"], bad
+
+
+def test_the_pages_stop_ends_a_generation_where_it_is(checkpoint, reference_arithmetic,
+                                                      monkeypatch):
+    """The page's Stop: asked at each hand-over of the worker's loop, the generation ends
+    there with the bytes made so far (the same as generate's first ones), said stopped."""
+    import asyncio
+    import json
+
+    import pynode.browser
+    from pynode.browser import Checks, generate_text
+
+    class Bridge:
+        def __init__(self):
+            self.asked = []
+
+        def post(self, kind, fields):
+            pass
+
+        def stopped(self, request_id):
+            self.asked.append(request_id)
+            return len(self.asked) == 5  # pressed after a few bytes
+
+    monkeypatch.setattr(pynode.browser, "GENERATE_YIELD_EVERY_S", 0)  # hand over every byte
+    checks = Checks(units=reference_arithmetic[0], gemm=reference_arithmetic[1])
+    request = {"id": 3, "prompt": "The ", "tokens": 40, "temperature": 0.9, "seed": 2}
+    bridge = Bridge()
+    answer = json.loads(asyncio.run(generate_text(checks, checkpoint, json.dumps(request),
+                                                  bridge)))
+    want = bytes(load_generator(checkpoint, arithmetic=reference_arithmetic).generate(
+        b"The ", Sampling(tokens=40, temperature=0.9, seed=2)))
+    made = bytes.fromhex(answer["bytes"])
+    assert answer["ok"] and answer["stopped"] is True, answer
+    assert bridge.asked == [3] * 5 and len(made) == 5 and want.startswith(made)
 
 
 def test_bench_generate_times_both_forwards_on_the_same_bytes(capsys):

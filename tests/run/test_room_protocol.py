@@ -64,9 +64,11 @@ async def wait_for_step(page: Page, step: int) -> None:
         await asyncio.sleep(0.01)
 
 
-async def room_run(checks, count: int, steps: int) -> list[Page]:
-    """`count` pages in one in-memory room, the first leading a run of CONFIG for `steps`."""
-    net = MemoryNetwork()
+async def room_run(checks, count: int, steps: int, net: MemoryNetwork | None = None
+                   ) -> list[Page]:
+    """`count` pages in one in-memory room (`net`, or a new one), the first leading a run
+    of CONFIG for `steps`."""
+    net = net or MemoryNetwork()
     pages = [Page(net, f"tab{i}", checks) for i in range(count)]
     await asyncio.sleep(0.05)
     await pages[0].peer.start({**CONFIG, "steps": steps})
@@ -279,9 +281,7 @@ def test_a_removed_member_stops_where_it_stands_and_the_others_go_on(checks, ref
     it reached, starts nothing more, and the others end on the reference bits."""
     async def body():
         net = MemoryNetwork()
-        pages = [Page(net, f"tab{i}", checks) for i in range(3)]
-        await asyncio.sleep(0.05)
-        await pages[0].peer.start({**CONFIG, "steps": 6})
+        pages = await room_run(checks, 3, 6, net)
         await wait_for_step(pages[2], 2)
         pages[2].peer.leave("this page leaves the room: removed by the host")
         net.cut("tab2")
