@@ -69,7 +69,9 @@ class Done:
 class Launched:
     """One `python -m pynode ARGS` process; `train`/`cluster` runs also write --log."""
 
-    def __init__(self, folder: Path, name: str, args: list[str], env: dict | None = None):
+    def __init__(self, folder: Path, name: str, args: list[str], env: dict | None = None,
+                 ignore_sigint: bool = False):
+        """`ignore_sigint`: started as a script's background job is (SIGINT ignored)."""
         self.folder, self.name = folder, name
         self.log = folder / f"{name}.jsonl"
         if args[0] in ("train", "cluster"):
@@ -82,6 +84,8 @@ class Launched:
                 [sys.executable, "-m", "pynode", *args], cwd=REPO, env=full_env,
                 stdin=subprocess.DEVNULL, stdout=out, stderr=err, text=True,
                 start_new_session=True,
+                preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+                if ignore_sigint else None,
             )
         self.ended = 0.0
         self.watcher = threading.Thread(target=self._watch, daemon=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import logging
 import os
@@ -14,6 +13,7 @@ from typing import NoReturn
 
 import pynode
 from pynode import platform
+from pynode.cli import signals
 from pynode.cli.elastic import add_elastic_flags
 from pynode.cli.flags import (
     add_arithmetic_flags,
@@ -187,21 +187,21 @@ def run_command(args: argparse.Namespace, argv: list[str] | None) -> int:
     if args.command == "train":
         from pynode.cli.train import train_command
 
-        return asyncio.run(train_command(args))
+        return signals.run(train_command(args))
     if args.command == "cluster":
         from pynode.cli.group import cluster_command
 
         # with --resume, the checkpoint's config and the flags given over it: rank 0 reads it
         cfg = None if args.resume else config_from_args(args)
-        return asyncio.run(cluster_command(args, cfg, argv))
+        return signals.run(cluster_command(args, cfg, argv))
     if args.command == "_peer":
         from pynode.cli.group import peer_command
 
-        return asyncio.run(peer_command(args))
+        return signals.run(peer_command(args))
     if args.command == "join":
         from pynode.cli.join import join_command
 
-        return asyncio.run(join_command(args))
+        return signals.run(join_command(args))
     if args.command == "generate":
         from pynode.cli.generate import generate_command
 

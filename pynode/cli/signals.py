@@ -3,20 +3,26 @@
 The same way out: the run stops at its step boundary, --save gets the last agreed state,
 and the command says `terminated` and exits 143 (pynode.cli.main; stop_reason in
 pynode.cli.report says it on a status line). The handler hands the signal to whatever
-SIGINT's handler is (asyncio.run's cancels the run's task), or raises KeyboardInterrupt
-where SIGINT is ignored (a background job of a script). It is installed for the command
-only and the previous one put back after.
+SIGINT's handler is (asyncio.run's cancels the run's task). Where SIGINT is ignored (a
+background job of a script) asyncio has none: the handler cancels the command's task
+itself, as asyncio's would (`run`), rather than raise KeyboardInterrupt in whatever task
+was running (logged as "Task exception was never retrieved", with its traceback). It is
+installed for the command only and the previous one put back after.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 _received: list[int] = []  # the SIGTERM the command under way received
+_main: list[asyncio.Task] = []  # the task of the command under way (`run`)
 
 
 def terminated() -> int | None:
@@ -25,13 +31,36 @@ def terminated() -> int | None:
     return _received[0] if _received else None
 
 
+def run(command: Coroutine[Any, Any, T]) -> T:
+    """asyncio.run(command), a SIGTERM cancelling its task as a Ctrl-C does: one that
+    ends it cancelled comes out as KeyboardInterrupt (as asyncio.run's Ctrl-C does)."""
+    async def main() -> T:
+        _main[:] = [asyncio.current_task()]
+        try:
+            return await command
+        finally:
+            _main.clear()
+
+    try:
+        return asyncio.run(main())
+    except asyncio.CancelledError:
+        if terminated() is None:
+            raise
+        raise KeyboardInterrupt from None
+
+
 def _on_term(signum: int, frame: Any) -> None:
     _received.append(signum)
     handler = signal.getsignal(signal.SIGINT)
     if callable(handler):
         handler(signal.SIGINT, frame)
-    else:
-        raise KeyboardInterrupt
+        return
+    task = _main[0] if _main else None
+    if task is not None and len(_received) == 1 and not task.done():
+        task.cancel()  # as asyncio.run's Ctrl-C handler; a second SIGTERM raises at once
+        task.get_loop().call_soon_threadsafe(lambda: None)  # wakes a loop waiting in select
+        return
+    raise KeyboardInterrupt
 
 
 @contextlib.contextmanager

@@ -276,20 +276,24 @@ def test_train_refuses_corrupted_unit_weights(runs):
 
 # --- interrupted ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("signum", "rc", "said"), [(signal.SIGINT, 130, "interrupted"),
-                                                    (signal.SIGTERM, 143, "terminated")])
+@pytest.mark.parametrize(("signum", "rc", "said", "background"), [
+    (signal.SIGINT, 130, "interrupted", False), (signal.SIGTERM, 143, "terminated", False),
+    (signal.SIGTERM, 143, "terminated", True)])
 def test_ctrl_c_stops_a_run_between_steps_and_saves_the_last_agreed_step(tmp_path, signum,
-                                                                         rc, said):
+                                                                         rc, said, background):
     """SIGINT (a terminal's Ctrl-C) stops a one-peer run at the next step boundary, exit
     130, with --save holding the last step it logged: it used to train on to the last step
     (a one-peer step never yields to the event loop that takes the signal) and say
     "interrupted" only then, or leave the last --save-every checkpoint behind. SIGTERM
     (kill, timeout, docker stop) does the same, exit 143: it used to end the process at
-    once, silent, with no --save written."""
+    once, silent, with no --save written. So does a background job of a script, whose
+    SIGINT is ignored (asyncio then has no Ctrl-C handler to hand SIGTERM to: a
+    KeyboardInterrupt raised inside a task was logged as "Task exception was never
+    retrieved" with its traceback)."""
     saved = tmp_path / "c.pt"
     run = Launched(tmp_path, "long", ["train", "--steps", "20000", "--seed", "1", *SMALL,
                                       "--no-progress", "--save", str(saved),
-                                      "--save-every", "10000"])
+                                      "--save-every", "10000"], ignore_sigint=background)
     for _ in range(1200):  # start-up (the gates) takes seconds
         if run.log.exists() and len(run.log.read_text().splitlines()) >= 3:
             break
@@ -300,10 +304,62 @@ def test_ctrl_c_stops_a_run_between_steps_and_saves_the_last_agreed_step(tmp_pat
     done = run.wait(120)
     steps = len(done.log)
     assert done.rc == rc and done.err.rstrip().endswith(said), done.err[-2000:]
+    assert "Traceback" not in done.err and "never retrieved" not in done.err, done.err[-2000:]
     assert 3 <= steps < 20000, steps
     assert f"saved the last agreed state (step {steps}) to {saved}" in done.err
     state = load_checkpoint(saved.read_bytes())
     assert (state.step, state.state_hash) == (steps, done.log[-1]["hash"])
+
+
+# A command whose second task is running when SIGTERM comes, in a background job of a
+# script (SIGINT ignored): pynode.cli.signals.run cancels the command's task instead.
+SIGTERM_IN_A_SIDE_TASK = """
+import asyncio, os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+from pynode.cli import signals
+
+async def side():
+    await asyncio.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGTERM)
+    try:
+        for _ in range(200_000):  # the handler runs here, in this task
+            pass
+        await asyncio.sleep(30)
+    except BaseException as exc:
+        print("the side task:", type(exc).__name__, flush=True)
+        raise
+
+async def command():
+    task = asyncio.ensure_future(side())
+    try:
+        await asyncio.sleep(30)
+    except asyncio.CancelledError:
+        print("the command's task was cancelled", flush=True)
+        task.cancel()
+        raise
+    return 0
+
+with signals.sigterm_as_interrupt():
+    try:
+        signals.run(command())
+    except KeyboardInterrupt:
+        print("KeyboardInterrupt", signals.terminated() == signal.SIGTERM, flush=True)
+        sys.exit(143)
+"""
+
+
+def test_sigterm_with_sigint_ignored_cancels_the_commands_task():
+    """Not a KeyboardInterrupt raised in whatever task runs (a peer's network task: logged
+    as "Task exception was never retrieved", its work cut mid-way): the command's task is
+    cancelled, and it ends its own tasks, as on Ctrl-C."""
+    done = subprocess.run([sys.executable, "-c", SIGTERM_IN_A_SIDE_TASK], cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 143, (done.stdout, done.stderr)
+    assert done.stdout.splitlines() == ["the command's task was cancelled",
+                                        "the side task: CancelledError",
+                                        "KeyboardInterrupt True"], done.stdout
+    assert done.stderr == "", done.stderr
 
 
 # --- processes sharing one terminal -----------------------------------------------------------
