@@ -93,6 +93,8 @@ def test_the_kit_gives_the_cli_bytes_offline(tmp_path: Path):
         buttons = page.evaluate("() => ['generate', 'stop'].map(id => "
                                 "document.getElementById(id).disabled)")
         page.evaluate("() => document.getElementById('form').requestSubmit()")  # Enter
+        busy = page.evaluate("""() => { try { kit.generate("a", {tokens: 5, temperature: 0,
+            top_k: 0, seed: 0}); } catch (e) { return e.message; } }""")
         page.click("#stop")
         page.wait_for_function("() => !document.querySelector('#generate').disabled",
                                timeout=30_000)
@@ -129,6 +131,7 @@ def test_the_kit_gives_the_cli_bytes_offline(tmp_path: Path):
         browser.close()
     assert refused == "top_k must be an integer from 0 to 9007199254740991, got NaN"
     assert buttons == [True, False], buttons
+    assert busy == "the form's generation is under way: Stop it first", busy
     assert stopped_stays, "Stop ends the generation"
     greedy = bytes(generator.generate(b"The ", Sampling(tokens=len(stopped.encode()),
                                                         temperature=0.0)))

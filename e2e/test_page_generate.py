@@ -129,6 +129,16 @@ def test_generating_during_a_run_changes_no_hash(local_browser, server: LocalSer
         stopped = page.inner_text("#generate-output")
         stop_buttons = page.evaluate("() => ['generate', 'generate-stop'].map(id => "
                                      "document.getElementById(id).disabled)")
+        # Stopped before it reached the generator (the panel's Stop while the state is
+        # copied out), or by a script later, as the panel's Stop does
+        long_request = {**AFTER, "tokens": 20_000}  # far more than any stop lets through
+        stopped_at_once = page.evaluate("""(r) => daisychain.generate(r, null,
+            {stopped: true})""", long_request)
+        stopped_later = page.evaluate("""async (r) => {
+            const control = {stopped: false};
+            setTimeout(() => { control.stopped = true; }, 300);
+            return daisychain.generate(r, null, control);
+        }""", long_request)
         page.fill("#generate-form [name=tokens]", str(AFTER["tokens"]))
         with page.expect_download() as state:
             page.click("#download")
@@ -163,6 +173,13 @@ def test_generating_during_a_run_changes_no_hash(local_browser, server: LocalSer
     assert stopped.startswith(AFTER["prompt"]) and len(stopped) < 5_000, len(stopped)
     assert long_text.startswith(stopped.removeprefix(AFTER["prompt"]).rstrip("\ufffd"))
     assert stop_buttons == [False, True]
+    early = [bytes.fromhex(g["bytes"]) for g in (stopped_at_once, stopped_later)]
+    assert stopped_at_once["stopped"] and stopped_later["stopped"]
+    assert all(0 < len(e) < 2_000 for e in early), [len(e) for e in early]
+    sampling = Sampling(tokens=max(map(len, early)), temperature=AFTER["temperature"],
+                        top_k=AFTER["top_k"], seed=AFTER["seed"])
+    native = bytes(generators[RUN["steps"]].generate(AFTER["prompt"].encode(), sampling))
+    assert all(native.startswith(e) for e in early)  # the first bytes of the whole one
     assert after_file == want_after, line
     assert page_kit == build_kit(page_state)  # the page's kit is the command's, byte for byte
 

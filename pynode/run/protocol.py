@@ -312,6 +312,9 @@ class RoomPeer(Takeover, Steering):
         while not ready <= set(run.joins) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         self.run = None
+        if self.left is not None:  # removed while it waited for its joiners
+            await coll.close()
+            raise RoomError(self.left)
         self.launch(run)  # who asked in time joins at the first step, anyone later later
         return [self.id, *sorted(run.joins)]
 
@@ -344,6 +347,10 @@ class RoomPeer(Takeover, Steering):
             answers = self.answers.pop(run_id)
             self.pending = None
         ranks = [self.id, *sorted(p for p, a in answers.items() if a == "accept")]
+        if self.left is not None:  # removed while it waited: those that accepted are let go
+            for peer in ranks[1:]:
+                self.send(peer, "cancel", run=run_id)
+            raise RoomError(self.left)
         group = secrets.randbits(32)
         for peer in ranks[1:]:
             self.send(peer, "go", run=run_id, ranks=ranks, group=group, **plan)
@@ -390,7 +397,7 @@ class RoomPeer(Takeover, Steering):
     # ----------------------------------------------------------------- late joiners
     def maybe_join(self) -> None:
         """Ask the leader of a run we are not in to admit us (again, as channels open)."""
-        if self.run is not None:
+        if self.run is not None or self.left is not None:
             return
         now = asyncio.get_running_loop().time()
         if self.pending is not None and now <= self.pending[2] != float("inf"):

@@ -40,7 +40,13 @@ export class PageGenerator {
     } else if (msg.type === "state" && msg.state === "failed") {
       reject(new Error(`could not start Python for generation: ${msg.error}`));
     } else if (msg.type === "report" && msg.kind === "generated") {
-      this.requests.get(msg.fields.id)?.onText(msg.fields.text);
+      const waiter = this.requests.get(msg.fields.id);
+      if (!waiter) return;
+      waiter.onText(msg.fields.text);
+      if (waiter.control?.stopped && !waiter.stopSent) { // a script's stop, set since
+        waiter.stopSent = true;
+        this.worker.postMessage({ type: "stop", ids: [msg.fields.id] });
+      }
     } else if (msg.type === "started") {
       const waiter = this.requests.get(msg.id);
       this.requests.delete(msg.id);
@@ -64,20 +70,25 @@ export class PageGenerator {
   }
 
   // data: the .pt bytes (an ArrayBuffer, transferred); request: {prompt, tokens, temperature,
-  // top_k, seed}; onText(piece) as whole characters come. Resolves to {bytes (hex), text,
-  // step, context, prompt_bytes, seconds, stopped}; rejects with the reason (a bad file, ...).
-  async generate(data, request, onText = () => {}) {
+  // top_k, seed}; onText(piece) as whole characters come; control: {stopped}, set by whoever
+  // stops it before it reached the worker (the page's Stop while the state is copied out).
+  // Resolves to {bytes (hex), text, step, context, prompt_bytes, seconds, stopped}; rejects
+  // with the reason (a bad file, ...).
+  async generate(data, request, onText = () => {}, control = null) {
     await this.boot();
     const id = this.nextId++;
     return new Promise((resolve, reject) => {
-      this.requests.set(id, { resolve, reject, onText, generating: true });
+      this.requests.set(id, { resolve, reject, onText, control });
       this.worker.postMessage({ type: "generate", id, data, request }, [data]);
+      if (control?.stopped) this.worker.postMessage({ type: "stop", ids: [id] });
     });
   }
 
-  // Ends every generation under way where it is (each resolves with what it made, stopped).
+  // Ends the generations under way whose control says stopped (all of them without
+  // controls) where they are: each resolves with what it made, stopped.
   stop() {
-    const ids = [...this.requests].filter(([, r]) => r.generating).map(([id]) => id);
+    const ids = [...this.requests].filter(([, r]) => r.control !== undefined
+      && (r.control === null || r.control.stopped)).map(([id]) => id);
     if (ids.length) this.worker.postMessage({ type: "stop", ids });
   }
 }

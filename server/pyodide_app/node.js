@@ -168,9 +168,11 @@ export class PageNode extends EventTarget {
     }, wait * 1000);
   }
 
-  // This page leaves signaling for good and says why next to the room's controls.
+  // This page leaves signaling for good and says why next to the room's controls. A run it
+  // is in stops (a duplicate of this tab took its place: it must not train on alone).
   giveUp(text) {
     this.state.roomProblem = text;
+    this.worker.postMessage({ type: "leave", reason: text });
     this.signaling.close();
     if (this.mesh) this.mesh.close();
     this.say("error", text);

@@ -50,8 +50,9 @@ window.daisychain = {
   gemm: (cases) => node.gemm(cases),
   checkpoint: () => node.checkpoint(),
   resume: (data, steps = null) => node.resume(data, steps),
-  // {prompt, tokens, temperature, top_k, seed}, from `data` (.pt bytes) or this page's state
-  generate: (request, data = null) => generate(request, data),
+  // {prompt, tokens, temperature, top_k, seed}, from `data` (.pt bytes) or this page's state;
+  // `control.stopped = true` (now or later) ends it where it is, as the panel's Stop does
+  generate: (request, data = null, control = null) => generate(request, data, () => {}, control),
   bootGenerator: () => generator.boot().then(() => true),
   routes: () => node.routes(),
   approve: (peerId) => node.approve(peerId),
@@ -570,9 +571,10 @@ $("upload").addEventListener("change", async (event) => {
 
 // The model of this page's state now (a copy, as a download) or of `data`: text streams to
 // `onText`; resolves to {bytes, text, step, ...} (generate.js).
-async function generate(request, data = null, onText = () => {}) {
-  return generator.generate(data ?? await node.checkpoint(), request, onText);
+async function generate(request, data = null, onText = () => {}, control = null) {
+  return generator.generate(data ?? await node.checkpoint(), request, onText, control);
 }
+let generating = null; // the panel's generation under way: {stopped}
 
 // The generation worker boots (seconds) as soon as someone means to use it.
 $("generate-form").addEventListener("focusin", () => generator.boot().catch(() => {}));
@@ -618,9 +620,11 @@ $("generate-form").addEventListener("submit", timed((event) => {
   $("generate").disabled = true;
   $("generate-stop").disabled = false;
   $("generate-line").textContent = "Generating…";
+  const control = generating = { stopped: false };
   (async () => {
     const data = await generateSource();
-    const done = await generate(request, data, (piece) => { output.textContent += piece; });
+    const done = await generate(request, data, (piece) => { output.textContent += piece; },
+      control);
     output.textContent = request.prompt + done.text;
     $("generate-line").textContent = `${done.bytes.length / 2} bytes from the model at step ` +
       `${done.step} in ${done.seconds.toFixed(1)} s (context ${done.context} bytes` +
@@ -630,13 +634,18 @@ $("generate-form").addEventListener("submit", timed((event) => {
     showGenerateError(`could not generate: ${err.message}`);
     $("generate-line").textContent = "";
   }).finally(() => {
+    generating = null;
     $("generate").disabled = false;
     $("generate-stop").disabled = true;
   });
 }));
 
-// Ends the generation where it is: its bytes so far stay, as a finished one's.
-$("generate-stop").addEventListener("click", timed(() => generator.stop()));
+// Ends the generation where it is: its bytes so far stay, as a finished one's (one not yet
+// in the generation worker, its state still being copied out, is stopped as it arrives).
+$("generate-stop").addEventListener("click", timed(() => {
+  if (generating) generating.stopped = true;
+  generator.stop();
+}));
 
 window.addEventListener("pagehide", () => {
   node.mesh?.close();

@@ -275,14 +275,22 @@ def test_a_vanished_member_costs_time_not_bits(checks, reference):
     run(body())
 
 
-def test_a_removed_member_stops_where_it_stands_and_the_others_go_on(checks, reference):
+@pytest.mark.parametrize("links_first", [False, True])
+def test_a_removed_member_stops_where_it_stands_and_the_others_go_on(checks, reference,
+                                                                     links_first):
     """The host removes tab2 in the middle of a run: its links close as a cut's do, but it
     does not take over alone and train on (a page did, to "Finished"); it stops at the step
-    it reached, starts nothing more, and the others end on the reference bits."""
+    it reached, starts nothing more, and the others end on the reference bits. Its links
+    may close before the server's word reaches it: it took over alone meanwhile (steps of
+    the same bits), and stops when the word comes."""
     async def body():
         net = MemoryNetwork()
         pages = await room_run(checks, 3, 6, net)
         await wait_for_step(pages[2], 2)
+        if links_first:
+            net.cut("tab2")
+            while not pages[2].kinds("leader"):
+                await asyncio.sleep(0.01)
         pages[2].peer.leave("this page leaves the room: removed by the host")
         net.cut("tab2")
         await settle(pages[:2])
@@ -290,7 +298,7 @@ def test_a_removed_member_stops_where_it_stands_and_the_others_go_on(checks, ref
         removed = pages[2]
         reached = max(removed.hashes())
         assert reached < 6 and removed.peer.run is None and removed.peer.task.done()
-        assert not removed.kinds("leader") and not removed.kinds("done")
+        assert bool(removed.kinds("leader")) == links_first and not removed.kinds("done")
         assert removed.kinds("event")[-1]["text"] == (
             f"stopped training at step {reached}: this page leaves the room: removed by "
             "the host")

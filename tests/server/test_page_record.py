@@ -76,6 +76,11 @@ def test_a_page_the_host_declined_stays_out_once_its_checks_pass():
     assert state["roomProblem"] == "this page leaves the room: the host declined"
     assert state["error"] == state["roomProblem"]
     assert state["posted"] == [{"type": "leave", "reason": state["roomProblem"]}]
+    # a duplicate of this tab took its place: its run stops too (it trained on alone)
+    replaced = "this page left the room: signed in elsewhere"
+    gave_up = replay([["giveUp", replaced]])
+    assert gave_up["posted"] == [{"type": "leave", "reason": replaced}], gave_up
+    assert gave_up["roomProblem"] == replaced and gave_up["signalingClosed"] is True
     fresh = replay([["onWorker", checks]])  # the same checks without a decline
     assert fresh["state"] == "ready" and fresh["roomProblem"] is None
 
