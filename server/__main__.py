@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,9 @@ GEVENT_MISSING = ("error: python -m server needs gevent: pip install 'daisychain
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="daisychain-server", description=__doc__,
+    prog = ("python -m server" if Path(sys.argv[0]).name == "__main__.py"
+            else "daisychain-server")  # as it was started
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.replace("``", "`"),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="TCP port (default 8000; 0: any)")
@@ -76,6 +79,46 @@ def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return values
 
 
+def reach_line(host: str, port: int) -> str | None:
+    """Who can reach a server bound to `host`: a loopback bind only this machine (the other
+    machines' peers were refused, with nothing here saying why), an all-interfaces bind at
+    this machine's addresses (0.0.0.0 is no address to share)."""
+    import ipaddress
+
+    import psutil
+
+    if host in ("0.0.0.0", "::", ""):
+        found = sorted({a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+                        if a.family == socket.AF_INET
+                        and not ipaddress.ip_address(a.address).is_loopback})
+        if not found:
+            return "this machine has no network address but loopback: only it can reach it"
+        return "reach it at " + ", ".join(f"http://{a}:{port}/" for a in found)
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if loopback:
+        return ("only this machine can reach it: --host 0.0.0.0 (or this machine's address) "
+                "lets the network's other machines and their browsers join")
+    return None
+
+
+def stop_on_ctrl_c(httpd: Any) -> None:
+    """Ctrl-C stops the gevent server: serve_forever returns, and main closes it (a
+    KeyboardInterrupt raised in gevent's hub was printed with the hub's timestamp). SIGTERM
+    still ends the process on the spot, as before."""
+    import signal
+
+    import gevent
+
+    def stop(signum: int) -> None:
+        logging.getLogger("server").info("stopping (%s)", signal.Signals(signum).name)
+        gevent.spawn(httpd.stop, timeout=1)
+
+    gevent.signal_handler(signal.SIGINT, stop, signal.SIGINT)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -120,6 +163,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(f"DaisyChain server on http://{cfg.host}:{port}/ (Ctrl-C stops it)", flush=True)
+    reach = reach_line(cfg.host, port)
+    if reach:
+        print(reach, flush=True)
+    if not args.dev_server:
+        stop_on_ctrl_c(httpd)
     try:
         httpd.serve_forever()
     except KeyboardInterrupt:

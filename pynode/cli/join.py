@@ -32,8 +32,8 @@ from pynode.cli.flags import (
     train_options,
 )
 from pynode.cli.peer import NativePeer
-from pynode.cli.report import StepReporter, say
-from pynode.comm.signaling import check_room_code, ws_url
+from pynode.cli.report import StepReporter, say, stop_reason
+from pynode.comm.signaling import SignalingError, check_room_code, split_link, ws_url
 from pynode.config import ConfigError, RunConfig
 from pynode.datafile import is_file_spec
 from pynode.extras import require
@@ -45,7 +45,8 @@ CLUSTER_TIMEOUT_S = 60.0  # how long the cluster's ranks wait for each other to 
 def add_join_parser(subparsers: Any) -> argparse.ArgumentParser:
     """The `join` subcommand and its flags (the config flags of `train` for --start)."""
     p = subparsers.add_parser("join", help="join a room as a WebRTC peer, like a browser tab")
-    p.add_argument("--server", required=True, help="the DaisyChain server, http://HOST:PORT")
+    p.add_argument("--server", required=True, help="the DaisyChain server, http://HOST:PORT, "
+                   "or a room's link, http://HOST:PORT/?room=CODE (that room, as --room)")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--room", help="code of a private room (its host approves this peer); "
                        "default: the automatic room of this network")
@@ -105,11 +106,30 @@ def start_plan(args: argparse.Namespace) -> tuple[RunConfig | None, Any]:
     return cfg, ckpt
 
 
+def take_room_from_link(args: argparse.Namespace) -> None:
+    """A room's share link given as --server: its room, as --room (the same code given
+    twice is fine; another, or --create, is refused)."""
+    server, linked = split_link(args.server)
+    if linked is None:
+        return
+    if args.create:
+        raise SignalingError(f"--create makes a new room, but --server is the link of room "
+                             f"{linked}: give the server's address ({server}) with --create, "
+                             "or drop --create to join that room")
+    if args.room not in (None, linked):
+        raise SignalingError(f"--server is the link of room {linked}, --room names room "
+                             f"{args.room}: give one")
+    if args.room is None:
+        say(f"room {linked}: from the link given as --server")
+    args.server, args.room = server, linked
+
+
 async def join_command(args: argparse.Namespace) -> int:
     """Run `join` to its end; returns the exit code."""
     require_webrtc()
     if args.cluster:
         require("join --cluster (the gloo transport)", "torch")
+    take_room_from_link(args)
     ws_url(args.server)  # a malformed address or room code: said before the unit checks
     if args.room is not None:
         check_room_code(args.room)
@@ -134,6 +154,10 @@ async def join_command(args: argparse.Namespace) -> int:
     peer = NativePeer(args, units, gemm, status=status)
     try:
         return await peer.run(cfg, resume)
+    except BaseException as exc:  # Ctrl-C, SIGTERM: the dashboard showed it training on
+        if status is not None and not status.closed:
+            status.finish("stopped", stop_reason(exc))
+        raise
     finally:
         await peer.close()
 

@@ -113,7 +113,10 @@ class NativePeer:
                 # the wait is the same for both, so it tells nothing about the code.
                 self.finish(EXIT_REFUSED, f"nobody approved this peer within {wait:g} s: "
                             "check the room code, or ask the room's host to approve peer "
-                            f"{self.signaling.peer_id} (--approval-wait sets the wait)")
+                            f"{self.signaling.peer_id} (--approval-wait sets the wait). A "
+                            "room whose host left (its page closed, its `join --create` "
+                            "ended) approves nobody until the host is back: --create makes "
+                            "a new one")
                 return await self.finished
             say("the host approved this peer")
         from pynode.run.protocol import RoomPeer

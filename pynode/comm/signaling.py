@@ -15,9 +15,10 @@ import contextlib
 import json
 import logging
 import re
+import socket
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from pynode.core.errors import DaisyError
 
@@ -50,6 +51,22 @@ def check_room_code(code: str) -> str:
     return code
 
 
+def split_link(server: str) -> tuple[str, str | None]:
+    """(server address, room code or None) of a --server given as the server's address or
+    as a room's share link (http://HOST:PORT/?room=CODE, what a host prints and a page
+    shows): its room was dropped, and the peer joined the automatic room instead."""
+    parts = urlsplit(server.strip())
+    query = parse_qs(parts.query, keep_blank_values=True)
+    if not query and not parts.fragment:
+        return server, None
+    rooms = query.pop("room", [])
+    if query or parts.fragment or len(rooms) != 1:
+        raise SignalingError(f"--server takes the server's address, http://HOST:PORT, or a "
+                             f"room's link, http://HOST:PORT/?room=CODE; got {server!r}")
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")), \
+        check_room_code(rooms[0])
+
+
 def ws_url(server: str) -> str:
     """The /ws address of a server given as http(s)://HOST:PORT (or already ws(s)://.../ws)."""
     parts = urlsplit(server.strip())
@@ -60,6 +77,17 @@ def ws_url(server: str) -> str:
     if not path.endswith("/ws"):
         path += "/ws"
     return urlunsplit((scheme, parts.netloc, path, "", ""))
+
+
+def unreachable_hint(exc: BaseException) -> str:
+    """What a refused or unnamed server address most often means, for its error line."""
+    if isinstance(exc, ConnectionRefusedError):
+        return (" (nothing listens there: is the server running, on that port and address? "
+                "`python -m server` listens on 127.0.0.1, this machine only, unless given "
+                "--host 0.0.0.0)")
+    if isinstance(exc, socket.gaierror):
+        return " (that name does not resolve here: give the server's address, e.g. 10.0.0.5)"
+    return ""
 
 
 class SignalingClient:
@@ -157,7 +185,7 @@ class SignalingClient:
             ws = await connect(self.url, proxy=None, compression=None,
                                open_timeout=OPEN_TIMEOUT_S, max_size=2**20)
         except (OSError, InvalidHandshake, asyncio.TimeoutError) as exc:
-            return None, f"{type(exc).__name__}: {exc}"
+            return None, f"{type(exc).__name__}: {exc}{unreachable_hint(exc)}"
         self._outbox = asyncio.Queue()
         writer = asyncio.ensure_future(self._write(ws, self._outbox))
         self.connected = True

@@ -653,3 +653,57 @@ def test_an_interrupted_join_saves_the_last_agreed_state(tmp_path, capsys):
         asyncio.run(NativePeer.run(peer, None, None))
     assert saved.read_bytes() == b"the agreed state"
     assert f"saved the last agreed state (step 7) to {saved}" in capsys.readouterr().err
+
+
+def test_an_interrupted_join_tells_the_dashboard_it_stopped(monkeypatch):
+    """Ctrl-C on a room peer with --dashboard: its card said "training" until the server's
+    idle limit (an hour), as only a run's end told it."""
+    import pynode.cli.join as join
+    from pynode.cli.main import build_parser, parse_args
+
+    finished = []
+
+    class Status:
+        closed = False
+
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def finish(self, state, reason=""):
+            finished.append((state, reason))
+            self.closed = True
+
+    class Peer:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        async def run(self, cfg, resume):
+            raise KeyboardInterrupt
+
+        async def close(self):
+            pass
+
+    monkeypatch.setattr(join, "StatusReporter", Status)
+    monkeypatch.setattr(join, "NativePeer", Peer)
+    monkeypatch.setattr(join, "register", lambda *args: object())
+    monkeypatch.setattr(join, "require_network", lambda: None)
+    monkeypatch.setattr(join, "load_units_and_gemm",
+                        lambda *args: (None, SimpleNamespace(backend_name="numpy_int")))
+    args = parse_args(build_parser(), ["join", "--server", "http://127.0.0.1:9",
+                                       "--dashboard", "http://127.0.0.1:9"])
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(join.join_command(args))
+    assert finished == [("stopped", "interrupted (Ctrl-C)")]
+
+
+def test_a_refused_or_unnamed_server_says_what_it_most_often_means():
+    """A LAN peer refused by a server on the README's default bind (127.0.0.1) saw only
+    ConnectionRefusedError; an unknown name only gaierror."""
+    import socket
+
+    from pynode.comm.signaling import unreachable_hint
+
+    assert "listens on 127.0.0.1, this machine only, unless given --host 0.0.0.0" in \
+        unreachable_hint(ConnectionRefusedError(111, "Connection refused"))
+    assert "that name does not resolve here" in unreachable_hint(socket.gaierror(-2, "x"))
+    assert unreachable_hint(TimeoutError()) == ""

@@ -260,6 +260,37 @@ def test_a_malformed_server_or_room_code_is_refused_before_the_unit_checks(capsy
     assert "verified" not in err and "Traceback" not in err
 
 
+def test_a_rooms_share_link_given_as_server_joins_that_room(capsys):
+    """The host prints `share this link: http://HOST:PORT/?room=CODE`; given as --server,
+    its room was dropped and the peer sat in the automatic room, ready, forever."""
+    import argparse
+
+    from pynode.cli.join import take_room_from_link
+
+    code = "pbrFFvQqwnM_IZBebRB1eg"
+    link = f"http://10.79.0.1:8000/?room={code}"
+    for room in (None, code):
+        args = argparse.Namespace(server=link, room=room, create=False)
+        take_room_from_link(args)
+        assert (args.server, args.room) == ("http://10.79.0.1:8000/", code)
+    assert capsys.readouterr().err.count(f"room {code}: from the link given as --server") == 1
+    plain = argparse.Namespace(server="http://10.79.0.1:8000", room=None, create=False)
+    take_room_from_link(plain)
+    assert (plain.server, plain.room) == ("http://10.79.0.1:8000", None)
+    other = "A" * 22
+    for argv, said in [
+        (["--create"], f"--create makes a new room, but --server is the link of room {code}"),
+        (["--room", other], f"--server is the link of room {code}, --room names room "
+                            f"{other}: give one"),
+    ]:
+        err = refused(["join", "--server", link, *argv], capsys)
+        assert f"SignalingError: {said}" in err and "verified" not in err, err
+    for odd in (f"{link}&create=1", "http://h:8000/?create=1", f"{link}#x",
+                "http://h:8000/?room=short"):
+        err = refused(["join", "--server", odd], capsys)
+        assert "SignalingError: " in err and "Traceback" not in err, (odd, err)
+
+
 def test_the_peers_room_code_form_is_the_servers():
     from pynode.comm.signaling import ROOM_CODE
     from server.protocol import CODE_PATTERN

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -150,14 +151,43 @@ def test_python_m_server_serves(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", "0",
          "--data-dir", str(tmp_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
     )
     try:
         line = proc.stdout.readline()
         assert "DaisyChain server on http://127.0.0.1:" in line
+        assert proc.stdout.readline().startswith("only this machine can reach it: --host "
+                                                 "0.0.0.0 (or this machine's address)")
         url = line.split()[3]
         with urllib.request.urlopen(url + "healthz", timeout=10) as response:
             assert json.load(response)["ok"] is True
+        proc.send_signal(signal.SIGINT)  # Ctrl-C: stops, without gevent's hub traceback
+        _, err = proc.communicate(timeout=20)
+        assert proc.returncode == 0 and "stopping (SIGINT)" in err, err
+        assert "KeyboardInterrupt" not in err and "Traceback" not in err, err
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def test_the_server_says_who_can_reach_it(monkeypatch) -> None:
+    """A loopback bind (the default) reaches no other machine; 0.0.0.0 is no address to
+    open or share: the machine's own are named."""
+    import socket
+    from types import SimpleNamespace
+
+    import psutil
+
+    from server.__main__ import reach_line
+
+    assert reach_line("127.0.0.1", 8000).startswith("only this machine can reach it")
+    assert reach_line("localhost", 8000).startswith("only this machine can reach it")
+    assert reach_line("10.0.0.5", 8000) is None
+    addrs = {"lo": [SimpleNamespace(family=socket.AF_INET, address="127.0.0.1")],
+             "eth0": [SimpleNamespace(family=socket.AF_INET, address="10.79.0.1"),
+                      SimpleNamespace(family=socket.AF_INET6, address="fe80::1")]}
+    monkeypatch.setattr(psutil, "net_if_addrs", lambda: addrs)
+    assert reach_line("0.0.0.0", 8000) == "reach it at http://10.79.0.1:8000/"
+    monkeypatch.setattr(psutil, "net_if_addrs", lambda: {"lo": addrs["lo"]})
+    assert reach_line("0.0.0.0", 8000).startswith("this machine has no network address")
