@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 import time
 import urllib.error
@@ -27,6 +28,7 @@ log = logging.getLogger("pynode.dashboard")
 
 REPORT_EVERY_S = 1.0
 HTTP_TIMEOUT_S = 5.0
+MAX_NAME = 200  # characters of a run's name (the server's MAX_TEXT)
 SHARE_TIMEOUT_S = 120.0
 
 
@@ -69,7 +71,9 @@ def refusal(exc: urllib.error.HTTPError) -> str:
 
 
 def register(url: str, command: str, world: int, name: str = "") -> DashboardRun:
-    """A new run on the server at `url`; DashboardError naming what the server said."""
+    """A new run on the server at `url`; DashboardError naming what the server said. Its
+    card is named after this machine (`join on HOST`): a room's peers each have one."""
+    name = name or f"{command} on {socket.gethostname()}"[:MAX_NAME]
     if not url.startswith(("http://", "https://")):
         raise DashboardError(f"--dashboard must be a server URL http(s)://HOST:PORT, got {url!r}")
     base = url.rstrip("/")

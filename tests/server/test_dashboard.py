@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 import urllib.request
@@ -188,6 +189,7 @@ def test_a_cluster_run_appears_on_the_dashboard_with_its_ranks_and_live_loss(
     assert 0 < live_views[0]["points"][-1][0] < steps  # seen mid-run: the loss is live
     (final,) = json.loads(urllib.request.urlopen(f"{server.url}/api/runs").read())["runs"]
     assert final["command"] == "cluster" and final["world"] == 2
+    assert final["name"] == f"cluster on {socket.gethostname()}"  # whose card it is
     assert [(r["rank"], r["state"], r["step"], r["runtime"]) for r in final["ranks"]] == \
         [(0, "finished", steps, "native"), (1, "finished", steps, "native")]
     for rank in final["ranks"]:
@@ -248,7 +250,9 @@ def test_an_http_refusal_is_one_line_and_the_dashboard_address_means_its_server(
 
     posted = []
     monkeypatch.setattr(dashboard, "post_json",
-                        lambda url, body, token=None: posted.append(url) or
+                        lambda url, body, token=None: posted.append((url, body)) or
                         b'{"run": "r", "token": "t"}')
     run = dashboard.register("http://127.0.0.1:8000/dashboard/", "train", 1)
-    assert posted == ["http://127.0.0.1:8000/api/runs"] and run.url == "http://127.0.0.1:8000"
+    assert posted == [("http://127.0.0.1:8000/api/runs", {
+        "name": f"train on {socket.gethostname()}", "command": "train", "world": 1})]
+    assert run.url == "http://127.0.0.1:8000"
