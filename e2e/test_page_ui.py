@@ -214,6 +214,8 @@ def test_a_member_is_told_when_the_hosts_page_is_gone(local_browser, tmp_path, c
         approve(host, member)
         wait(member, "s => s.peers.length === 2", 30_000)
         shown_with_host = member.is_visible("#host-away")
+        # the host's page is at 127.0.0.1: its share link names each friend's own machine
+        local_link_said = host.is_visible("#share-local")
         host.context.close()
         member.wait_for_selector("#host-away", state="visible", timeout=30_000)
         said = " ".join(member.inner_text("#host-away").split())
@@ -221,6 +223,7 @@ def test_a_member_is_told_when_the_hosts_page_is_gone(local_browser, tmp_path, c
     finally:
         server.close()
     assert not shown_with_host
+    assert local_link_said, "a loopback page's share link reaches no other machine"
     assert said == ("The host's page is not connected: nobody can approve or remove peers "
                     "until it comes back. A run goes on without it."), said
     assert away["hostAway"] and away["approved"], away

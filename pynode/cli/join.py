@@ -9,7 +9,7 @@ numpy, aiortc and websockets suffice; torch is imported only for --cluster (gloo
 
 Exit codes: 0 the run finished; 2 bad input, nothing joined or changed (a bad --resume file
 is refused here, before the room hears of it); 3 this peer stopped in a run (fork, lost
-leader, lost group); 4 the host declined or removed this peer.
+leader, lost group); 4 the host declined or removed this peer; 130 Ctrl-C, 143 SIGTERM.
 """
 
 from __future__ import annotations

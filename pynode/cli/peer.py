@@ -95,10 +95,13 @@ class NativePeer:
     # ----------------------------------------------------------------- lifecycle
     async def run(self, cfg: RunConfig | None, resume: Any) -> int:
         try:
-            return await self._run(cfg, resume)
+            code = await self._run(cfg, resume)
         except BaseException:  # interrupted (Ctrl-C): keep what the room agreed on, as train does
             self.saver.tell_last_agreed()
             raise
+        if code == EXIT_REFUSED:  # removed mid-run: --save was lost, with no word of it
+            self.saver.tell_last_agreed()
+        return code
 
     async def _run(self, cfg: RunConfig | None, resume: Any) -> int:
         await self.connect()

@@ -79,8 +79,14 @@ def ws_url(server: str) -> str:
     return urlunsplit((scheme, parts.netloc, path, "", ""))
 
 
-def unreachable_hint(exc: BaseException) -> str:
+def unreachable_hint(exc: BaseException, url: str = "") -> str:
     """What a refused or unnamed server address most often means, for its error line."""
+    host = urlsplit(url).hostname or ""
+    if isinstance(exc, OSError) and (host == "localhost" or host.startswith("127.")
+                                     or host == "::1"):
+        return (f" (nothing answers at {host}, this machine itself; a link copied from a "
+                "page opened at localhost on another machine names that machine only there: "
+                "ask for the link of the page opened at its network address)")
     if isinstance(exc, ConnectionRefusedError):
         return (" (nothing listens there: is the server running, on that port and address? "
                 "`python -m server` listens on 127.0.0.1, this machine only, unless given "
@@ -185,7 +191,7 @@ class SignalingClient:
             ws = await connect(self.url, proxy=None, compression=None,
                                open_timeout=OPEN_TIMEOUT_S, max_size=2**20)
         except (OSError, InvalidHandshake, asyncio.TimeoutError) as exc:
-            return None, f"{type(exc).__name__}: {exc}{unreachable_hint(exc)}"
+            return None, f"{type(exc).__name__}: {exc}{unreachable_hint(exc, self.url)}"
         self._outbox = asyncio.Queue()
         writer = asyncio.ensure_future(self._write(ws, self._outbox))
         self.connected = True

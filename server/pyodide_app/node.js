@@ -363,8 +363,10 @@ export class PageNode extends EventTarget {
         s.schedule.push(f.change);
         Object.assign(s.config, f.change.lr === undefined ? {} : { lr: f.change.lr });
         if (f.change.steps !== undefined) Object.assign(s, { steps: f.change.steps });
-        this.say("info", `from step ${f.step}: ${Object.entries(f.change).filter(([k]) => k !== "step")
-          .map(([k, v]) => `${k} ${v}`).join(", ")}`);
+        const { step: at, ...changed } = f.change;
+        this.say("info", Object.keys(changed).length === 1 && changed.steps === at
+          ? `the leader stopped the run at step ${at}` // Stop: its total set to the step reached
+          : `from step ${f.step}: ${Object.entries(changed).map(([k, v]) => `${k} ${v}`).join(", ")}`);
       } else {
         this.say("info", f.paused ? `paused after step ${f.step}` : `resumed at step ${f.step}`);
       }

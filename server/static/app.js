@@ -18,6 +18,8 @@ const node = new PageNode(target, { break_gate: params.get("break_gate") === "1"
   backend: params.get("backend"), approvalWaitS: Number(params.get("approval_wait")) || null });
 const generator = new PageGenerator({ backend: params.get("backend") });
 const $ = (id) => document.getElementById(id);
+// A page opened at localhost shares a link that names each friend's own machine.
+const LOOPBACK_PAGE = /^(localhost|127(\.\d+){3}|\[::1\])$/.test(location.hostname);
 // A number field's value as the browser validated it ("1e1" is 10, as Chromium reads it;
 // parseInt read 1), or NaN: empty, or not what the field takes.
 const given = (text) => (String(text).trim() === "" ? NaN : Number(text));
@@ -92,6 +94,7 @@ function renderRoom(s) {
   $("room-line").textContent = !s.peerId ? "Connecting to the server…"
     : s.private ? `Private room, you are ${s.peerId}.` : `Automatic room of this network, you are ${s.peerId}.`;
   $("share-line").hidden = !(s.private && s.role === "host");
+  $("share-local").hidden = $("share-line").hidden || !LOOPBACK_PAGE;
   if (s.room) $("share-link").value = `${location.origin}/?room=${s.room}`;
   $("pending-line").hidden = !s.peerId || s.approved || Boolean(s.roomProblem);
   $("host-away").hidden = !s.hostAway || !s.approved || Boolean(s.roomProblem);

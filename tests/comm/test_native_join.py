@@ -639,7 +639,7 @@ def test_an_interrupted_join_saves_the_last_agreed_state(tmp_path, capsys):
     """Ctrl-C on a room peer with --save: the state of the last step the room agreed on is
     written and said, as `train` does (a user's interrupted leader and member left none).
     NativePeer.run does it, for a room peer and for a cluster's bridge alike."""
-    from pynode.cli.peer import NativePeer
+    from pynode.cli.peer import EXIT_REFUSED, NativePeer
     from pynode.cli.report import Saver
 
     async def interrupted(cfg, resume):
@@ -651,6 +651,15 @@ def test_an_interrupted_join_saves_the_last_agreed_state(tmp_path, capsys):
     peer = SimpleNamespace(_run=interrupted, saver=saver)
     with pytest.raises(KeyboardInterrupt):
         asyncio.run(NativePeer.run(peer, None, None))
+    assert saved.read_bytes() == b"the agreed state"
+    assert f"saved the last agreed state (step 7) to {saved}" in capsys.readouterr().err
+
+    async def removed(cfg, resume):  # the host's Remove mid-run: it was lost, unsaid
+        return EXIT_REFUSED
+
+    saved.unlink()
+    peer = SimpleNamespace(_run=removed, saver=saver)
+    assert asyncio.run(NativePeer.run(peer, None, None)) == EXIT_REFUSED
     assert saved.read_bytes() == b"the agreed state"
     assert f"saved the last agreed state (step 7) to {saved}" in capsys.readouterr().err
 
@@ -707,3 +716,8 @@ def test_a_refused_or_unnamed_server_says_what_it_most_often_means():
         unreachable_hint(ConnectionRefusedError(111, "Connection refused"))
     assert "that name does not resolve here" in unreachable_hint(socket.gaierror(-2, "x"))
     assert unreachable_hint(TimeoutError()) == ""
+    refused = ConnectionRefusedError(111, "Connection refused")
+    for url in ("ws://localhost:8000/ws", "ws://127.0.0.1:8000/ws"):  # a host's localhost link
+        assert "this machine itself; a link copied from a page opened at localhost" in \
+            unreachable_hint(refused, url), url
+    assert "--host 0.0.0.0" in unreachable_hint(refused, "ws://10.0.0.5:8000/ws")

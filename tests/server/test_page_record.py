@@ -143,3 +143,17 @@ def test_other_pages_do_not_count_a_joining_page_as_ready():
                                      {"id": "b", "role": "member", "state": "approved"}]}]
     peers = {p["id"]: p for p in replay([roster, hello])["status"]["peers"]}
     assert peers["a"]["trainable"] is True and peers["b"]["trainable"] is False
+
+
+def test_the_leaders_stop_is_said_as_a_stop():
+    """Stop sets the run's steps to the step reached: the page said "from step 283: steps
+    283"."""
+    run = ["onReport", "run", {"run": "r", "leader": "lead", "config": {"steps": 400},
+                               "ranks": ["lead", "me"], "joined_at": None}]
+    stop = ["onReport", "control", {"step": 283, "paused": False,
+                                    "change": {"step": 283, "steps": 283}}]
+    fewer = ["onReport", "control", {"step": 5, "paused": False,
+                                     "change": {"step": 5, "steps": 300, "lr": 0.002}}]
+    said = [m["text"] for m in replay([run, fewer, stop])["messages"]]
+    assert said[-2:] == ["from step 5: steps 300, lr 0.002",
+                         "the leader stopped the run at step 283"], said
