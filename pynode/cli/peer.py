@@ -97,11 +97,18 @@ class NativePeer:
         try:
             code = await self._run(cfg, resume)
         except BaseException:  # interrupted (Ctrl-C): keep what the room agreed on, as train does
-            self.saver.tell_last_agreed()
+            self.tell_last_agreed()
             raise
         if code == EXIT_REFUSED:  # removed mid-run: --save was lost, with no word of it
-            self.saver.tell_last_agreed()
+            self.tell_last_agreed()
         return code
+
+    def tell_last_agreed(self) -> None:
+        """--save's last agreed state, said on a line of its own (the progress bar closed
+        first: the line was glued onto it)."""
+        if self.reporter is not None:
+            self.reporter.close()
+        self.saver.tell_last_agreed()
 
     async def _run(self, cfg: RunConfig | None, resume: Any) -> int:
         await self.connect()

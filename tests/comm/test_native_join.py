@@ -648,7 +648,8 @@ def test_an_interrupted_join_saves_the_last_agreed_state(tmp_path, capsys):
     saved = tmp_path / "room.pt"
     saver = Saver(str(saved), None)
     saver.agreed, saver.agreed_step = b"the agreed state", 7
-    peer = SimpleNamespace(_run=interrupted, saver=saver)
+    peer = SimpleNamespace(_run=interrupted, saver=saver, reporter=None,
+                           tell_last_agreed=lambda: NativePeer.tell_last_agreed(peer))
     with pytest.raises(KeyboardInterrupt):
         asyncio.run(NativePeer.run(peer, None, None))
     assert saved.read_bytes() == b"the agreed state"
@@ -658,9 +659,13 @@ def test_an_interrupted_join_saves_the_last_agreed_state(tmp_path, capsys):
         return EXIT_REFUSED
 
     saved.unlink()
-    peer = SimpleNamespace(_run=removed, saver=saver)
+    bar = SimpleNamespace(closed=False)
+    bar.close = lambda: setattr(bar, "closed", not saved.exists())  # before the save line
+    peer = SimpleNamespace(_run=removed, saver=saver, reporter=bar,
+                           tell_last_agreed=lambda: NativePeer.tell_last_agreed(peer))
     assert asyncio.run(NativePeer.run(peer, None, None)) == EXIT_REFUSED
     assert saved.read_bytes() == b"the agreed state"
+    assert bar.closed, "the progress bar ends its line before the save line"
     assert f"saved the last agreed state (step 7) to {saved}" in capsys.readouterr().err
 
 
