@@ -26,7 +26,7 @@ class LeftRun(DaisyError):
     without it): it asks the run's leader to join it again."""
 
 
-class LeftRoom(DaisyError):
+class LeftRoom(RoomError):
     """The host removed or declined this peer: it stops its run where it stands and takes
     part in nothing more (RoomPeer.leave)."""
 

@@ -225,8 +225,7 @@ class RoomPeer(Takeover, Steering):
 
     def check_free(self) -> None:
         """RoomError unless this peer can start a run now."""
-        if self.left is not None:
-            raise RoomError(self.left)
+        self.check_in_room()
         joining = self.joining()
         if self.run is None and joining is not None:
             raise RoomError(f"this peer waits to join the run of {joining[1]}: it is admitted "
@@ -314,7 +313,7 @@ class RoomPeer(Takeover, Steering):
         self.run = None
         if self.left is not None:  # removed while it waited for its joiners
             await coll.close()
-            raise RoomError(self.left)
+            self.check_in_room()
         self.launch(run)  # who asked in time joins at the first step, anyone later later
         return [self.id, *sorted(run.joins)]
 
@@ -350,7 +349,7 @@ class RoomPeer(Takeover, Steering):
         if self.left is not None:  # removed while it waited: those that accepted are let go
             for peer in ranks[1:]:
                 self.send(peer, "cancel", run=run_id)
-            raise RoomError(self.left)
+            self.check_in_room()
         group = secrets.randbits(32)
         for peer in ranks[1:]:
             self.send(peer, "go", run=run_id, ranks=ranks, group=group, **plan)

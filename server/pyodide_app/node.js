@@ -105,11 +105,8 @@ export class PageNode extends EventTarget {
   // `gone`).
   leave(text) {
     this.left = true;
-    this.state.roomProblem = text;
     this.state.approved = false;
-    this.worker.postMessage({ type: "leave", reason: text });
-    this.signaling.close();
-    if (this.mesh) this.mesh.close();
+    this.outOfRoom(text);
     this.fail(text);
   }
 
@@ -171,11 +168,16 @@ export class PageNode extends EventTarget {
   // This page leaves signaling for good and says why next to the room's controls. A run it
   // is in stops (a duplicate of this tab took its place: it must not train on alone).
   giveUp(text) {
+    this.outOfRoom(text);
+    this.say("error", text);
+  }
+
+  // Out of the room for good, `text` saying why: its Python first, then its links.
+  outOfRoom(text) {
     this.state.roomProblem = text;
     this.worker.postMessage({ type: "leave", reason: text });
     this.signaling.close();
     if (this.mesh) this.mesh.close();
-    this.say("error", text);
   }
 
   onRoster(m) {
