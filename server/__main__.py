@@ -83,22 +83,18 @@ def reach_line(host: str, port: int) -> str | None:
     """Who can reach a server bound to `host`: a loopback bind only this machine (the other
     machines' peers were refused, with nothing here saying why), an all-interfaces bind at
     this machine's addresses (0.0.0.0 is no address to share)."""
-    import ipaddress
-
     import psutil
+
+    from pynode.comm.signaling import only_this_machine
 
     if host in ("0.0.0.0", "::", ""):
         found = sorted({a.address for addrs in psutil.net_if_addrs().values() for a in addrs
                         if a.family == socket.AF_INET
-                        and not ipaddress.ip_address(a.address).is_loopback})
+                        and not only_this_machine(a.address)})
         if not found:
             return "this machine has no network address but loopback: only it can reach it"
         return "reach it at " + ", ".join(f"http://{a}:{port}/" for a in found)
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = host == "localhost"
-    if loopback:
+    if only_this_machine(host):
         return ("only this machine can reach it: --host 0.0.0.0 (or this machine's address) "
                 "lets the network's other machines and their browsers join")
     return None

@@ -19,6 +19,7 @@ its pending joins in one room. Revoked ids (removed or denied by a host) live in
 
 from __future__ import annotations
 
+import logging
 import secrets
 import threading
 import time
@@ -31,6 +32,8 @@ from server.ice import IceIssuer
 from server.protocol import HOST_TYPES, RELAY_TYPES, ProtocolError, encode
 from server.revocations import Revocations
 from server.tokens import ResumeClaim, TokenSigner
+
+log = logging.getLogger(__name__)
 
 
 class PeerLink(Protocol):
@@ -68,6 +71,14 @@ class Room:
     @property
     def code(self) -> str | None:
         return self.key if self.private else None
+
+    @property
+    def label(self) -> str:
+        """The room in the server's log: enough of its code to tell rooms apart, not enough
+        to join one (a log is read by more people than the room's link)."""
+        if self.private:
+            return f"room {self.key[:4]}…"
+        return f"automatic room {self.key.removeprefix('auto:')[:4]}…"
 
 
 @dataclass(frozen=True)
@@ -153,6 +164,7 @@ class Rooms:
             self._created[address_group] += 1
             peer_id = self._new_id()
             room.host_id = peer_id
+            log.info("%s created by peer %s from %s", room.label, peer_id, address_group)
             self._admit(room, Member(peer_id, link, approved=True, group=address_group))
             return peer_id
 
@@ -204,6 +216,7 @@ class Rooms:
             self._drop(room, old_id)
         peer_id = self._new_id()  # no capacity check: as a returning host's (_enter_private)
         room.host_id = peer_id
+        log.info("%s: the host's page reloaded; its host is now peer %s", room.label, peer_id)
         self._admit(room, Member(peer_id, link, approved=True, group=group))
         # after the new id is in: the room must not look empty of approvals meanwhile
         room.approved_ids.pop(old_id, None)
@@ -236,6 +249,14 @@ class Rooms:
             self._remember_approval(room, member.id)
         self._room_of[member.id] = room.key
         role = "host" if member.id == room.host_id else "member"
+        if member.approved:
+            log.info("%s: peer %s joined from %s as its %s (%d connected)", room.label,
+                     member.id, member.group, role, len(room.members))
+        else:
+            host = room.host_id in room.members
+            log.info("%s: peer %s from %s waits for the host's approval%s", room.label,
+                     member.id, member.group,
+                     "" if host else " (no host is connected: nobody can approve it now)")
         member.link.deliver(encode(
             "joined", peer=member.id, room=room.code, private=room.private, role=role,
             state="approved" if member.approved else "pending",
@@ -271,6 +292,7 @@ class Rooms:
             if room.members[peer_id].link is not link:
                 return
             self._drop(room, peer_id)
+            log.info("%s: peer %s left (%d connected)", room.label, peer_id, len(room.members))
             self._send_rosters(room)
 
     def _lookup(self, peer_id: str, link: PeerLink) -> tuple[Room, Member]:
@@ -289,6 +311,8 @@ class Rooms:
         target = room.members.get(target_id)
         if target is None or target.id == host.id or (kind != "remove") == target.approved:
             raise ProtocolError("no_peer", f"no peer {target_id} to {kind}")
+        log.info("%s: the host %s peer %s", room.label,
+                 {"approve": "approved", "deny": "declined", "remove": "removed"}[kind], target.id)
         if kind == "approve":
             target.approved = True
             self._remember_approval(room, target.id)
@@ -389,6 +413,8 @@ class Rooms:
         idle = [r for r in self._rooms.values()
                 if r.empty_since is not None and r.empty_since <= limit]
         for room in idle:
+            if room.claimed:
+                log.info("%s closed: nobody in it for %d s", room.label, self._limits.room_idle_s)
             self._forget(room)
 
     def _new_id(self) -> str:

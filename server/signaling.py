@@ -287,12 +287,16 @@ class Connection:
         elif self.peer_id is None:
             if kind not in UNJOINED_TYPES:
                 raise ProtocolError("not_joined", "join a room first")
-            if kind == "create":
-                self.peer_id = self._rooms.create(self, self._group)
-            else:
-                self.peer_id = self._rooms.join(
-                    self, self._group, msg.get("room"), msg.get("token"), msg.get("fresh", False)
-                )
+            try:
+                if kind == "create":
+                    self.peer_id = self._rooms.create(self, self._group)
+                else:
+                    self.peer_id = self._rooms.join(self, self._group, msg.get("room"),
+                                                    msg.get("token"), msg.get("fresh", False))
+            except ProtocolError as exc:  # the operator hears why a room stayed empty
+                log.info("a peer from %s could not %s: %s (%s)", self._group,
+                         "create a room" if kind == "create" else "join", exc.message, exc.code)
+                raise
         elif kind in UNJOINED_TYPES:
             raise ProtocolError("already_joined", "this connection is already in a room")
         elif kind == "leave":

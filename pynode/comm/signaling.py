@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import re
@@ -79,11 +80,23 @@ def ws_url(server: str) -> str:
     return urlunsplit((scheme, parts.netloc, path, "", ""))
 
 
+def only_this_machine(host: str) -> bool:
+    """Whether `host` (a name or an address, as a URL or --host gives it) reaches this
+    machine only: localhost or a loopback address. The server's start-up line and a
+    peer's refusal hint both ask this one question."""
+    name = host.strip("[]").lower()
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
 def unreachable_hint(exc: BaseException, url: str = "") -> str:
     """What a refused or unnamed server address most often means, for its error line."""
     host = urlsplit(url).hostname or ""
-    if isinstance(exc, OSError) and (host == "localhost" or host.startswith("127.")
-                                     or host == "::1"):
+    if isinstance(exc, OSError) and only_this_machine(host):
         return (f" (nothing answers at {host}, this machine itself; a link copied from a "
                 "page opened at localhost on another machine names that machine only there: "
                 "ask for the link of the page opened at its network address)")

@@ -726,3 +726,22 @@ def test_a_refused_or_unnamed_server_says_what_it_most_often_means():
         assert "this machine itself; a link copied from a page opened at localhost" in \
             unreachable_hint(refused, url), url
     assert "--host 0.0.0.0" in unreachable_hint(refused, "ws://10.0.0.5:8000/ws")
+    assert "this machine itself" in unreachable_hint(refused, "ws://[::1]:8000/ws")
+
+
+def test_the_server_and_a_peer_ask_one_question_of_a_loopback_host():
+    """The server's start-up line and a peer's refusal hint each wrote their own loopback
+    test (one knew 127.0.0.2 and not LOCALHOST, the other ::1 by its text only)."""
+    from pynode.comm.signaling import only_this_machine
+    from server.__main__ import reach_line
+
+    here = ["localhost", "LOCALHOST", "app.localhost", "127.0.0.1", "127.0.0.2", "::1",
+            "[::1]", "0:0:0:0:0:0:0:1"]
+    away = ["10.0.0.5", "192.168.1.20", "fe80::1", "example.org", "localhost.example.org",
+            "127.example.org", ""]
+    assert [h for h in here if not only_this_machine(h)] == []
+    assert [h for h in away if only_this_machine(h)] == []
+    for host in here:
+        assert reach_line(host, 8000).startswith("only this machine can reach it"), host
+    for host in away[:4]:
+        assert reach_line(host, 8000) is None, host

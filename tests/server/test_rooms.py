@@ -378,3 +378,43 @@ def test_a_room_remembers_a_bounded_number_of_approvals() -> None:
     remembered = list(rooms._rooms[code].approved_ids)
     assert len(remembered) == 4 and host_id in remembered  # the connected host stays
     assert remembered[1:] == ids[-3:]  # the most recent absent ones are kept
+
+
+def test_the_log_says_who_came_and_went_without_a_joinable_code(caplog) -> None:
+    """An operator watching `python -m server` saw nothing of its rooms: a friend waiting
+    for approval in a room whose host had left, a removal, a departure. Each is one INFO
+    line now, naming the room by four characters of its code (the log is no share link)."""
+    caplog.set_level("INFO", logger="server.rooms")
+    rooms, clock = make_rooms(room_idle_s=60)
+    host = FakeLink()
+    host_id = rooms.create(host, "10.0.0.1")
+    code = host.frames[0]["room"]
+    guest, late = FakeLink(), FakeLink()
+    guest_id = rooms.join(guest, "10.0.0.9", code, None)
+    rooms.handle(host_id, host, {"v": 1, "type": "approve", "peer": guest_id})
+    rooms.handle(host_id, host, {"v": 1, "type": "remove", "peer": guest_id})
+    rooms.leave(host_id, host)
+    late_id = rooms.join(late, "10.0.0.7", code, None)
+    rooms.leave(late_id, late)
+    clock.now += 61
+    rooms.create(FakeLink(), "10.0.0.2")  # forgets the idle room first
+    label = f"room {code[:4]}…"
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[:8] == [
+        f"{label} created by peer {host_id} from 10.0.0.1",
+        f"{label}: peer {host_id} joined from 10.0.0.1 as its host (1 connected)",
+        f"{label}: peer {guest_id} from 10.0.0.9 waits for the host's approval",
+        f"{label}: the host approved peer {guest_id}",
+        f"{label}: the host removed peer {guest_id}",
+        f"{label}: peer {host_id} left (0 connected)",
+        f"{label}: peer {late_id} from 10.0.0.7 waits for the host's approval (no host is "
+        "connected: nobody can approve it now)",
+        f"{label}: peer {late_id} left (0 connected)",
+    ]
+    assert lines[8] == f"{label} closed: nobody in it for 60 s"
+    assert all(code not in line for line in lines)
+    caplog.clear()
+    auto_id = rooms.join(FakeLink(), "198.51.100.7", None, None)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("automatic room ")
+    assert line.endswith(f"…: peer {auto_id} joined from 198.51.100.7 as its host (1 connected)")

@@ -305,3 +305,16 @@ def test_a_lagging_peer_is_cut_off_instead_of_stalling_senders() -> None:
     assert not ws.sock.down
     conn.deliver("x" * 40 * 1024)
     assert ws.sock.down
+
+
+def test_a_refused_join_is_in_the_servers_log(live, peers, caplog) -> None:
+    """A friend turned away by a full room saw its error; the operator saw nothing."""
+    caplog.set_level("INFO", logger="server")
+    server = live(trust_proxy_header=XFF, max_room_peers=1)
+    host, friend = peers(server.ws_url, "10.0.0.1"), peers(server.ws_url, "10.0.0.2")
+    code = host.create()
+    friend.send("join", room=code)
+    assert friend.expect("error")["code"] == "room_full"
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("server")]
+    assert "a peer from 10.0.0.2 could not join: the room has no free place (room_full)" \
+        in lines, lines
