@@ -328,6 +328,8 @@ class Rooms:
             target.link.deliver(encode("removed", reason="removed by the host"))
             target.link.close(4403, "removed")
             self._drop(room, target.id)
+            self._send_rosters(room, removed=target.id)
+            return
         self._send_rosters(room)
 
     def _relay(self, room: Room, sender: Member, msg: dict[str, Any]) -> None:
@@ -373,14 +375,17 @@ class Rooms:
             if self._created[room.creator] <= 0:
                 del self._created[room.creator]
 
-    def _send_rosters(self, room: Room) -> None:
+    def _send_rosters(self, room: Room, removed: str | None = None) -> None:
+        """Each approved member's roster; `removed`: the peer the host just removed, so
+        the others say why its links close (it did not leave)."""
         approved = [self._entry(room, m) for m in room.members.values() if m.approved]
         everyone = [self._entry(room, m) for m in room.members.values()]
+        extra = {"removed": [removed]} if removed is not None else {}
         for member in room.members.values():
             if member.approved:
                 peers = everyone if member.id == room.host_id else approved
                 member.link.deliver(encode("roster", room=room.code, host=room.host_id,
-                                           peers=peers))
+                                           peers=peers, **extra))
 
     @staticmethod
     def _entry(room: Room, member: Member) -> dict[str, Any]:

@@ -47,9 +47,12 @@ SHARE_EVERY = 4  # beats between two {"links": [...]} rows to every peer (the ma
 
 # ------------------------------------------------------------------------- the thread
 
-def gone_text(present: bool) -> str:
-    """Why a link to a peer is closed when the roster no longer lists it as approved: it
-    left the room (closed, lost or removed by the host), or it is there unapproved."""
+def gone_text(present: bool, removed: bool = False) -> str:
+    """Why a link to a peer is closed when the roster no longer lists it as approved: the
+    host removed it (a roster said so), it left the room (closed or lost), or it is there
+    unapproved."""
+    if removed:
+        return "removed by the host"
     return "no longer approved by the host" if present else "left the room"
 
 class NetThread:
@@ -196,7 +199,8 @@ class NativeMesh(Mesh):
         present = {e.get("id") for e in self.signaling.roster}
         for peer, link in list(self.links.items()):
             if peer not in approved:
-                log.info("peer %s: %s; link closed", peer, gone_text(peer in present))
+                log.info("peer %s: %s; link closed", peer,
+                         gone_text(peer in present, peer in self.signaling.removed))
                 link.close()
 
     def _prune_later(self) -> None:

@@ -126,6 +126,7 @@ class SignalingClient:
         self.role: str | None = None
         self.approved = False
         self.roster: list[dict[str, Any]] = []
+        self.removed: set[str] = set()  # peers a roster said the host removed
         # The server's ICE servers (TURN credentials included) once approved: the fields
         # iceServers / iceTransportPolicy of an RTCConfiguration (docs/NETWORKS.md).
         self.rtc_config: dict[str, Any] = {}
@@ -268,6 +269,9 @@ class SignalingClient:
                 self.rtc_config = frame["rtcConfig"]
         elif kind == "roster":
             self.roster = list(frame.get("peers") or [])
+            removed = frame.get("removed")
+            if isinstance(removed, list):
+                self.removed.update(p for p in removed if isinstance(p, str))
             me = next((p for p in self.roster if p.get("id") == self.peer_id), None)
             if me is not None:
                 self.role, self.approved = me.get("role"), me.get("state") == "approved"

@@ -247,6 +247,7 @@ export class Mesh extends EventTarget {
     this.pruneTimer = null;
     this.approved = null; // ids of the last approved roster
     this.present = new Set(); // ids of the last roster
+    this.removed = new Set(); // ids a roster said the host removed
     this.beating = null; // the heartbeat interval, from the first open link on
     for (const type of ["offer", "answer", "ice"]) {
       signaling.addEventListener(type, (e) => this.onSignal(type, e.detail));
@@ -294,9 +295,10 @@ export class Mesh extends EventTarget {
   // peers not in `ids` are closed (removed by the host, or gone), except within
   // ROSTER_GRACE_MS of (re)joining signaling: after a server restart the rosters refill
   // while the channels, which never touch the server, carry on.
-  connect(ids, present = ids) {
+  connect(ids, present = ids, removed = []) {
     this.approved = new Set(ids);
     this.present = new Set(present); // every peer of the roster, approved or not
+    for (const peer of removed) this.removed.add(peer); // a roster said the host removed it
     for (const peer of ids) {
       if (peer === this.selfId) continue;
       if (!this.links.has(peer) && this.selfId < peer) {
@@ -319,8 +321,9 @@ export class Mesh extends EventTarget {
     if (this.approved === null) return;
     for (const link of [...this.links.values()]) {
       if (!this.approved.has(link.peer)) {
-        // it left the room (closed, lost or removed by the host), or is there unapproved
-        const why = this.present.has(link.peer) ? "no longer approved by the host" : "left the room";
+        // the host removed it, it left the room (closed or lost), or is there unapproved
+        const why = this.removed.has(link.peer) ? "removed by the host"
+          : this.present.has(link.peer) ? "no longer approved by the host" : "left the room";
         this.emit("error", { peer: link.peer, text: `${why}; link closed` });
         link.close();
       }

@@ -21,6 +21,7 @@ class FakeSignaling:
         self.peer_id = "a"
         self.approved = self.connected = True
         self.roster: list[dict[str, Any]] = []
+        self.removed: set[str] = set()
         self.listeners: dict[str, list[Any]] = {}
 
     def on(self, kind: str, listener: Any) -> None:
@@ -29,6 +30,7 @@ class FakeSignaling:
     def fire(self, kind: str, frame: dict[str, Any]) -> None:
         if kind == "roster":
             self.roster = frame["peers"]
+            self.removed.update(frame.get("removed", []))
         for listener in self.listeners.get(kind, []):
             listener(frame)
 
@@ -70,8 +72,9 @@ def test_links_to_peers_off_the_approved_roster_are_closed_after_the_grace(monke
         # why, in words a host reads (a killed peer was "not on the approved roster")
         assert "peer 1: no longer approved by the host; link closed" in caplog.text
         assert "peer 2: left the room; link closed" in caplog.text
-        sig.fire("roster", roster("a"))  # the host removed 0: its link goes at once
+        sig.fire("roster", {**roster("a"), "removed": ["0"]})  # the host removed 0: at once
         assert links["0"].closed and not mesh.links
+        assert "peer 0: removed by the host; link closed" in caplog.text
         sig.fire("joined", {"type": "joined"})  # signaling came back: a new grace
         mesh.links["3"] = third = FakeLink(mesh, "3")
         sig.fire("roster", roster("a"))
@@ -94,7 +97,7 @@ clearTimeout(mesh.pruneTimer); mesh.pruneTimer = null;
 mesh.joinedAt -= 31000;  // the grace is over
 mesh.connect(["a", "0"], ["a", "0", "1"]);  // 1 is there unapproved, 2 is gone
 const afterGrace = [...closed];
-mesh.connect(["a"]);  // the host removed 0
+mesh.connect(["a"], ["a"], ["0"]);  // the host removed 0
 const left = [...mesh.links.keys()];
 console.log(JSON.stringify({ inGrace, afterGrace, last: [...closed], left, said }));
 """
@@ -106,7 +109,7 @@ def test_the_pages_mesh_follows_the_approved_roster_the_same_way():
     assert got == {"inGrace": [], "afterGrace": ["1", "2"], "last": ["1", "2", "0"],
                    "left": [], "said": ["1: no longer approved by the host; link closed",
                                         "2: left the room; link closed",
-                                        "0: left the room; link closed"]}
+                                        "0: removed by the host; link closed"]}
 
 
 ICE_CHECK = """

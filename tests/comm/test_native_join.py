@@ -220,6 +220,31 @@ def test_a_declined_peer_learns_why_and_an_absent_server_is_a_named_error(server
     asyncio.run(asyncio.wait_for(body(), 60))
 
 
+def test_the_room_hears_that_the_host_removed_a_peer_not_that_it_left(server):
+    """A peer the host removed read to every other peer as one that left the room: the
+    roster after a removal names it (`removed`), and nothing else does."""
+    async def body():
+        host = SignalingClient(server[0].url, create=True)
+        await host.start()
+        stay, go = (SignalingClient(server[0].url, room=host.room) for _ in range(2))
+        for member in (stay, go):
+            await member.start()
+            await eventually(lambda m=member: any(p["id"] == m.peer_id for p in host.roster))
+            host.send("approve", peer=member.peer_id)
+            await eventually(lambda m=member: m.approved)
+        await eventually(lambda: len(stay.roster) == 3)
+        assert stay.removed == set()
+        host.send("remove", peer=go.peer_id)
+        await eventually(lambda: len(stay.roster) == 2)
+        assert stay.removed == {go.peer_id} and host.removed == {go.peer_id}
+        await stay.close()
+        await eventually(lambda: len(host.roster) == 1)
+        assert host.removed == {go.peer_id}, "a peer that left is not said to be removed"
+        await go.close()
+        await host.close()
+    asyncio.run(asyncio.wait_for(body(), 60))
+
+
 TURN = "turn:turn.example.net:3478?transport=udp"
 
 

@@ -105,7 +105,11 @@ def test_approval_then_removal_cuts_the_guest_off() -> None:
     assert guest.types() == ["removed"] and guest.closed == (4403, "removed")
     with pytest.raises(ProtocolError):
         rooms.handle(guest_id, guest, offer(host_id))
-    assert guest_id not in json.dumps(host.frames[-1])
+    assert guest_id not in json.dumps(host.frames[-1]["peers"])
+    # the roster says why it went (the others' pages read "left the room" before)
+    assert host.frames[-1]["removed"] == [guest_id]
+    rooms.join(FakeLink(), "10.0.0.3", code, None)
+    assert "removed" not in host.frames[-1], "only the roster right after a removal says so"
     # Its token no longer brings it back.
     token = rooms._signer.issue(code, guest_id, False)
     again = FakeLink()
