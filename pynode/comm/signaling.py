@@ -93,6 +93,17 @@ def only_this_machine(host: str) -> bool:
         return False
 
 
+# What start()'s timeout says the connection was still waiting for.
+WAITING_HINTS = {
+    "name": (" (the server's name did not resolve in that time: no name server answers "
+             "here? give the server's address instead, e.g. http://10.0.0.5:8000)"),
+    "connect": (" (the connection was neither refused nor answered: a firewall dropping the "
+                "port, a machine that is off, or something there that is not a DaisyChain "
+                "server?)"),
+    "join": " (the connection opened, but the server did not answer the join)",
+}
+
+
 def unreachable_hint(exc: BaseException, url: str = "") -> str:
     """What a refused or unnamed server address most often means, for its error line."""
     host = urlsplit(url).hostname or ""
@@ -136,6 +147,7 @@ class SignalingClient:
         self._outbox: asyncio.Queue[str] | None = None
         self._task: asyncio.Task | None = None
         self.closing = False  # close() was called: no more reconnects
+        self._waiting = ""  # what the connection waits for now: start's timeout names it
 
     # ----------------------------------------------------------------- listeners
     def on(self, kind: str, listener: Listener) -> None:
@@ -176,8 +188,10 @@ class SignalingClient:
         try:
             return await asyncio.wait_for(asyncio.shield(joined), timeout)
         except asyncio.TimeoutError:
+            waiting = self._waiting
             await self.close()
-            raise SignalingError(f"no answer from {self.url} within {timeout:g} s") from None
+            raise SignalingError(f"no answer from {self.url} within {timeout:g} s"
+                                 f"{WAITING_HINTS.get(waiting, '')}") from None
         except SignalingError:
             await self.close()
             raise
@@ -196,16 +210,32 @@ class SignalingClient:
             self.connected = False
             await asyncio.sleep(wait)
 
+    async def _resolve(self) -> None:
+        """Look the server's name up first (an address needs no lookup), so that a name no
+        name server answers for reads as that, not as a server that does not answer."""
+        parts = urlsplit(self.url)
+        host = parts.hostname or ""
+        try:
+            ipaddress.ip_address(host)
+            return
+        except ValueError:
+            pass
+        self._waiting = "name"
+        await asyncio.get_running_loop().getaddrinfo(host, parts.port, type=socket.SOCK_STREAM)
+
     async def _session(self) -> tuple[int | None, str]:
         """One websocket's life: join, read frames until it closes; (close code, reason)."""
         from websockets.asyncio.client import connect
         from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
         try:
+            await self._resolve()
+            self._waiting = "connect"
             ws = await connect(self.url, proxy=None, compression=None,
                                open_timeout=OPEN_TIMEOUT_S, max_size=2**20)
         except (OSError, InvalidHandshake, asyncio.TimeoutError) as exc:
             return None, f"{type(exc).__name__}: {exc}{unreachable_hint(exc, self.url)}"
+        self._waiting = "join"
         self._outbox = asyncio.Queue()
         writer = asyncio.ensure_future(self._write(ws, self._outbox))
         self.connected = True

@@ -754,6 +754,46 @@ def test_a_refused_or_unnamed_server_says_what_it_most_often_means():
     assert "this machine itself" in unreachable_hint(refused, "ws://[::1]:8000/ws")
 
 
+def test_a_timeout_names_what_the_connection_still_waited_for(monkeypatch):
+    """A name no name server answered for, and a port that took the connection but never
+    answered, both read "no answer from ... within 10 s": a server that is down."""
+    import socket
+    import threading
+
+    from pynode.comm.signaling import SignalingClient, SignalingError
+
+    lookup = socket.getaddrinfo
+    released = threading.Event()
+
+    def slow(host, *args, **kwargs):
+        if host == "desktop.example.lan":  # as a resolver with no name server to ask
+            released.wait(5)
+            raise socket.gaierror(-3, "Temporary failure in name resolution")
+        return lookup(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    silent = socket.create_server(("127.0.0.1", 0))  # takes connections, says nothing
+
+    async def body() -> list[str]:
+        said = []
+        for url in ("http://desktop.example.lan:8000", f"http://127.0.0.1:{silent.getsockname()[1]}"):
+            with pytest.raises(SignalingError) as info:
+                await SignalingClient(url).start(timeout=0.5)
+            said.append(str(info.value))
+            released.set()  # the lookup's thread ends (asyncio.run waits for it)
+        return said
+
+    try:
+        by_name, by_port = asyncio.run(body())
+    finally:
+        released.set()
+        silent.close()
+    assert by_name.startswith("no answer from ws://desktop.example.lan:8000/ws within 0.5 s")
+    assert "the server's name did not resolve in that time" in by_name
+    assert "e.g. http://10.0.0.5:8000" in by_name
+    assert "neither refused nor answered" in by_port and "did not resolve" not in by_port
+
+
 def test_the_server_and_a_peer_ask_one_question_of_a_loopback_host():
     """The server's start-up line and a peer's refusal hint each wrote their own loopback
     test (one knew 127.0.0.2 and not LOCALHOST, the other ::1 by its text only)."""
