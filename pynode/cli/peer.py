@@ -50,6 +50,12 @@ def outer_note(cfg: dict[str, Any]) -> str:
         if every > 1 else ""
 
 
+# How long `join` waits for its own links' first RTT and scan before printing the matrix
+# (heartbeats every 0.5 s: pynode.comm.native_mesh.BEAT_S), and how often it looks.
+MATRIX_WAIT_S = 3.0
+MATRIX_POLL_S = 0.25
+
+
 def link_failed_text(peer: str) -> str:
     """What to do about a pair that cannot connect (the page says the same, node.js)."""
     return (f"no connection to peer {peer}: no ICE candidate pair works between the two "
@@ -298,8 +304,17 @@ class NativePeer:
             self.mesh.show(self.shown)
 
     async def print_matrix(self) -> None:
-        """The connectivity matrix (pynode.comm.native_mesh `matrix`), one line per link."""
+        """The connectivity matrix (pynode.comm.native_mesh `matrix`), one line per link.
+        A link opened just before the run has had no heartbeat echo or scan yet: this
+        peer's own rows get up to MATRIX_WAIT_S to measure them (they printed `RTT ?`)."""
         rows = await self.mesh.matrix()
+        waited = 0.0
+        while waited < MATRIX_WAIT_S and any(
+                r["a"] == self.mesh.self_id and (r["rtt_ms"] is None or r["mbps"] is None)
+                for r in rows):
+            await asyncio.sleep(MATRIX_POLL_S)
+            waited += MATRIX_POLL_S
+            rows = await self.mesh.matrix()
         say(f"connectivity: {len(rows)} link(s) (from -> to: state, candidate types, RTT, "
             "MB/s of the scan)")
         for row in rows:

@@ -810,3 +810,37 @@ def test_the_server_and_a_peer_ask_one_question_of_a_loopback_host():
         assert reach_line(host, 8000).startswith("only this machine can reach it"), host
     for host in away[:4]:
         assert reach_line(host, 8000) is None, host
+
+
+def test_the_matrix_waits_for_its_own_links_first_rtt_and_scan(monkeypatch, capsys):
+    """A run that starts just after its links opened printed `RTT ?, ? MB/s` for them: no
+    heartbeat echo or scan had come back yet. Its own rows get a moment to measure."""
+    from pynode.cli import peer as cli_peer
+    from pynode.cli.peer import NativePeer
+
+    monkeypatch.setattr(cli_peer, "MATRIX_POLL_S", 0.01)
+    measured = {"a": "me", "b": "p2", "state": "connected", "local": "host",
+                "remote": "host", "rtt_ms": 0.4, "mbps": 21.5}
+    polls = iter([None, None, 0.4])  # the echo comes back on the third look
+
+    async def matrix():
+        rtt = next(polls, 0.4)
+        theirs = {**measured, "a": "p2", "b": "me", "rtt_ms": None}  # another's: as shared
+        return [{**measured, "rtt_ms": rtt, "mbps": None if rtt is None else 21.5}, theirs]
+
+    peer = SimpleNamespace(mesh=SimpleNamespace(self_id="me", matrix=matrix))
+    asyncio.run(NativePeer.print_matrix(peer))
+    out = capsys.readouterr()
+    printed = out.out + out.err
+    assert "me -> p2: connected, host -> host, RTT 0.4 ms, 21.5 MB/s" in printed, printed
+    assert "p2 -> me: connected, host -> host, RTT ?" in printed  # not waited for
+    monkeypatch.setattr(cli_peer, "MATRIX_WAIT_S", 0.05)  # a link that never answers
+    measured["rtt_ms"] = None
+
+    async def silent():
+        return [{**measured, "rtt_ms": None}]
+
+    peer.mesh.matrix = silent
+    asyncio.run(asyncio.wait_for(NativePeer.print_matrix(peer), 5))
+    out = capsys.readouterr()
+    assert "me -> p2: connected, host -> host, RTT ?" in out.out + out.err
