@@ -214,3 +214,34 @@ def test_the_dashboard_shows_the_newest_run_first(browser, server_url):
         assert board.locator("#runs > section").first.get_attribute("id") == "runs-intro"
     finally:
         board.close()
+
+
+REPORT = """async ([run, token, rank]) => (await fetch(`/api/runs/${run}/status`, {method: 'POST',
+    headers: {'Content-Type': 'application/json', 'Authorization': `Bearer ${token}`},
+    body: JSON.stringify({rank, state: 'training', step: 1200, steps: 5000, loss: 2.3456,
+      heldout: 2.4567, runtime: 'native', device: 'Intel(R) Core(TM) i5-4590 CPU @ 3.30GHz',
+      backend: 'blas_float (torch on 9 shapes: faster there, measured); kernels: numba',
+      cores: 4, ram: 8 * 2 ** 30, microbatch_seconds: 0.0123, share: 0.5,
+      tokens_per_s: 41234.5, bytes_sent: 123456789, bytes_received: 123456789,
+      hash: '0123456789abcdef', points: []})})).status"""
+
+
+def test_a_runs_table_is_whole_on_a_wide_screen(browser, server_url):
+    """The ranks' table (16 columns) was cut at ~1100 px whatever the screen, its last
+    columns (traffic, hash, last seen) behind a scroll bar."""
+    board = browser.new_page(viewport={"width": 1680, "height": 1000})
+    try:
+        board.goto(f"{server_url}/dashboard")
+        reply = board.evaluate("""async () => (await fetch('/api/runs', {method: 'POST',
+            headers: {'Content-Type': 'application/json'}, body: JSON.stringify(
+            {name: 'cluster on desktop-7', command: 'cluster', world: 2})})).json()""")
+        for rank in (0, 1):
+            assert board.evaluate(REPORT, [reply["run"], reply["token"], rank]) == 204
+        board.wait_for_selector(f"section.run[data-run='{reply['run']}'] tbody tr:nth-child(2) "
+                                "td:nth-child(16)")
+        widths = board.evaluate("""(run) => {
+            const s = document.querySelector(`section.run[data-run='${run}']`);
+            return [s.scrollWidth, s.clientWidth]; }""", reply["run"])
+        assert widths[0] <= widths[1], f"the table is {widths[0]} px in a {widths[1]} px card"
+    finally:
+        board.close()

@@ -59,7 +59,9 @@ function rankTable(run) {
   for (const rank of run.ranks) {
     const row = body.insertRow();
     row.className = `rank state-${rank.state}`;
-    COLUMNS.forEach(([, value]) => row.appendChild(cell("td", value(rank))));
+    COLUMNS.forEach(([name, value]) => {
+      row.appendChild(cell("td", value(rank))).dataset.col = name;
+    });
   }
   return table;
 }
