@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from pynode.core.errors import DaisyError
+from pynode.platform import only_this_machine
 
 log = logging.getLogger(__name__)
 
@@ -78,19 +79,6 @@ def ws_url(server: str) -> str:
     if not path.endswith("/ws"):
         path += "/ws"
     return urlunsplit((scheme, parts.netloc, path, "", ""))
-
-
-def only_this_machine(host: str) -> bool:
-    """Whether `host` (a name or an address, as a URL or --host gives it) reaches this
-    machine only: localhost or a loopback address. The server's start-up line and a
-    peer's refusal hint both ask this one question."""
-    name = host.strip("[]").lower()
-    if name == "localhost" or name.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
 
 
 # What start()'s timeout says the connection was still waiting for.

@@ -797,7 +797,7 @@ def test_a_timeout_names_what_the_connection_still_waited_for(monkeypatch):
 def test_the_server_and_a_peer_ask_one_question_of_a_loopback_host():
     """The server's start-up line and a peer's refusal hint each wrote their own loopback
     test (one knew 127.0.0.2 and not LOCALHOST, the other ::1 by its text only)."""
-    from pynode.comm.signaling import only_this_machine
+    from pynode.platform import only_this_machine
     from server.__main__ import reach_line
 
     here = ["localhost", "LOCALHOST", "app.localhost", "127.0.0.1", "127.0.0.2", "::1",
