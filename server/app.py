@@ -32,8 +32,9 @@ def create_app(config: ServerConfig | dict[str, Any] | None = None) -> Flask:
     )
     app.config.update(cfg.extra)
     state_dir = cfg.data_dir or default_data_dir()
+    secret = load_secret(cfg.secret, state_dir)  # resume tokens and run tokens outlive a restart
     rooms = Rooms(
-        TokenSigner(load_secret(cfg.secret, state_dir), cfg.token_ttl_s),
+        TokenSigner(secret, cfg.token_ttl_s),
         RoomLimits(cfg.max_rooms, cfg.max_room_peers, cfg.room_idle_s,
                    cfg.max_rooms_per_address, cfg.max_pending_per_address),
         revocations=Revocations(state_dir / REVOKED_FILE, cfg.token_ttl_s),
@@ -43,7 +44,7 @@ def create_app(config: ServerConfig | dict[str, Any] | None = None) -> Flask:
     app.extensions[signaling.EXTENSION] = signaling.SignalingState(
         cfg, rooms, signaling.AddressCounter(cfg.max_ws_per_address))
     app.extensions[data.EXTENSION] = data.DataService(cfg)
-    app.extensions[dashboard.EXTENSION] = RunBoard(cfg.max_runs, cfg.run_idle_s)
+    app.extensions[dashboard.EXTENSION] = RunBoard(cfg.max_runs, cfg.run_idle_s, secret=secret)
     app.extensions[uploads.EXTENSION] = uploads.UploadStore(state_dir / uploads.FOLDER,
                                                             cfg.max_uploads)
     for blueprint in (pages.bp, runtime_routes.bp, signaling.bp, data.bp, dashboard.bp,

@@ -1,6 +1,9 @@
 """/dashboard and /api/runs: native runs report their status here; anyone may look.
 
 POST /api/runs                       {name, command, world} -> 201 {run, token}
+POST /api/runs                       {run, token, name, command, world}: that run again
+                                     (the server restarted) -> 201 re-created, 200 known;
+                                     403 bad_token: not this id's token under this secret
 POST /api/runs/<run>/status          Authorization: Bearer <token>; one rank's status
 GET  /api/runs                       {runs: [...]}, newest first (never a token)
 GET  /dashboard                      the page that shows them (static/dashboard.html)
@@ -15,7 +18,7 @@ from flask.typing import ResponseReturnValue
 
 from server.files import REVALIDATE, send_file_from
 from server.pages import static_dir
-from server.runs import RunBoard, RunReportError, UnknownRunError
+from server.runs import BadTokenError, RunBoard, RunReportError, UnknownRunError
 
 bp = Blueprint("dashboard", __name__)
 EXTENSION = "daisychain.runs"
@@ -31,13 +34,22 @@ def _refused(status: int, error: str, message: str) -> ResponseReturnValue:
 
 @bp.post("/api/runs")
 def register() -> ResponseReturnValue:
+    """A new run: 201. A body with the `run` and `token` a server issued (one that restarted
+    since): 201 if the run is back under that id, 200 if this server had it (unchanged)."""
+    body = request.get_json(silent=True)
     try:
-        run_id, token = _board().register(request.get_json(silent=True))
+        if isinstance(body, dict) and ("run" in body or "token" in body):
+            created = _board().register_again(body)
+            run_id, token = body["run"], body["token"]
+        else:
+            (run_id, token), created = _board().register(body), True
+    except BadTokenError as exc:
+        return _refused(403, "bad_token", str(exc))
     except RunReportError as exc:
         return _refused(400, "bad_registration", str(exc))
     response = jsonify(run=run_id, token=token, dashboard="/dashboard")
     response.headers["Cache-Control"] = "no-store"
-    return response, 201
+    return response, 201 if created else 200
 
 
 @bp.post("/api/runs/<run_id>/status")

@@ -5,10 +5,17 @@ then reports a small status record: step, loss, speed, resources, traffic. Never
 gradients: a report is a flat record of named scalars (RANK_FIELDS), checked field by field,
 and anything else is refused by name. The board keeps the loss curve of each run (rank 0's
 points) and forgets the runs nobody has reported for a while, the oldest first when full.
+
+The board lives in memory, but a token does not need it: it is an HMAC of the run id under
+a key derived from the server's persisted secret. A server that restarted (and forgot its
+runs) still knows a token it issued, so a run that registers again with its id and token
+gets its card back under the same id; a server started with another secret refuses them.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import hmac
 import math
 import secrets
@@ -52,10 +59,13 @@ class UnknownRunError(DaisyError, LookupError):
     """No run with this id (never registered, or forgotten), or not this token."""
 
 
+class BadTokenError(DaisyError, PermissionError):
+    """A registration again whose token is not its run id's under this server's secret."""
+
+
 @dataclass
 class Run:
     run_id: str
-    token: str
     name: str
     command: str
     world: int
@@ -66,7 +76,7 @@ class Run:
     #                                                            held-out or None), rank 0's
 
     def view(self, now: float) -> dict[str, Any]:
-        """What /api/runs shows: everything but the token."""
+        """What /api/runs shows (a run holds no token: the board computes it)."""
         return {"run": self.run_id, "name": self.name, "command": self.command,
                 "world": self.world, "age_s": round(now - self.created, 1),
                 "idle_s": round(now - self.updated, 1),
@@ -118,32 +128,82 @@ def check_points(points: Any) -> list[tuple[int, float, float | None]]:
     return out
 
 
-class RunBoard:
-    """The runs this server knows (thread-safe)."""
+def check_run(record: Any, now: float, run_id: str) -> Run:
+    """A run of `record` ({name, command, world}) with no reports yet."""
+    info = check_fields(record, RUN_FIELDS)
+    world = 1 if info.get("world") is None else info["world"]
+    if not 1 <= world <= MAX_RANKS:
+        raise RunReportError(f"field 'world' must be in 1..{MAX_RANKS}, got {world}")
+    return Run(run_id=run_id, name=info.get("name") or "", command=info.get("command") or "",
+               world=world, created=now, updated=now)
 
-    def __init__(self, max_runs: int, idle_s: float,
+
+class RunBoard:
+    """The runs this server knows (thread-safe).
+
+    `secret`: the server's persisted secret (server.tokens.load_secret). A run's token is an
+    HMAC of its id under a key derived from it with a label of its own, so that no other
+    token the server signs with that secret passes for a run's, nor the reverse.
+    """
+
+    def __init__(self, max_runs: int, idle_s: float, *, secret: bytes,
                  clock: Callable[[], float] = time.time) -> None:
         self.max_runs, self.idle_s, self.clock = max_runs, idle_s, clock
+        self._key = hmac.new(secret, b"dashboard-run:", hashlib.sha256).digest()
         self._runs: dict[str, Run] = {}
         self._lock = threading.Lock()
 
+    def token_for(self, run_id: str) -> str:
+        """Run `run_id`'s token: HMAC-SHA256 of the id, base64url without padding."""
+        mac = hmac.new(self._key, run_id.encode(), hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(mac).rstrip(b"=").decode("ascii")
+
+    def _verifies(self, run_id: str, token: str) -> bool:
+        # ASCII only: compare_digest refuses other text, and no id or token of ours has any
+        return run_id.isascii() and token.isascii() and \
+            hmac.compare_digest(self.token_for(run_id), token)
+
     def register(self, record: Any) -> tuple[str, str]:
         """A new run of `record` ({name, command, world}); returns (run id, token)."""
-        info = check_fields(record, RUN_FIELDS)
-        world = 1 if info.get("world") is None else info["world"]
-        if not 1 <= world <= MAX_RANKS:
-            raise RunReportError(f"field 'world' must be in 1..{MAX_RANKS}, got {world}")
-        now = self.clock()
-        run = Run(run_id=secrets.token_hex(8), token=secrets.token_urlsafe(24),
-                  name=info.get("name") or "", command=info.get("command") or "",
-                  world=world, created=now, updated=now)
+        run = check_run(record, self.clock(), secrets.token_hex(8))
         with self._lock:
-            self._forget_idle(now)
-            if len(self._runs) >= self.max_runs:
-                oldest = min(self._runs.values(), key=lambda r: r.updated)
-                del self._runs[oldest.run_id]
-            self._runs[run.run_id] = run
-        return run.run_id, run.token
+            self._forget_idle(run.created)
+            self._add(run)
+        return run.run_id, self.token_for(run.run_id)
+
+    def register_again(self, record: Any) -> bool:
+        """Run `record["run"]` again: its server restarted (or forgot it) while it trained on.
+
+        `record` is {run, token, name, command, world}. True: the board did not have the run
+        and holds it again, under that id, of name, command and world from `record`, with
+        no ranks or points until reports bring them. False: the board has it and it stays
+        as it is. BadTokenError if `token` is not that id's token here (issued by a server
+        with another secret, or none), RunReportError for a bad field; either changes nothing.
+        """
+        if not isinstance(record, dict):
+            raise RunReportError("a registration is a JSON object")
+        record = dict(record)
+        run_id = check_value("run", record.pop("run", None), (str,))
+        token = check_value("token", record.pop("token", None), (str,))
+        if run_id is None or token is None:
+            raise RunReportError("registering a run again takes both its 'run' id and its "
+                                 "'token', as POST /api/runs issued them")
+        run = check_run(record, self.clock(), run_id)
+        if not self._verifies(run_id, token):
+            raise BadTokenError(f"run {run_id!r}: not its token on this server (a token "
+                                "issued under another secret, or no token at all)")
+        with self._lock:
+            self._forget_idle(run.created)
+            if run_id in self._runs:
+                return False
+            self._add(run)
+        return True
+
+    def _add(self, run: Run) -> None:
+        if len(self._runs) >= self.max_runs:
+            oldest = min(self._runs.values(), key=lambda r: r.updated)
+            del self._runs[oldest.run_id]
+        self._runs[run.run_id] = run
 
     def report(self, run_id: str, token: str, record: Any) -> None:
         """Rank `record["rank"]`'s status (and, from rank 0, its new loss points)."""
@@ -157,7 +217,7 @@ class RunBoard:
             raise RunReportError(f"field 'state' must be one of {', '.join(STATES)}")
         with self._lock:
             run = self._runs.get(run_id)
-            if run is None or not hmac.compare_digest(run.token, token):
+            if run is None or not self._verifies(run_id, token):
                 raise UnknownRunError(f"no run {run_id!r} with this token on this server")
             if rank is None or rank >= run.world:
                 raise RunReportError(f"field 'rank' must be in 0..{run.world - 1}, got {rank}")

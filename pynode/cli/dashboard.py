@@ -6,6 +6,11 @@ most once a second and once more at the end, from a background thread, so a slow
 vanished server never holds a step up (a failed report is said once, and training goes on).
 A status is step, loss, speed, resources and traffic: never weights or gradients
 (server/runs.py refuses any other field).
+
+A server that restarted has forgotten the run (404 unknown_run); the rank whose report
+meets that registers it again with the same id and token (which the server can still check
+if it kept its secret) and sends the report again; rank 0 also sends its loss points again,
+so that the card comes back with its whole curve.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ log = logging.getLogger("pynode.dashboard")
 REPORT_EVERY_S = 1.0
 HTTP_TIMEOUT_S = 5.0
 MAX_NAME = 200  # characters of a run's name (the server's MAX_TEXT)
+MAX_POINTS = 4096  # loss points the server keeps of a run (server/runs.py MAX_POINTS)
+MAX_POINTS_PER_REPORT = 512  # the server's MAX_POINTS_PER_REPORT
 SHARE_TIMEOUT_S = 120.0
 
 
@@ -41,6 +48,11 @@ class DashboardRun:
     url: str    # the server, http://HOST:PORT
     run: str    # the id the server gave the run
     token: str  # the run's secret: reports carry it
+    # What it was registered as, to register it again on a server that restarted. The
+    # defaults read the blobs of a rank 0 that sent only the three fields above.
+    name: str = ""
+    command: str = ""
+    world: int = 1
 
     def to_bytes(self) -> bytes:
         return json.dumps(self.__dict__).encode()
@@ -59,15 +71,26 @@ def post_json(url: str, body: dict, token: str | None = None) -> bytes:
         return response.read()
 
 
-def refusal(exc: urllib.error.HTTPError) -> str:
-    """One line for an HTTP error: a DaisyChain server's own message, else the status and
-    what --dashboard expects (never the page it sent)."""
+def server_said(exc: urllib.error.HTTPError) -> dict[str, str]:
+    """A DaisyChain server's refusal, {error, message}, or {} for any other answer."""
     try:
         said = json.loads(exc.read())
+    except (ValueError, OSError):
+        return {}
+    if not isinstance(said, dict) or not all(isinstance(said.get(k), str)
+                                             for k in ("error", "message")):
+        return {}
+    return said
+
+
+def refusal(exc: urllib.error.HTTPError, said: dict[str, str] | None = None) -> str:
+    """One line for an HTTP error: a DaisyChain server's own message, else the status and
+    what --dashboard expects (never the page it sent). `said`: server_said(exc), if read."""
+    said = server_said(exc) if said is None else said
+    if said:
         return f"HTTP {exc.code}: {said['message']}"
-    except (ValueError, KeyError, TypeError, OSError):
-        return (f"HTTP {exc.code}, not a DaisyChain server's answer; --dashboard takes the "
-                "server's own address, http(s)://HOST:PORT")
+    return (f"HTTP {exc.code}, not a DaisyChain server's answer; --dashboard takes the "
+            "server's own address, http(s)://HOST:PORT")
 
 
 def register(url: str, command: str, world: int, name: str = "") -> DashboardRun:
@@ -86,7 +109,7 @@ def register(url: str, command: str, world: int, name: str = "") -> DashboardRun
         raise DashboardError(f"--dashboard {url} refused the run: {refusal(exc)}") from exc
     except (OSError, ValueError) as exc:
         raise DashboardError(f"--dashboard {url}: no DaisyChain server answered ({exc})") from exc
-    return DashboardRun(base, reply["run"], reply["token"])
+    return DashboardRun(base, reply["run"], reply["token"], name, command, world)
 
 
 async def share_run(collective: Any, mine: DashboardRun | None) -> DashboardRun | None:
@@ -110,8 +133,13 @@ class StatusReporter:
                                        "cores": platform.cpu_count(),
                                        "ram": platform.memory_bytes()}
         self.points: list[list] = []  # rank 0's loss points not yet sent
+        # rank 0's points sent so far, thinned as the server thins them: what a server that
+        # restarted gets again (only the sender thread touches it)
+        self.sent_points: list[list] = []
         self.heldout: float | None = None
         self.failed = False
+        self.told_registered_again = False
+        self.refused_again = False  # the server refused to register the run again
         self.wake = threading.Condition()
         self.closed = False
         self.sender = threading.Thread(target=self._send_loop, name="dashboard", daemon=True)
@@ -170,23 +198,70 @@ class StatusReporter:
             with self.wake:
                 self.wake.wait_for(lambda: self.closed, timeout=max(0.0, last + REPORT_EVERY_S
                                                                       - time.monotonic()))
-                body = {**self.status, "points": self.points[:512]}
-                del self.points[:512]
+                body = {**self.status, "points": self.points[:MAX_POINTS_PER_REPORT]}
+                del self.points[:MAX_POINTS_PER_REPORT]
                 closing = self.closed and not self.points
+            self.sent_points = thinned(self.sent_points + body["points"])
             last = time.monotonic()
             self._post(body)
             if closing:
                 return
 
-    def _post(self, body: dict) -> None:
+    def _post(self, body: dict, may_register_again: bool = True) -> bool:
+        """Send one report; False (and the one warning) if the server did not take it."""
         url = f"{self.target.url}/api/runs/{self.target.run}/status"
         try:
             post_json(url, body, self.target.token)
+            return True
+        except urllib.error.HTTPError as exc:
+            said = server_said(exc)
+            if may_register_again and not self.refused_again and exc.code == 404 and \
+                    said.get("error") == "unknown_run":
+                return self._register_again(body)
+            self._warn(refusal(exc, said))
         except (OSError, ValueError) as exc:
-            if not self.failed:
-                self.failed = True
-                log.warning("rank %d: the dashboard %s took no status report (%s); training "
-                            "goes on without it", self.rank, self.target.url, exc)
+            self._warn(str(exc))
+        return False
+
+    def _register_again(self, body: dict) -> bool:
+        """The server forgot the run (it restarted): register it again with its id and token,
+        then send this report again with every loss point sent so far (the server keeps
+        one point per step). Any rank may: the first brings the run back, the others find
+        it there."""
+        target = self.target
+        try:
+            post_json(f"{target.url}/api/runs", {"run": target.run, "token": target.token,
+                                                 "name": target.name, "command": target.command,
+                                                 "world": target.world})
+        except urllib.error.HTTPError as exc:
+            # a refusal (another secret, a server that cannot register a run again) is final
+            self.refused_again = 400 <= exc.code < 500
+            self._warn(f"it had forgotten the run and refused it again: {refusal(exc)}")
+            return False
+        except (OSError, ValueError) as exc:
+            self._warn(f"it had forgotten the run and did not register it again: {exc}")
+            return False
+        if not self.told_registered_again:
+            self.told_registered_again = True
+            log.info("rank %d: the dashboard %s had forgotten the run (a restart?); it is "
+                     "registered again as %s", self.rank, target.url, target.run)
+        points = self.sent_points
+        for start in range(0, max(len(points), 1), MAX_POINTS_PER_REPORT):
+            chunk = points[start:start + MAX_POINTS_PER_REPORT]
+            if not self._post({**body, "points": chunk}, may_register_again=False):
+                return False
+        return True
+
+    def _warn(self, why: str) -> None:
+        if not self.failed:
+            self.failed = True
+            log.warning("rank %d: the dashboard %s took no status report (%s); training "
+                        "goes on without it", self.rank, self.target.url, why)
+
+
+def thinned(points: list[list]) -> list[list]:
+    """`points` as the server keeps them: every other one of the past dropped when full."""
+    return points[:-1:2] + points[-1:] if len(points) > MAX_POINTS else points
 
 
 def finite(value: float | None) -> float | None:

@@ -36,14 +36,16 @@ class ServerProcess:
 
     def __init__(self, folder: Path, config: dict[str, Any] | None = None,
                  fd_limit: int | None = None, extra_args: tuple[str, ...] = (),
-                 command: list[str] | None = None) -> None:
+                 command: list[str] | None = None, port: int = 0) -> None:
         """``command``: another server of the same app (the benchmark's gunicorn), given
-        as a command line with ``{port}`` in it; it must listen on that port."""
+        as a command line with ``{port}`` in it; it must listen on that port. ``port``: the
+        port of ``python -m server`` (0: a free one); one started on the port and folder of a
+        stopped one is that server restarted, with its secret (its log starts over)."""
         folder.mkdir(parents=True, exist_ok=True)
         self.log_path = folder / "server.log"
         cfg_path = folder / "config.json"
         cfg_path.write_text(json.dumps(config or {}))
-        cmd = [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", "0",
+        cmd = [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port),
                "--data-dir", str(folder / "state"), "--config", str(cfg_path),
                "--log-level", "INFO", *extra_args]
         env = {**os.environ, "PYTHONPATH": str(REPO),

@@ -36,9 +36,10 @@ WORDS = ("the", "learning", "photosynthesis", "river", "équation", "naïve", "�
 class LiveServer:
     """An app served by the real threaded server on a free loopback port."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, port: int = 0) -> None:
+        """`port`: 0 for a free one, or a stopped server's (this one is its restart)."""
         self.app = app
-        self.httpd = make_threaded_server(app, "127.0.0.1", 0)
+        self.httpd = make_threaded_server(app, "127.0.0.1", port)
         self.port = self.httpd.server_port
         self.url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}/ws"

@@ -1,10 +1,11 @@
 """/dashboard and /api/runs: what a run may report (status, never weights), who may report
-it (the token the server issued), what anyone sees, and a real `cluster` run reporting to a
-real server over HTTP while it trains."""
+it (the token the server issued), what anyone sees, a run that comes back after its server
+restarted, and a real `cluster` run reporting to a real server over HTTP while it trains."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import sys
@@ -14,11 +15,20 @@ from pathlib import Path
 
 import pytest
 
-from server.runs import MAX_POINTS, RunBoard, RunReportError, UnknownRunError
+from server.runs import (
+    MAX_POINTS,
+    MAX_POINTS_PER_REPORT,
+    BadTokenError,
+    RunBoard,
+    RunReportError,
+    UnknownRunError,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 from pynode_runs import Launched, free_port  # noqa: E402
+
+SECRET = b"the server's persisted secret, 32"
 
 
 class Clock:
@@ -31,7 +41,7 @@ class Clock:
 
 # ------------------------------------------------------------------ the board, no I/O
 def test_a_registered_run_shows_its_ranks_and_loss_points_but_never_its_token():
-    board = RunBoard(max_runs=4, idle_s=60)
+    board = RunBoard(max_runs=4, idle_s=60, secret=SECRET)
     run, token = board.register({"name": "n", "command": "cluster", "world": 2})
     board.report(run, token, {"rank": 1, "state": "training", "step": 3, "loss": 2.5,
                               "cores": 4, "runtime": "native"})
@@ -65,7 +75,7 @@ def test_a_room_peer_waiting_for_a_run_says_so_then_training(monkeypatch):
     reporter.finish("finished")
     assert waiting["state"] == "waiting" and posted[-1]["state"] == "finished"
     assert reporter.status["steps"] == 5
-    board = RunBoard(max_runs=4, idle_s=60)
+    board = RunBoard(max_runs=4, idle_s=60, secret=SECRET)
     run, token = board.register({"name": "join", "command": "join", "world": 1})
     board.report(run, token, {"rank": 0, "state": "waiting"})  # a state the board takes
     assert board.views()[0]["ranks"][0]["state"] == "waiting"
@@ -85,7 +95,7 @@ def test_a_room_peer_waiting_for_a_run_says_so_then_training(monkeypatch):
     ([1, 2], "a report is a JSON object"),
 ])
 def test_anything_but_status_is_refused_by_name_and_changes_nothing(record, match):
-    board = RunBoard(max_runs=4, idle_s=60)
+    board = RunBoard(max_runs=4, idle_s=60, secret=SECRET)
     run, token = board.register({"world": 2})
     before = board.views()
     with pytest.raises(RunReportError, match=match):
@@ -94,7 +104,7 @@ def test_anything_but_status_is_refused_by_name_and_changes_nothing(record, matc
 
 
 def test_another_token_or_run_is_unknown():
-    board = RunBoard(max_runs=4, idle_s=60)
+    board = RunBoard(max_runs=4, idle_s=60, secret=SECRET)
     run, token = board.register({"world": 1})
     other, other_token = board.register({"world": 1})
     with pytest.raises(UnknownRunError):
@@ -106,7 +116,7 @@ def test_another_token_or_run_is_unknown():
 
 def test_idle_runs_are_forgotten_and_a_full_board_drops_the_stalest():
     clock = Clock()
-    board = RunBoard(max_runs=2, idle_s=60, clock=clock)
+    board = RunBoard(max_runs=2, idle_s=60, secret=SECRET, clock=clock)
     a, a_token = board.register({"world": 1})
     clock.now += 10
     b, _ = board.register({"world": 1})
@@ -119,7 +129,7 @@ def test_idle_runs_are_forgotten_and_a_full_board_drops_the_stalest():
 
 
 def test_a_long_curve_is_thinned_and_keeps_its_newest_point():
-    board = RunBoard(max_runs=1, idle_s=60)
+    board = RunBoard(max_runs=1, idle_s=60, secret=SECRET)
     run, token = board.register({"world": 1})
     for start in range(1, MAX_POINTS + 600, 500):
         board.report(run, token, {"rank": 0, "points": [[s, 1.0 / s, None] for s in
@@ -127,6 +137,94 @@ def test_a_long_curve_is_thinned_and_keeps_its_newest_point():
     points = board.views()[0]["points"]
     assert len(points) <= MAX_POINTS and points[-1][0] == start + 499
     assert [p[0] for p in points] == sorted({p[0] for p in points})
+
+
+# ------------------------------------------------------------------ a server that restarted
+def test_a_token_holds_on_any_board_of_the_same_secret_and_no_other():
+    """The token is the secret's, not the board's memory: a new board of the same secret
+    (the server restarted) checks it, one of another secret does not."""
+    run, token = RunBoard(max_runs=4, idle_s=60, secret=SECRET).register({"world": 1})
+    again = RunBoard(max_runs=4, idle_s=60, secret=SECRET)
+    assert again.token_for(run) == token
+    assert again.register_again({"run": run, "token": token, "world": 1}) is True
+    again.report(run, token, {"rank": 0, "step": 1})
+    other = RunBoard(max_runs=4, idle_s=60, secret=b"another server's secret, 32 bytes")
+    with pytest.raises(BadTokenError, match=f"run '{run}': not its token on this server"):
+        other.register_again({"run": run, "token": token, "world": 1})
+    assert other.views() == []
+
+
+def test_registering_again_brings_the_run_back_with_its_id_name_and_world():
+    first = RunBoard(max_runs=4, idle_s=60, secret=SECRET)
+    run, token = first.register({"name": "cluster on a", "command": "cluster", "world": 3})
+    first.report(run, token, {"rank": 0, "step": 2, "points": [[1, 3.0, None], [2, 2.5, None]]})
+    board = RunBoard(max_runs=4, idle_s=60, secret=SECRET)  # the server restarted
+    with pytest.raises(UnknownRunError):
+        board.report(run, token, {"rank": 0, "step": 3})
+    assert board.register_again({"run": run, "token": token, "name": "cluster on a",
+                                 "command": "cluster", "world": 3}) is True
+    (view,) = board.views()
+    assert (view["run"], view["name"], view["command"], view["world"]) == \
+        (run, "cluster on a", "cluster", 3)
+    assert view["ranks"] == [] and view["points"] == []  # until reports bring them
+    board.report(run, token, {"rank": 2, "step": 3})  # the world it was registered with
+    board.report(run, token, {"rank": 0, "step": 3, "points": [[1, 3.0, None], [2, 2.5, None],
+                                                               [3, 2.25, None]]})
+    assert board.views()[0]["points"] == [[1, 3.0, None], [2, 2.5, None], [3, 2.25, None]]
+    assert token not in json.dumps(board.views())
+
+
+@pytest.mark.parametrize("record, error, match", [
+    ({"token": "forged", "world": 1}, BadTokenError, "run '.*': not its token on this server"),
+    ({"token": "ünïcode", "world": 1}, BadTokenError, "run '.*': not its token on this server"),
+    ({"token": None, "world": 1}, RunReportError, "takes both its 'run' id and its 'token'"),
+    ({"token": 5, "world": 1}, RunReportError, "'token' must be str"),
+    ({"world": 0}, RunReportError, "'world' must be in 1..1024"),
+    ({"weights": [1.0]}, RunReportError, "unknown fields: weights"),
+])
+def test_registering_again_without_the_runs_token_is_refused_and_changes_nothing(
+        record, error, match):
+    """`record`: the registration but its id (with the run's own token unless it says)."""
+    board = RunBoard(max_runs=4, idle_s=60, secret=SECRET)
+    run, token = board.register({"name": "n", "world": 2})
+    board.report(run, token, {"rank": 0, "step": 1, "points": [[1, 2.0, None]]})
+    other, _ = board.register({"world": 1})
+    before = board.views()
+    for run_id in (run, "feedbeefcafe0000"):  # a run the board has, one it has not
+        with pytest.raises(error, match=match):
+            board.register_again({"run": run_id, "token": token, **record})
+        assert board.views() == before
+    with pytest.raises(BadTokenError):  # another run's token is no token of this one
+        board.register_again({"run": run, "token": board.token_for(other), "world": 2})
+    assert board.views() == before
+
+
+def test_a_run_the_board_has_stays_as_it_is_when_registered_again():
+    clock = Clock()
+    board = RunBoard(max_runs=4, idle_s=60, secret=SECRET, clock=clock)
+    run, token = board.register({"name": "train on a", "command": "train", "world": 2})
+    board.report(run, token, {"rank": 1, "step": 4, "points": []})
+    board.report(run, token, {"rank": 0, "step": 4, "points": [[4, 1.5, None]]})
+    clock.now += 5
+    before = board.views()
+    assert board.register_again({"run": run, "token": token, "name": "another name",
+                                 "command": "cluster", "world": 1}) is False
+    assert board.views() == before
+
+
+def test_a_run_registered_again_keeps_the_board_limits():
+    clock = Clock()
+    first = RunBoard(max_runs=1, idle_s=60, secret=SECRET, clock=clock)
+    run, token = first.register({"world": 1})
+    board = RunBoard(max_runs=1, idle_s=60, secret=SECRET, clock=clock)
+    newer, _ = board.register({"world": 1})
+    clock.now += 1
+    assert board.register_again({"run": run, "token": token, "world": 1}) is True
+    assert [v["run"] for v in board.views()] == [run]  # a full board drops the stalest
+    clock.now += 61
+    assert board.views() == []  # and forgets an idle one
+    assert board.register_again({"run": run, "token": token, "world": 1}) is True
+    assert newer not in {v["run"] for v in board.views()}
 
 
 # ------------------------------------------------------------------ HTTP
@@ -154,6 +252,40 @@ def test_the_routes_issue_tokens_check_them_and_serve_the_page(make_config):
     assert page.status_code == 200 and b"/static/dashboard.js" in page.data
     assert client.get("/static/dashboard.js").status_code == 200
     assert client.post("/api/runs", json={"world": 0}).status_code == 400
+
+
+def test_the_route_registers_a_run_again_on_a_restarted_server_and_refuses_other_tokens(
+        make_config):
+    """A new app on the same data folder is the server restarted: it has forgotten the run
+    and takes it back (201, then 200: idempotent); a forged token, or the token on a server
+    given another secret, is refused as bad_token, and the board stays as it was."""
+    from server import create_app
+
+    first = create_app(make_config(static_dir=None)).test_client()
+    issued = first.post("/api/runs", json={"name": "n", "command": "train", "world": 1})
+    run, token = issued.json["run"], issued.json["token"]
+    restarted = create_app(make_config(static_dir=None)).test_client()
+    url, auth = f"/api/runs/{run}/status", {"Authorization": f"Bearer {token}"}
+    assert restarted.post(url, json={"rank": 0}, headers=auth).json["error"] == "unknown_run"
+    again = {"run": run, "token": token, "name": "n", "command": "train", "world": 1}
+    back = restarted.post("/api/runs", json=again)
+    assert back.status_code == 201 and (back.json["run"], back.json["token"]) == (run, token)
+    assert back.headers["Cache-Control"] == "no-store"
+    assert restarted.post("/api/runs", json=again).status_code == 200
+    assert restarted.post(url, json={"rank": 0, "step": 1}, headers=auth).status_code == 204
+    before = restarted.get("/api/runs").json
+    assert [(v["run"], v["name"]) for v in before["runs"]] == [(run, "n")]
+    forged = restarted.post("/api/runs", json={**again, "token": "A" * len(token)})
+    assert forged.status_code == 403 and forged.json["error"] == "bad_token"
+    assert f"run '{run}': not its token on this server" in forged.json["message"]
+    half = restarted.post("/api/runs", json={"run": run, "world": 1})
+    assert half.status_code == 400 and half.json["error"] == "bad_registration"
+    assert [v["run"] for v in restarted.get("/api/runs").json["runs"]] == [run]
+    renewed = create_app(make_config(static_dir=None, secret="a new secret, 16+ chars")
+                         ).test_client()
+    refused = renewed.post("/api/runs", json=again)
+    assert refused.status_code == 403 and refused.json["error"] == "bad_token"
+    assert renewed.get("/api/runs").json["runs"] == []
 
 
 # ------------------------------------------------------------------ a real run
@@ -202,6 +334,134 @@ def test_a_cluster_run_appears_on_the_dashboard_with_its_ranks_and_live_loss(
     for rank, d in enumerate(done):
         (line,) = [ln for ln in d.err.splitlines() if ln.startswith(f"rank {rank}: finished (")]
         assert f"step {steps}/{steps}, state hash {done[0].final_hash[:16]}" in line
+
+
+# ------------------------------------------------------------------ the reporter, restarts
+def test_a_shared_run_carries_what_it_was_registered_as_and_old_blobs_still_read():
+    from pynode.cli.dashboard import DashboardRun
+
+    run = DashboardRun("http://h:8000", "ab12", "tok", "cluster on a", "cluster", 4)
+    assert DashboardRun.from_bytes(run.to_bytes()) == run
+    old = DashboardRun.from_bytes(b'{"url": "http://h:8000", "run": "ab12", "token": "tok"}')
+    assert (old.run, old.token, old.name, old.command, old.world) == ("ab12", "tok", "", "", 1)
+    assert DashboardRun.from_bytes(b"") is None
+
+
+def test_the_reporter_keeps_the_curve_as_the_server_keeps_it():
+    """What rank 0 sends again after a restart is what the server had: the same thinning,
+    checked against the board itself fed the same reports."""
+    from pynode.cli import dashboard
+
+    assert (dashboard.MAX_POINTS, dashboard.MAX_POINTS_PER_REPORT) == \
+        (MAX_POINTS, MAX_POINTS_PER_REPORT)
+    board = RunBoard(max_runs=1, idle_s=60, secret=SECRET)
+    run, token = board.register({"world": 1})
+    sent: list[list] = []
+    for start in range(1, 3 * MAX_POINTS, 300):
+        points = [[s, 1.0 / s, None] for s in range(start, start + 300)]
+        board.report(run, token, {"rank": 0, "points": points})
+        sent = dashboard.thinned(sent + points)
+        assert sent == board.views()[0]["points"]
+    assert len(sent) < MAX_POINTS < start
+
+
+def steps(reporter, first: int, last: int) -> None:
+    from pynode.run.trainer import StepResult
+
+    for step in range(first, last + 1):
+        reporter(StepResult(step=step, loss=4.0 - step / 8, hash=f"{step:016x}", probe="",
+                            heldout=3.5 if step % 4 == 0 else None))
+
+
+def wait_for_run(url: str, seen, timeout: float = 20.0) -> dict:
+    """The first run /api/runs at `url` shows for which `seen(run)` holds."""
+    until = time.monotonic() + timeout
+    while True:
+        with urllib.request.urlopen(f"{url}/api/runs", timeout=5) as reply:
+            runs = json.loads(reply.read())["runs"]
+        if runs and seen(runs[0]):
+            return runs[0]
+        assert time.monotonic() < until, f"timed out; the server shows {runs}"
+        time.sleep(0.1)
+
+
+def expected_points(last: int) -> list[list]:
+    return [[s, 4.0 - s / 8, 3.5 if s % 4 == 0 else None] for s in range(1, last + 1)]
+
+
+@pytest.mark.slow
+def test_a_run_comes_back_whole_on_its_server_restarted(tmp_path, caplog):
+    """`python -m server` restarted on its port and data folder (so, its secret): the run
+    that reported to it shows again under the same id and name, with every loss point of
+    before the restart and of while it was down, and says so once at INFO."""
+    from attack_kit import ServerProcess
+
+    from pynode.cli.dashboard import StatusReporter, register
+
+    caplog.set_level(logging.INFO, logger="pynode.dashboard")
+    servers = [ServerProcess(tmp_path / "server")]
+    try:
+        target = register(servers[0].url, "train", 2, name="train on a")
+        reporters = [StatusReporter(target, 0), StatusReporter(target, 1)]
+        steps(reporters[0], 1, 6)
+        wait_for_run(servers[0].url, lambda run: len(run["points"]) == 6)
+        servers[0].stop()
+        steps(reporters[0], 7, 9)  # reported to no server: sent again with the rest
+        time.sleep(2)  # a report or two of each rank fails while the server is down
+        servers.append(ServerProcess(tmp_path / "server", port=servers[0].port))
+        steps(reporters[0], 10, 12)
+        back = wait_for_run(servers[1].url, lambda run: len(run["points"]) == 12
+                            and len(run["ranks"]) == 2)
+        for reporter in reporters:
+            reporter.finish("finished")
+        final = wait_for_run(servers[1].url, lambda run: all(
+            rank["state"] == "finished" for rank in run["ranks"]))
+    finally:
+        for server in servers:
+            server.stop()
+    assert (back["run"], back["name"], back["command"], back["world"]) == \
+        (target.run, "train on a", "train", 2)
+    assert back["points"] == expected_points(12) == final["points"]
+    assert final["ranks"][0]["step"] == 12
+    said = [r for r in caplog.records if r.name == "pynode.dashboard"]
+    again = [r.getMessage() for r in said if "registered again" in r.getMessage()]
+    # the rank that met the restart first brought the run back; the other may have found
+    # it there, or met the restart too; each says it at most once
+    ranks = [line.split(":")[0] for line in again]
+    assert again and len(set(ranks)) == len(ranks) and all(target.run in m for m in again)
+    assert all(r.levelno == logging.WARNING for r in said if r.getMessage() not in again)
+
+
+def test_a_server_with_another_secret_refuses_the_run_in_one_warning(make_config, tmp_path,
+                                                                     caplog):
+    """A server restarted with another secret cannot tell the run's token from a forged
+    one: the reporter says so once (the server's own words) and the run stays off it."""
+    from server_testkit import LiveServer
+
+    from pynode.cli.dashboard import StatusReporter, register
+    from server import create_app
+
+    caplog.set_level(logging.INFO, logger="pynode.dashboard")
+    first = LiveServer(create_app(make_config(static_dir=None)))
+    try:
+        target = register(first.url, "train", 1, name="train on a")
+    finally:
+        first.stop()
+    renewed = LiveServer(create_app(make_config(static_dir=None, data_dir=tmp_path / "new")),
+                         port=first.port)
+    try:
+        reporter = StatusReporter(target, 0)
+        steps(reporter, 1, 3)
+        time.sleep(1.5)  # a second report: refused again, said no more
+        steps(reporter, 4, 5)
+        reporter.finish("finished")
+        with urllib.request.urlopen(f"{renewed.url}/api/runs", timeout=5) as reply:
+            assert json.loads(reply.read())["runs"] == []
+    finally:
+        renewed.stop()
+    said = [r for r in caplog.records if r.name == "pynode.dashboard"]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING
+    assert "refused it again: HTTP 403: run '" in said[0].getMessage()
 
 
 def test_a_dashboard_that_is_not_a_server_is_refused_before_training(tmp_path):
