@@ -5,6 +5,8 @@ POST /api/runs                       {run, token, name, command, world}: that ru
                                      (the server restarted) -> 201 re-created, 200 known;
                                      403 bad_token: not this id's token under this secret
 POST /api/runs/<run>/status          Authorization: Bearer <token>; one rank's status
+                                     -> 200 {first_point: the step of the run's first loss
+                                     point here, or null}
 GET  /api/runs                       {runs: [...]}, newest first (never a token)
 GET  /dashboard                      the page that shows them (static/dashboard.html)
 
@@ -59,12 +61,12 @@ def report(run_id: str) -> ResponseReturnValue:
         return _refused(401, "no_token", "a report needs Authorization: Bearer <the run's "
                         "token> (POST /api/runs issued it)")
     try:
-        _board().report(run_id, token, request.get_json(silent=True))
+        first = _board().report(run_id, token, request.get_json(silent=True))
     except UnknownRunError as exc:
         return _refused(404, "unknown_run", str(exc))
     except RunReportError as exc:
         return _refused(400, "bad_report", str(exc))
-    return "", 204
+    return jsonify(first_point=first), 200
 
 
 @bp.get("/api/runs")

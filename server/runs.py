@@ -205,8 +205,11 @@ class RunBoard:
             del self._runs[oldest.run_id]
         self._runs[run.run_id] = run
 
-    def report(self, run_id: str, token: str, record: Any) -> None:
-        """Rank `record["rank"]`'s status (and, from rank 0, its new loss points)."""
+    def report(self, run_id: str, token: str, record: Any) -> int | None:
+        """Rank `record["rank"]`'s status (and, from rank 0, its loss points). Returns the
+        step of the run's first point here (None: none yet), so that rank 0 sees when the
+        server lacks the start of its curve (another rank brought the run back after a
+        restart, before rank 0's history came) and sends it again."""
         if not isinstance(record, dict):
             raise RunReportError("a report is a JSON object")
         record = dict(record)
@@ -226,12 +229,19 @@ class RunBoard:
             run.ranks[rank]["seen_s"] = run.updated
             if rank == 0:
                 self._add_points(run, points)
+            return run.points[0][0] if run.points else None
 
     @staticmethod
     def _add_points(run: Run, points: list[tuple[int, float, float | None]]) -> None:
-        last = run.points[-1][0] if run.points else -1
-        run.points.extend(p for p in points if p[0] > last)
-        if len(run.points) > MAX_POINTS:  # thin the past, keep the newest point
+        """New steps after the last; older ones (a history sent again) merge in by step."""
+        steps = [run.points[-1][0] if run.points else -1] + [p[0] for p in points]
+        if all(a < b for a, b in zip(steps[:-1], steps[1:], strict=True)):  # newer steps
+            run.points.extend(points)
+        else:
+            by_step = {p[0]: p for p in run.points}
+            by_step.update((p[0], p) for p in points)
+            run.points = [by_step[s] for s in sorted(by_step)]
+        while len(run.points) > MAX_POINTS:  # thin the past, keep the newest point
             run.points = run.points[:-1:2] + run.points[-1:]
 
     def views(self) -> list[dict[str, Any]]:

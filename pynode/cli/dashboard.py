@@ -15,6 +15,7 @@ so that the card comes back with its whole curve.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import socket
@@ -59,7 +60,13 @@ class DashboardRun:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> DashboardRun | None:
-        return cls(**json.loads(data)) if data else None
+        """A shared run, as another rank's version wrote it: fields it does not know are
+        left out (a newer rank's), missing ones take their defaults (an older rank's)."""
+        if not data:
+            return None
+        fields = json.loads(data)
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in fields.items() if k in known})
 
 
 def post_json(url: str, body: dict, token: str | None = None) -> bytes:
@@ -198,41 +205,73 @@ class StatusReporter:
             with self.wake:
                 self.wake.wait_for(lambda: self.closed, timeout=max(0.0, last + REPORT_EVERY_S
                                                                       - time.monotonic()))
-                body = {**self.status, "points": self.points[:MAX_POINTS_PER_REPORT]}
+                points = self.points[:MAX_POINTS_PER_REPORT]
                 del self.points[:MAX_POINTS_PER_REPORT]
+                body = {**self.status, "points": points}
                 closing = self.closed and not self.points
-            self.sent_points = thinned(self.sent_points + body["points"])
             last = time.monotonic()
-            self._post(body)
+            answer = self._post(body)
+            if answer is None:  # not taken: its points go with the next report
+                with self.wake:
+                    self.points[:0] = points
+                    self.points = thinned(self.points)
+            else:
+                self.sent_points = thinned(self.sent_points + points)
+                self._fill_in(body, answer)
             if closing:
                 return
 
-    def _post(self, body: dict, may_register_again: bool = True) -> bool:
-        """Send one report; False (and the one warning) if the server did not take it."""
+    def _fill_in(self, body: dict, answer: dict) -> None:
+        """Rank 0 sends its whole curve again where the server's begins later than the
+        curve it sent (another rank brought the run back after a restart first)."""
+        first = answer.get("first_point", False)  # False: an older server, which never says
+        sent = self.sent_points
+        if self.rank != 0 or not sent or first is False or (first is not None
+                                                           and first <= sent[0][0]):
+            return
+        for start in range(0, len(sent), MAX_POINTS_PER_REPORT):
+            if self._post({**body, "points": sent[start:start + MAX_POINTS_PER_REPORT]},
+                          may_register_again=False) is None:
+                return
+
+    def _post(self, body: dict, may_register_again: bool = True) -> dict | None:
+        """Send one report; the server's answer, or None (and the one warning) if it did
+        not take it."""
         url = f"{self.target.url}/api/runs/{self.target.run}/status"
         try:
-            post_json(url, body, self.target.token)
-            return True
+            answer = post_json(url, body, self.target.token)
         except urllib.error.HTTPError as exc:
             said = server_said(exc)
-            if may_register_again and not self.refused_again and exc.code == 404 and \
-                    said.get("error") == "unknown_run":
-                return self._register_again(body)
+            forgotten = exc.code == 404 and said.get("error") == "unknown_run"
+            if forgotten and may_register_again and not self.refused_again:
+                if self._register_again():
+                    return self._post(body, may_register_again=False)
+                return None  # _register_again said why
             self._warn(refusal(exc, said))
+            return None
         except (OSError, ValueError) as exc:
             self._warn(str(exc))
-        return False
+            return None
+        if self.failed:
+            self.failed = False
+            log.info("rank %d: the dashboard %s takes status reports again", self.rank,
+                     self.target.url)
+        try:
+            said = json.loads(answer) if answer else {}
+        except ValueError:
+            said = {}
+        return said if isinstance(said, dict) else {}
 
-    def _register_again(self, body: dict) -> bool:
-        """The server forgot the run (it restarted): register it again with its id and token,
-        then send this report again with every loss point sent so far (the server keeps
-        one point per step). Any rank may: the first brings the run back, the others find
-        it there."""
+    def _register_again(self) -> bool:
+        """The server forgot the run (it restarted): register it again with its id and token
+        (any rank may: the first brings the run back, the others find it there). Rank 0's
+        curve follows in its next report (_fill_in)."""
         target = self.target
         try:
+            # a rank of a run shared by an older rank (world unknown: 1) still fits in it
             post_json(f"{target.url}/api/runs", {"run": target.run, "token": target.token,
                                                  "name": target.name, "command": target.command,
-                                                 "world": target.world})
+                                                 "world": max(target.world, self.rank + 1)})
         except urllib.error.HTTPError as exc:
             # a refusal (another secret, a server that cannot register a run again) is final
             self.refused_again = 400 <= exc.code < 500
@@ -245,18 +284,14 @@ class StatusReporter:
             self.told_registered_again = True
             log.info("rank %d: the dashboard %s had forgotten the run (a restart?); it is "
                      "registered again as %s", self.rank, target.url, target.run)
-        points = self.sent_points
-        for start in range(0, max(len(points), 1), MAX_POINTS_PER_REPORT):
-            chunk = points[start:start + MAX_POINTS_PER_REPORT]
-            if not self._post({**body, "points": chunk}, may_register_again=False):
-                return False
         return True
 
     def _warn(self, why: str) -> None:
         if not self.failed:
             self.failed = True
             log.warning("rank %d: the dashboard %s took no status report (%s); training "
-                        "goes on without it", self.rank, self.target.url, why)
+                        "goes on, and the next report it takes says so", self.rank,
+                        self.target.url, why)
 
 
 def thinned(points: list[list]) -> list[list]:

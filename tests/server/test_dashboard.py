@@ -242,8 +242,9 @@ def test_the_routes_issue_tokens_check_them_and_serve_the_page(make_config):
     bad = client.post(url, json={"rank": 0, "params": [1]},
                       headers={"Authorization": f"Bearer {token}"})
     assert bad.status_code == 400 and "unknown fields: params" in bad.json["message"]
-    assert client.post(url, json={"rank": 0, "step": 1, "loss": 5.5},
-                       headers={"Authorization": f"Bearer {token}"}).status_code == 204
+    taken = client.post(url, json={"rank": 0, "step": 1, "loss": 5.5, "points": [[1, 5.5, None]]},
+                        headers={"Authorization": f"Bearer {token}"})
+    assert (taken.status_code, taken.json) == (200, {"first_point": 1})
     listed = client.get("/api/runs")
     assert listed.headers["Cache-Control"] == "no-store"
     assert listed.json["runs"][0]["ranks"][0]["loss"] == 5.5
@@ -272,7 +273,8 @@ def test_the_route_registers_a_run_again_on_a_restarted_server_and_refuses_other
     assert back.status_code == 201 and (back.json["run"], back.json["token"]) == (run, token)
     assert back.headers["Cache-Control"] == "no-store"
     assert restarted.post("/api/runs", json=again).status_code == 200
-    assert restarted.post(url, json={"rank": 0, "step": 1}, headers=auth).status_code == 204
+    first = restarted.post(url, json={"rank": 0, "step": 1}, headers=auth)
+    assert (first.status_code, first.json) == (200, {"first_point": None})  # no points yet
     before = restarted.get("/api/runs").json
     assert [(v["run"], v["name"]) for v in before["runs"]] == [(run, "n")]
     forged = restarted.post("/api/runs", json={**again, "token": "A" * len(token)})
@@ -408,7 +410,9 @@ def test_a_run_comes_back_whole_on_its_server_restarted(tmp_path, caplog):
         servers[0].stop()
         steps(reporters[0], 7, 9)  # reported to no server: sent again with the rest
         time.sleep(2)  # a report or two of each rank fails while the server is down
-        servers.append(ServerProcess(tmp_path / "server", port=servers[0].port))
+        with reporters[0].wake:  # rank 0 is slow to come back: rank 1 brings the run back
+            servers.append(ServerProcess(tmp_path / "server", port=servers[0].port))
+            wait_for_run(servers[1].url, lambda run: len(run["ranks"]) == 1)
         steps(reporters[0], 10, 12)
         back = wait_for_run(servers[1].url, lambda run: len(run["points"]) == 12
                             and len(run["ranks"]) == 2)
@@ -429,7 +433,9 @@ def test_a_run_comes_back_whole_on_its_server_restarted(tmp_path, caplog):
     # it there, or met the restart too; each says it at most once
     ranks = [line.split(":")[0] for line in again]
     assert again and len(set(ranks)) == len(ranks) and all(target.run in m for m in again)
-    assert all(r.levelno == logging.WARNING for r in said if r.getMessage() not in again)
+    back_again = [r.getMessage() for r in said if "takes status reports again" in r.getMessage()]
+    assert all(r.levelno == logging.WARNING for r in said
+               if r.getMessage() not in again + back_again)
 
 
 def test_a_server_with_another_secret_refuses_the_run_in_one_warning(make_config, tmp_path,
@@ -516,3 +522,17 @@ def test_an_http_refusal_is_one_line_and_the_dashboard_address_means_its_server(
     assert posted == [("http://127.0.0.1:8000/api/runs", {
         "name": f"train on {socket.gethostname()}", "command": "train", "world": 1})]
     assert run.url == "http://127.0.0.1:8000"
+
+
+def test_a_curve_sent_again_merges_in_by_step():
+    """Rank 0's whole curve, sent again after another rank brought the run back, lands
+    before the points already there (they were appended only after the last step)."""
+    board = RunBoard(8, 3600, secret=b"s" * 32)
+    run, token = board.register({"name": "n", "command": "train", "world": 2})
+    assert board.report(run, token, {"rank": 1, "step": 9}) is None
+    assert board.report(run, token, {"rank": 0, "points": [[9, 3.0, None], [10, 2.9, None]]}) == 9
+    history = [[s, 4.0 - s / 10, None] for s in range(1, 11)]
+    assert board.report(run, token, {"rank": 0, "points": history}) == 1
+    (view,) = board.views()
+    assert [p[0] for p in view["points"]] == list(range(1, 11))
+    assert view["points"][8] == [9, 3.1, None]  # the same step: the newer report's point
