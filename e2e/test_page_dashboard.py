@@ -236,7 +236,7 @@ def test_a_runs_table_is_whole_on_a_wide_screen(browser, server_url):
             headers: {'Content-Type': 'application/json'}, body: JSON.stringify(
             {name: 'cluster on desktop-7', command: 'cluster', world: 2})})).json()""")
         for rank in (0, 1):
-            assert board.evaluate(REPORT, [reply["run"], reply["token"], rank]) == 204
+            assert board.evaluate(REPORT, [reply["run"], reply["token"], rank]) == 200
         board.wait_for_selector(f"section.run[data-run='{reply['run']}'] tbody tr:nth-child(2) "
                                 "td:nth-child(16)")
         widths = board.evaluate("""(run) => {

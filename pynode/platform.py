@@ -1,9 +1,7 @@
-"""The one place that asks "am I in a browser?" (Pyodide), what this machine has, and
-whether an address names it alone."""
+"""The one place that asks "am I in a browser?" (Pyodide) and what this machine has."""
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import sys
 
@@ -110,15 +108,3 @@ def _page_get_text(url: str) -> str:
                         io.BytesIO(body.encode("utf-8")))
     return body
 
-
-def only_this_machine(host: str) -> bool:
-    """Whether `host` (a name or an address, as a URL or --host gives it) reaches this
-    machine only: localhost or a loopback address. The server's start-up line and a
-    peer's refusal hint both ask this one question."""
-    name = host.strip("[]").lower()
-    if name == "localhost" or name.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False

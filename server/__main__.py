@@ -85,7 +85,7 @@ def reach_line(host: str, port: int) -> str | None:
     this machine's addresses (0.0.0.0 is no address to share)."""
     import psutil
 
-    from pynode.platform import only_this_machine
+    from pynode.addresses import only_this_machine
 
     if host in ("0.0.0.0", "::", ""):
         found = sorted({a.address for addrs in psutil.net_if_addrs().values() for a in addrs

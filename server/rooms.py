@@ -128,6 +128,8 @@ class Rooms:
         with self._lock:
             if code is not None and claim is not None and self._revoked.is_revoked(key, claim.peer):
                 if not claim.host:
+                    log.info("room %s…: peer %s, which the host removed or declined, was "
+                             "turned away again", key[:4], claim.peer)
                     link.deliver(encode("removed", reason="removed by the host"))
                     link.close(4403, "removed")
                     return claim.peer
@@ -414,12 +416,12 @@ class Rooms:
         return sum(1 for r in self._rooms.values() if r.claimed)
 
     def _forget_idle(self) -> None:
-        limit = self._clock() - self._limits.room_idle_s
+        now = self._clock()
         idle = [r for r in self._rooms.values()
-                if r.empty_since is not None and r.empty_since <= limit]
-        for room in idle:
+                if r.empty_since is not None and r.empty_since <= now - self._limits.room_idle_s]
+        for room in idle:  # swept at the next join or create, so say how long it was empty
             if room.claimed:
-                log.info("%s closed: nobody in it for %d s", room.label, self._limits.room_idle_s)
+                log.info("%s closed: empty for %.0f s", room.label, now - room.empty_since)
             self._forget(room)
 
     def _new_id(self) -> str:

@@ -294,8 +294,10 @@ class Connection:
                     self.peer_id = self._rooms.join(self, self._group, msg.get("room"),
                                                     msg.get("token"), msg.get("fresh", False))
             except ProtocolError as exc:  # the operator hears why a room stayed empty
-                log.info("a peer from %s could not %s: %s (%s)", self._group,
-                         "create a room" if kind == "create" else "join", exc.message, exc.code)
+                what = "create a room" if kind == "create" else \
+                    f"join room {msg['room'][:4]}…" if msg.get("room") else "join"
+                log.info("a peer from %s could not %s: %s (%s)", self._group, what,
+                         exc.message, exc.code)
                 raise
         elif kind in UNJOINED_TYPES:
             raise ProtocolError("already_joined", "this connection is already in a room")

@@ -84,6 +84,7 @@ class NativePeer:
         self.net: Any = None
         self.signaling: Any = None
         self.mesh: Any = None
+        self.matrix_printer: asyncio.Future | None = None  # print_matrix at a run's start
         self.room: Any = None
         self.serving: asyncio.Task | None = None
         self.trainer: Trainer | None = None
@@ -310,8 +311,8 @@ class NativePeer:
         rows = await self.mesh.matrix()
         waited = 0.0
         while waited < MATRIX_WAIT_S and any(
-                r["a"] == self.mesh.self_id and (r["rtt_ms"] is None or r["mbps"] is None)
-                for r in rows):
+                r["a"] == self.mesh.self_id and r["state"] == "connected"
+                and (r["rtt_ms"] is None or r["mbps"] is None) for r in rows):
             await asyncio.sleep(MATRIX_POLL_S)
             waited += MATRIX_POLL_S
             rows = await self.mesh.matrix()
@@ -330,7 +331,7 @@ class NativePeer:
         synced = "" if joined is None else f"; synced at step {joined}, hash verified"
         say(f"training: run {fields['run']} led by {fields['leader']}, {len(fields['ranks'])} "
             f"peer(s){joins}, {cfg['steps']} steps" + outer_note(cfg) + synced)
-        asyncio.ensure_future(self.print_matrix())
+        self.matrix_printer = asyncio.ensure_future(self.print_matrix())  # held: not collected
         if self.reporter is None and self.trainer is not None:
             self.reporter = StepReporter(self.trainer, cfg["steps"], self.args.log,
                                          progress=not self.args.no_progress)

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
+from pynode.addresses import only_this_machine
 from pynode.core.errors import DaisyError
-from pynode.platform import only_this_machine
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,11 @@ def ws_url(server: str) -> str:
     scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme)
     if scheme is None or not parts.netloc:
         raise SignalingError(f"--server must look like http://HOST:PORT, got {server!r}")
+    try:
+        (parts.hostname or "").encode("idna")  # what the name lookup would refuse later
+    except UnicodeError:
+        raise SignalingError(f"--server {server!r}: {parts.hostname!r} is not a host name "
+                             "(labels of 1-63 letters, digits and hyphens)") from None
     path = parts.path.rstrip("/")
     if not path.endswith("/ws"):
         path += "/ws"
@@ -136,6 +141,7 @@ class SignalingClient:
         self._task: asyncio.Task | None = None
         self.closing = False  # close() was called: no more reconnects
         self._waiting = ""  # what the connection waits for now: start's timeout names it
+        self._last_failure = ""  # why the last connection attempt failed, if one did
 
     # ----------------------------------------------------------------- listeners
     def on(self, kind: str, listener: Listener) -> None:
@@ -176,10 +182,14 @@ class SignalingClient:
         try:
             return await asyncio.wait_for(asyncio.shield(joined), timeout)
         except asyncio.TimeoutError:
-            waiting = self._waiting
+            waiting, failure = self._waiting, self._last_failure
             await self.close()
-            raise SignalingError(f"no answer from {self.url} within {timeout:g} s"
-                                 f"{WAITING_HINTS.get(waiting, '')}") from None
+            if waiting:
+                hint = WAITING_HINTS[waiting]
+            else:  # between attempts: what the last one met
+                hint = f" (the last try: {failure})" if failure else ""
+            raise SignalingError(f"no answer from {self.url} within {timeout:g} s{hint}") \
+                from None
         except SignalingError:
             await self.close()
             raise
@@ -221,8 +231,10 @@ class SignalingClient:
             self._waiting = "connect"
             ws = await connect(self.url, proxy=None, compression=None,
                                open_timeout=OPEN_TIMEOUT_S, max_size=2**20)
-        except (OSError, InvalidHandshake, asyncio.TimeoutError) as exc:
-            return None, f"{type(exc).__name__}: {exc}{unreachable_hint(exc, self.url)}"
+        except (OSError, UnicodeError, InvalidHandshake, asyncio.TimeoutError) as exc:
+            self._waiting = ""
+            self._last_failure = f"{type(exc).__name__}: {exc}{unreachable_hint(exc, self.url)}"
+            return None, self._last_failure
         self._waiting = "join"
         self._outbox = asyncio.Queue()
         writer = asyncio.ensure_future(self._write(ws, self._outbox))
@@ -247,6 +259,7 @@ class SignalingClient:
                 code, reason = ws.close_code, ws.close_reason or ""
         self._dispatch("socket", {"type": "socket", "open": False, "code": code,
                                   "reason": reason})
+        self._waiting, self._last_failure = "", f"the server closed the socket ({code} {reason})"
         return code, reason
 
     async def _write(self, ws: Any, outbox: asyncio.Queue[str]) -> None:

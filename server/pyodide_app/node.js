@@ -191,7 +191,8 @@ export class PageNode extends EventTarget {
     this.state.hostAway = Boolean(this.state.private && m.host && !this.roster.has(m.host));
     if (this.mesh && this.state.approved) {
       this.mesh.connect([...this.roster.values()].filter((p) => p.approved).map((p) => p.id),
-        [...this.roster.keys()], m.removed || []);
+        [...this.roster.keys()],
+        Array.isArray(m.removed) ? m.removed.filter((p) => typeof p === "string") : []);
       // After a server restart members come back pending; a peer still in our live mesh
       // was approved before, so the host lets it back in at once. A removed or denied
       // peer never comes back pending: the server refuses its token, restarts included.

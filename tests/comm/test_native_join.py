@@ -794,16 +794,47 @@ def test_a_timeout_names_what_the_connection_still_waited_for(monkeypatch):
     assert "neither refused nor answered" in by_port and "did not resolve" not in by_port
 
 
+def test_a_timeout_between_refused_tries_says_what_the_last_one_met():
+    """The hint named what the first try waited for even when the timeout fell in a pause
+    between tries that had each been refused ("neither refused nor answered")."""
+    import socket
+
+    from pynode.comm.signaling import SignalingClient, SignalingError
+
+    closed = socket.create_server(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now: every try is refused at once
+
+    async def body() -> str:
+        with pytest.raises(SignalingError) as info:
+            await SignalingClient(f"http://127.0.0.1:{port}").start(timeout=1.0)
+        return str(info.value)
+
+    said = asyncio.run(body())
+    assert said.startswith(f"no answer from ws://127.0.0.1:{port}/ws within 1 s (the last try: ")
+    assert "ConnectionRefusedError" in said and "neither refused" not in said, said
+
+
+@pytest.mark.parametrize("server", ["http://exämple..lan:8000", "http://" + "a" * 64 + ".lan"])
+def test_a_server_name_no_lookup_could_take_is_named_at_once(server):
+    """Such a name made the lookup raise UnicodeError, which ended the connection task;
+    the peer then said after 10 s that no name server answered."""
+    from pynode.comm.signaling import SignalingError, ws_url
+
+    with pytest.raises(SignalingError, match="is not a host name"):
+        ws_url(server)
+
+
 def test_the_server_and_a_peer_ask_one_question_of_a_loopback_host():
     """The server's start-up line and a peer's refusal hint each wrote their own loopback
     test (one knew 127.0.0.2 and not LOCALHOST, the other ::1 by its text only)."""
-    from pynode.platform import only_this_machine
+    from pynode.addresses import only_this_machine
     from server.__main__ import reach_line
 
-    here = ["localhost", "LOCALHOST", "app.localhost", "127.0.0.1", "127.0.0.2", "::1",
-            "[::1]", "0:0:0:0:0:0:0:1"]
+    here = ["localhost", "LOCALHOST", "app.localhost", "localhost.", "127.0.0.1", "127.0.0.2",
+            "127.1", "::1", "[::1]", "0:0:0:0:0:0:0:1", "::ffff:127.0.0.1"]
     away = ["10.0.0.5", "192.168.1.20", "fe80::1", "example.org", "localhost.example.org",
-            "127.example.org", ""]
+            "127.example.org", "::ffff:10.0.0.5", "10.1", "1.2.3.4.5", ""]
     assert [h for h in here if not only_this_machine(h)] == []
     assert [h for h in away if only_this_machine(h)] == []
     for host in here:
@@ -844,3 +875,13 @@ def test_the_matrix_waits_for_its_own_links_first_rtt_and_scan(monkeypatch, caps
     asyncio.run(asyncio.wait_for(NativePeer.print_matrix(peer), 5))
     out = capsys.readouterr()
     assert "me -> p2: connected, host -> host, RTT ?" in out.out + out.err
+    monkeypatch.setattr(cli_peer, "MATRIX_WAIT_S", 60)  # a failed link is not waited for
+    looked = []
+
+    async def failed():
+        looked.append(1)
+        return [{**measured, "state": "failed", "rtt_ms": None, "mbps": None}]
+
+    peer.mesh.matrix = failed
+    asyncio.run(asyncio.wait_for(NativePeer.print_matrix(peer), 5))
+    assert len(looked) == 1

@@ -415,10 +415,23 @@ def test_the_log_says_who_came_and_went_without_a_joinable_code(caplog) -> None:
         "connected: nobody can approve it now)",
         f"{label}: peer {late_id} left (0 connected)",
     ]
-    assert lines[8] == f"{label} closed: nobody in it for 60 s"
+    assert lines[8] == f"{label} closed: empty for 61 s"
     assert all(code not in line for line in lines)
     caplog.clear()
     auto_id = rooms.join(FakeLink(), "198.51.100.7", None, None)
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.startswith("automatic room ")
     assert line.endswith(f"…: peer {auto_id} joined from 198.51.100.7 as its host (1 connected)")
+
+
+def test_a_removed_peer_turned_away_again_is_in_the_log(caplog) -> None:
+    caplog.set_level("INFO", logger="server.rooms")
+    rooms, code, host_id, host, guest_id, guest = private_room()
+    token = guest.frames[0]["token"]
+    rooms.handle(host_id, host, {"v": 1, "type": "approve", "peer": guest_id})
+    rooms.handle(host_id, host, {"v": 1, "type": "remove", "peer": guest_id})
+    caplog.clear()
+    rooms.join(FakeLink(), "10.0.0.9", code, token)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"room {code[:4]}…: peer {guest_id}, which the host removed or declined, was turned "
+        "away again"]

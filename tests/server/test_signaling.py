@@ -316,5 +316,5 @@ def test_a_refused_join_is_in_the_servers_log(live, peers, caplog) -> None:
     friend.send("join", room=code)
     assert friend.expect("error")["code"] == "room_full"
     lines = [r.getMessage() for r in caplog.records if r.name.startswith("server")]
-    assert "a peer from 10.0.0.2 could not join: the room has no free place (room_full)" \
-        in lines, lines
+    assert f"a peer from 10.0.0.2 could not join room {code[:4]}…: the room has no free " \
+        "place (room_full)" in lines, lines
