@@ -107,6 +107,12 @@ class RunConfig:
             raise ConfigError(f"outer_lr must be in (0, 2], got {self.outer_lr!r}")
         if not 0 <= self.outer_momentum < 1:
             raise ConfigError(f"outer_momentum must be in [0, 1), got {self.outer_momentum!r}")
+        changed = [f"{name} {getattr(self, name)!r}" for name in ("outer_lr", "outer_momentum")
+                   if getattr(self, name) != _DEFAULTS[name]]
+        if changed and self.sync_every == 1:
+            raise ConfigError(f"{' and '.join(changed)} set the outer step of a run that syncs "
+                              "every H > 1 steps: with sync_every 1 there is none (give "
+                              "sync_every H, or leave them out)")
 
     @property
     def outer(self) -> bool:

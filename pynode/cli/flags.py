@@ -189,6 +189,48 @@ def resume_notes(stored: dict, step: int, given: dict) -> list[str]:
     return notes
 
 
+def replicas_note(cfg: RunConfig, capacities: dict[int, float] | None,
+                  peers: int) -> str | None:
+    """For `peers` local peers of a --sync-every run, which splits whole replicas, not
+    microbatches: None if every peer gets replicas in the capacities' proportion (equal
+    without --capacity), else the line that says how they split, who computes none, and
+    the --replicas (a divisor of --microbatches) that would give every peer its share."""
+    from fractions import Fraction
+
+    from pynode.core.plan import microbatch_plan
+
+    caps = capacities or dict.fromkeys(range(peers), 1.0)
+    weights = {r: Fraction(c).limit_denominator(10**6) for r, c in caps.items()}
+    total = sum(weights.values())
+
+    def fits(replicas: int) -> tuple[bool, bool]:  # (every peer has some, in proportion)
+        plan = microbatch_plan(replicas, caps)
+        return (all(plan.values()),
+                all(len(plan[r]) == weights[r] / total * replicas for r in plan))
+
+    if fits(cfg.replicas) == (True, True):
+        return None
+    plan = microbatch_plan(cfg.replicas, caps)
+    split = "/".join(str(len(plan[r])) for r in sorted(plan))
+    line = (f"note: a --sync-every run splits whole replicas among its peers: --replicas "
+            f"{cfg.replicas} over {peers} peers is {split}")
+    if capacities:
+        line += " (the capacities ask for " + "/".join(
+            f"{float(weights[r] / total * cfg.replicas):.3g}" for r in sorted(plan)) + ")"
+    idle = [str(r) for r in sorted(plan) if not plan[r]]
+    if idle:
+        line += f"; rank {idle[0]} computes none" if len(idle) == 1 else \
+            f"; ranks {', '.join(idle)} compute none"
+    divisors = [d for d in range(1, cfg.microbatches + 1) if cfg.microbatches % d == 0]
+    better = next((d for d in divisors if fits(d) == (True, True)), None) or \
+        next((d for d in divisors if fits(d)[0]), None)
+    if better is not None and better != cfg.replicas:
+        line += (f"; --replicas {better} gives every peer " +
+                 ("its share" if fits(better)[1] else "some") + " (another run: R is part of "
+                 "what it computes)")
+    return line
+
+
 def capacity_note(microbatches: int, capacities: dict[int, float] | None) -> str | None:
     """None if --capacity splits the step's microbatches in its exact proportion, else the
     line that says how whole microbatches split and which --microbatches would be exact."""

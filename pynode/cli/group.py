@@ -29,6 +29,7 @@ from pynode.cli.flags import (
     check_output_flags,
     explicit_config,
     parse_capacity,
+    replicas_note,
     resume_notes,
     train_options,
 )
@@ -82,7 +83,8 @@ async def lead(args: argparse.Namespace, cfg: RunConfig | None, collective, capa
         for note in resume_notes(ckpt.config, ckpt.step, given):
             print(note, file=sys.stderr)
     resume = resume if resume is not None else resumed
-    note = capacity_note(cfg.microbatches, capacities)
+    note = replicas_note(cfg, capacities, args.peers) if cfg.outer else \
+        capacity_note(cfg.microbatches, capacities)
     if note:
         print(note, file=sys.stderr)
     saver = Saver(args.save, args.save_every)

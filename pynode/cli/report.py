@@ -141,14 +141,21 @@ class Saver:
         self.agreed_step = 0
 
     def hook(self, trainer: Trainer) -> Any:
-        """The loop hook (on_step) of `trainer`'s run."""
+        """The loop hook (on_step) of `trainer`'s run. --save-every N writes at the first
+        state at or past each multiple of N: every N-th step of a per-step run, and the
+        outer boundary that reaches it in a --sync-every run, whose boundaries fall off the
+        multiples of H once a run resumed from a short last outer step (step 20 of H = 8:
+        28, 36, ..., none of which N = 8 divides, so nothing was ever written)."""
+        previous = trainer.state.step
 
         def on_step(result: StepResult) -> None:
+            nonlocal previous
             if not self.path:
                 return
             self.agreed, self.agreed_step = trainer.state_bytes(), result.step
-            if self.every and result.step % self.every == 0:
+            if self.every and result.step // self.every > previous // self.every:
                 write_atomically(self.path, self.agreed)
+            previous = result.step
 
         return on_step
 

@@ -35,19 +35,24 @@ from pynode.run.schedule import check_reached, read_schedule, replay
 from pynode.tasks import load_task
 
 
-def check_sync_every_flags(args: argparse.Namespace, cfg: RunConfig, changes: list) -> None:
+def check_sync_every_flags(args: argparse.Namespace, cfg: RunConfig, changes: list,
+                           start: int = 0) -> None:
     """ConfigError for what a --sync-every H run never reaches: states (checkpoints,
-    schedule changes) exist only at outer-step boundaries, multiples of H."""
+    schedule changes) exist only at outer-step boundaries, every H steps from the step the
+    run starts at (`start`: 0, or the checkpoint's step; a run whose --steps H does not
+    divide ends on a shorter outer step, and one resumed there goes on from that step)."""
     every = cfg.sync_every
     if every == 1:
         return
     if args.save_every is not None and args.save_every % every:
         raise ConfigError(f"--save-every {args.save_every}: a --sync-every {every} run has "
                           f"states only every {every} steps; give a multiple of {every}")
-    off = [c.step for c in changes if c.step % every]
+    off = [c.step for c in changes if c.step > start and (c.step - start) % every]
     if off:
-        raise ConfigError(f"--schedule: a --sync-every {every} run changes only at multiples "
-                          f"of {every}; steps {off} are not")
+        where = f"multiples of {every}" if start == 0 else \
+            f"step {start} plus multiples of {every} ({start + every}, {start + 2 * every}, ...)"
+        raise ConfigError(f"--schedule: a --sync-every {every} run changes only at its outer "
+                          f"steps' boundaries, {where}; steps {off} are not")
 
 
 def run_config(args: argparse.Namespace) -> tuple[RunConfig, CheckpointState | None, bytes]:
@@ -76,7 +81,7 @@ async def train_command(args: argparse.Namespace) -> int:
                           "--peers N with N > 1 (one peer computes every microbatch)")
     changes = read_schedule(args.schedule) if args.schedule else []
     check_reached(changes, cfg.steps)
-    check_sync_every_flags(args, cfg, changes)
+    check_sync_every_flags(args, cfg, changes, resume.step if resume is not None else 0)
     if args.peers != 1:
         if changes:
             raise ConfigError("--schedule replays a run's changes on one peer (the same bits "

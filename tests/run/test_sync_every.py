@@ -243,6 +243,10 @@ def test_the_outer_step_is_torchs_nesterov_sgd():
     ({"sync_every": 1}, "replicas 4 needs sync_every H > 1"),
     ({"outer_lr": 0.0}, "outer_lr must be in (0, 2]"),
     ({"outer_momentum": 1.0}, "outer_momentum must be in [0, 1)"),
+    # a per-step run took them silently, and its checkpoint's config carried them
+    ({"sync_every": 1, "replicas": 1, "outer_lr": 1.0}, "outer_lr 1.0 set the outer step of "
+     "a run that syncs every H > 1 steps: with sync_every 1 there is none"),
+    ({"sync_every": 1, "replicas": 1, "outer_momentum": 0.5}, "outer_momentum 0.5 set"),
 ])
 def test_bad_values_are_named(changes, message):
     with pytest.raises(ConfigError) as caught:
@@ -334,3 +338,69 @@ def test_second_moment_codes_round_trip_within_a_fifth_of_a_percent():
                                           1).max() < 1e-29
     with pytest.raises(Exception, match="finite float32 values >= 0"):
         optim.second_moment_code(np.float32([-1.0]))
+
+
+def test_save_every_writes_at_the_boundaries_of_a_run_resumed_off_the_grid(tmp_path):
+    """A run of 20 steps at H = 8 ends on a short outer step; resumed, its boundaries are
+    28, 36, ..., none a multiple of 8: `--save-every 8` never wrote (a crash lost it all)."""
+    from types import SimpleNamespace
+
+    from pynode.cli.report import Saver
+    from pynode.run.trainer import StepResult
+
+    state = SimpleNamespace(step=20)
+    trainer = SimpleNamespace(state=state, state_bytes=lambda: f"state {state.step}".encode())
+    path = tmp_path / "m.pt"
+    on_step = Saver(str(path), 8).hook(trainer)
+    written = []
+    for boundary in (28, 36, 44):
+        state.step = boundary
+        on_step(StepResult(step=boundary, loss=1.0, hash="h", probe="p"))
+        written.append(path.read_bytes() if path.exists() else None)
+    assert written == [b"state 28", b"state 36", b"state 44"]
+    per_step = Saver(str(tmp_path / "p.pt"), 3).hook(SimpleNamespace(
+        state=SimpleNamespace(step=0), state_bytes=lambda: b"x"))
+    wrote = []
+    for step in range(1, 8):  # a per-step run writes every 3rd step, as before
+        (tmp_path / "p.pt").unlink(missing_ok=True)
+        per_step(StepResult(step=step, loss=1.0, hash="h", probe="p"))
+        wrote.append((tmp_path / "p.pt").exists())
+    assert wrote == [False, False, True, False, False, True, False]
+
+
+def test_a_schedule_of_a_resumed_run_follows_its_own_boundaries():
+    """Resumed at step 20 with H = 8 the run changes at 28, 36, ...: 28 was refused (not a
+    multiple of 8) and 32 taken, to fail mid-run with 'resumed past it'."""
+    from types import SimpleNamespace
+
+    from pynode.cli.train import check_sync_every_flags
+    from pynode.run.schedule import Change
+
+    cfg = RunConfig.from_dict({**CONFIG, "sync_every": 8, "steps": 60})
+    args = SimpleNamespace(save_every=None)
+    check_sync_every_flags(args, cfg, [Change(step=28, lr=0.001)], 20)
+    with pytest.raises(ConfigError) as refused:
+        check_sync_every_flags(args, cfg, [Change(step=32, lr=0.001)], 20)
+    assert "step 20 plus multiples of 8 (28, 36, ...); steps [32] are not" in str(refused.value)
+    with pytest.raises(ConfigError, match="multiples of 8; steps \\[28\\] are not"):
+        check_sync_every_flags(args, cfg, [Change(step=28, lr=0.001)])
+
+
+@pytest.mark.parametrize("replicas,capacity,peers,says", [
+    (1, None, 2, "--replicas 1 over 2 peers is 1/0; rank 1 computes none; --replicas 2 gives "
+                 "every peer its share"),
+    (2, "1,1,1", 3, "is 1/1/0 (the capacities ask for 0.667/0.667/0.667); rank 2 computes "
+                    "none; --replicas 4 gives every peer some"),
+    (4, "1,2,5", 3, "is 1/1/2 (the capacities ask for 0.5/1/2.5); --replicas 8 gives every "
+                    "peer its share"),
+    (2, None, 2, None),
+])
+def test_local_peers_of_a_sync_every_run_hear_how_whole_replicas_split(replicas, capacity, peers,
+                                                                       says):
+    """Two desktops on `--sync-every H` (one replica by default) left the second idle with
+    no word, and --capacity's note spoke of microbatches, which such a run does not split."""
+    from pynode.cli.flags import parse_capacity, replicas_note
+
+    cfg = RunConfig.from_dict({**CONFIG, "replicas": replicas})
+    note = replicas_note(cfg, parse_capacity(capacity, peers), peers)
+    assert note == says if says is None else says in note
