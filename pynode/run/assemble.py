@@ -184,11 +184,13 @@ def read_resume(
         raise ConfigError(  # nor back; said before the switch's other flags are judged
             f"the checkpoint is of a {'--sync-every' if stored_outer else 'per-step'} run and "
             f"cannot continue as a {'per-step' if stored_outer else '--sync-every'} run (its "
-            "optimizer state is of the other kind); resume it with its own --sync-every")
+            "optimizer state is of the other kind); "
+            + ("drop --sync-every 1: a resume keeps the checkpoint's own H" if stored_outer
+               else "drop --sync-every, or start a --sync-every run afresh"))
     try:
         cfg = RunConfig.from_dict({**config, **overrides})
-    except ValueError as exc:
-        raise checkpoint.CheckpointError(f"checkpoint config cannot be resumed: {exc}") from exc
+    except ValueError as exc:  # the checkpoint's own config is valid (above): the flags are not
+        raise ConfigError(f"the flags given with --resume do not fit its run: {exc}") from exc
     ckpt = checkpoint.load_checkpoint(data, expect=checkpoint_expectations(cfg))
     if cfg.steps <= ckpt.step:  # checked once the file is known to fit the model
         raise NothingToTrainError(f"the checkpoint is at step {ckpt.step} and the run ends at "

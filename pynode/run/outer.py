@@ -30,6 +30,7 @@ Legend: P = parameters (flattened in the model's declared order), R = replicas.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import numpy as np
@@ -39,6 +40,21 @@ from pynode.core.errors import NonFiniteError
 from pynode.core.plan import microbatch_plan, replica_microbatches
 from pynode.core.probe import probe_hash
 from pynode.run.trainer import LOSS_FRAC_BITS, StepResult, Trainer, TrainState, task_loss
+
+
+def stop_if_cancelled() -> None:
+    """Raise CancelledError where this step's task was asked to stop (Ctrl-C or SIGTERM
+    cancel the command's task): an outer step computes its H inner steps without awaiting
+    anything, so a cancel waited for all of them (minutes at a large H) and, in the last
+    outer step, arrived after the run had said it finished. The state is still the last
+    boundary's: nothing is applied before the reduce. Nothing to do off the event loop's
+    thread (a recomputation in a worker thread)."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:
+        return
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 class OuterTrainer(Trainer):
@@ -128,6 +144,7 @@ class OuterTrainer(Trainer):
                 optim.AdamConfig(weight_decay=cfg.weight_decay, clip=cfg.clip))
             for hook in self.after_inner:
                 hook(replica, step + 1)
+            stop_if_cancelled()
         delta = np.asarray(self.flatten(self.state.params) - self.flatten(params))  # (P,) f32
         # relative to the shared v's codes: small integers, which pack to a few bits each
         codes = optim.second_moment_code(self.flatten(adam.v)) - self.shared_codes()

@@ -404,3 +404,29 @@ def test_local_peers_of_a_sync_every_run_hear_how_whole_replicas_split(replicas,
     cfg = RunConfig.from_dict({**CONFIG, "replicas": replicas})
     note = replicas_note(cfg, parse_capacity(capacity, peers), peers)
     assert note == says if says is None else says in note
+
+
+def test_a_cancel_stops_an_outer_step_between_its_inner_steps(checks):
+    """Ctrl-C cancels the command's task, but an outer step awaits nothing for its H inner
+    steps: the cancel waited for all of them, and in the last outer step came after the
+    run said it had finished. It now lands after the inner step under way; the state stays
+    the last boundary's."""
+    cfg = RunConfig.from_dict({**CONFIG, "sync_every": 6, "steps": 12, "replicas": 1})
+    trainer = checks.make_trainer(cfg, None, None)
+    before = trainer.state.hash()
+    inner: list[int] = []
+
+    def on_inner(replica: int, step: int) -> None:
+        inner.append(step)
+        if step == 2:  # Ctrl-C arrives during the second inner step
+            asyncio.current_task().cancel()
+
+    trainer.after_inner.append(on_inner)
+
+    async def outer_step() -> None:
+        await trainer.step()
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(outer_step())
+    assert inner == [1, 2]  # not 1..6
+    assert trainer.state.step == 0 and trainer.state.hash() == before
