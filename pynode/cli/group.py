@@ -130,7 +130,9 @@ async def lead(args: argparse.Namespace, cfg: RunConfig | None, collective, capa
     finally:
         if reporter is not None:
             reporter.close()
-    saver.final(trainer)
+    saved = saver.final(trainer)
+    if saved:  # a stop says where its state went; so does a finished run
+        print(saved, file=sys.stderr)
     if args.summary:
         write_summary(args.summary, trainer, collective.world_size, traffic, timings)
     if followers is not None:

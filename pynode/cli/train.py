@@ -118,7 +118,9 @@ async def train_command(args: argparse.Namespace) -> int:
         status.finish("finished")
     print(final_status(0, trainer, "finished"), file=sys.stderr)
     elapsed = time.perf_counter() - started
-    saver.final(trainer)
+    saved = saver.final(trainer)
+    if saved:  # a stop says where its state went; so does a finished run
+        print(saved, file=sys.stderr)
     if args.summary:
         write_summary(args.summary, trainer, 1, None)
     print_summary(trainer, last, elapsed)

@@ -102,6 +102,8 @@ def test_train_prints_the_final_hash_and_logs_every_step(runs):
     assert ref.final_hash == ref.hashes[-1]
     assert all(np.isfinite(row["loss"]) for row in ref.log)
     assert "unit invocations: mul" in ref.err
+    # where its state went, as a stop says it (a finished run said nothing)
+    assert f"saved the state (step 3) to {runs['folder'] / 'ref.pt'}" in ref.err
 
 
 @pytest.mark.parametrize("name", ["again", "simd_off", "numpy_int"])
