@@ -55,6 +55,7 @@ def run_header(trainer: Trainer) -> str:
     cfg = trainer.cfg
     outer = (f"  sync every {cfg.sync_every} steps over {cfg.replicas} "
              f"replica{'s' if cfg.replicas != 1 else ''}"
+             + ("  (no cross-peer checks: not yet in outer steps)" if cfg.cross_check else "")
              if cfg.outer else "")
     return (f"task {cfg.task}  backend {gemm_summary(trainer.gemm)}  "
             f"params {params:,}  from step {trainer.state.step}{outer}")
