@@ -181,7 +181,8 @@ def measure_codec(cfg: RunConfig) -> dict:
 
 def report(pairs: list[tuple[dict, dict]], cfg: RunConfig, codec: dict) -> dict:
     """The JSON report of the rounds' runs; `codec` is measure_codec's."""
-    tokens = cfg.microbatches * cfg.microbatch_size * cfg.seq
+    # a --sync-every run times its full outer steps, H steps' tokens each
+    tokens = cfg.microbatches * cfg.microbatch_size * cfg.seq * cfg.sync_every
     speeds, ratios, extra = scaling(pairs, tokens, statistics.median)
     _, by_means, _ = scaling(pairs, tokens, statistics.fmean)
     twos = [two for _, two in pairs]

@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--capacity", help="relative speeds of the local peers, e.g. 1,2,5")
     train.add_argument("--summary", metavar="FILE",
                        help="write a JSON summary here: final hash, traffic, and each rank's "
-                       "ms per step in each phase (all steps but the first)")
+                       "ms per step in each phase (all steps but the first; a --sync-every "
+                       "run's full outer steps)")
     train.add_argument("--schedule", metavar="FILE",
                        help="apply these changes at their steps: a JSON list of {\"step\": S, "
                        "\"lr\": X, \"steps\": N} (a room's live changes, replayed; "

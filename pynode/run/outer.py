@@ -159,11 +159,14 @@ class OuterTrainer(Trainer):
         """Compute this peer's replicas, reduce the pseudo-gradients exactly, apply the
         outer step; returns what every peer must agree on (at the outer boundary)."""
         started = time.perf_counter()
+        marks = [started]  # the end of each phase, stepclock.PHASES in order
         cfg, inner = self.cfg, self.inner_steps()
         replicas = self.replica_plan()
         plan = self.plan()
         partial = self.microbatch_partial(replicas.get(self.rank(), []))
+        marks.append(time.perf_counter())
         total, _, _ = await self.reduce(partial, replicas)
+        marks += [time.perf_counter()] * 2  # no cross-peer checks in outer steps (verify)
         size = self.size
         delta = self.unflatten(fixedpoint.from_fixed(total[:size], cfg.frac_bits, cfg.replicas))
         codes = total[size : 2 * size] + self.shared_codes() * cfg.replicas  # (P,) int64
@@ -178,15 +181,23 @@ class OuterTrainer(Trainer):
         self.state = TrainState(step=self.state.step + inner, params=params, opt=opt)
         for hook in self.after_update:
             hook(self)
+        marks.append(time.perf_counter())
+        state_hash = self.state.hash()
+        marks.append(time.perf_counter())
+        probe = probe_hash(self.gemm, self.probe)
+        marks.append(time.perf_counter())
+        seconds = marks[-1] - started
+        heldout = self.heldout_loss() if self.evaluates_outer(inner) else None
+        marks.append(time.perf_counter())
         result = StepResult(
-            step=self.state.step, loss=loss, hash=self.state.hash(),
-            probe=probe_hash(self.gemm, self.probe), plan=plan,
-            seconds=time.perf_counter() - started,
-            heldout=self.heldout_loss() if self.evaluates_outer(inner) else None,
-            change=self._change, inner=inner,
+            step=self.state.step, loss=loss, hash=state_hash, probe=probe, plan=plan,
+            seconds=seconds, heldout=heldout, change=self._change, inner=inner,
         )
         self._change = None
         await self.check_agreement(result)
+        marks.append(time.perf_counter())
+        if inner == cfg.sync_every:  # a run's shorter last outer step is not a typical one
+            self.clock.record(marks, self.state.step, False, 0.0)
         return result
 
     def evaluates_outer(self, inner: int) -> bool:

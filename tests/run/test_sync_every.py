@@ -430,3 +430,21 @@ def test_a_cancel_stops_an_outer_step_between_its_inner_steps(checks):
         asyncio.run(outer_step())
     assert inner == [1, 2]  # not 1..6
     assert trainer.state.step == 0 and trainer.state.hash() == before
+
+
+def test_a_sync_every_run_times_its_full_outer_steps(checks):
+    """--summary held no timings for a --sync-every run ("phase_ms_per_step": {} on every
+    rank): its outer steps never reached the step clock."""
+    trainer = checks.make_trainer(RunConfig.from_dict(CONFIG), None, None)  # steps 3, 6, 7
+
+    async def run() -> None:
+        for _ in OUTER_STEPS:
+            await trainer.step()
+
+    asyncio.run(run())
+    timings = trainer.clock.timings()
+    # the first pays for start-up and the last is a shorter outer step: only step 6's
+    assert [row[0] for row in timings["step_ms"]] == [6]
+    phases = timings["phase_ms_per_step"]
+    assert phases["compute"] > 0 and phases["hash"] > 0 and phases["verify"] == 0
+    assert sum(phases.values()) == pytest.approx(timings["step_ms"][0][1])
