@@ -107,12 +107,6 @@ class RunConfig:
             raise ConfigError(f"outer_lr must be in (0, 2], got {self.outer_lr!r}")
         if not 0 <= self.outer_momentum < 1:
             raise ConfigError(f"outer_momentum must be in [0, 1), got {self.outer_momentum!r}")
-        changed = [f"{name} {getattr(self, name)!r}" for name in ("outer_lr", "outer_momentum")
-                   if getattr(self, name) != _DEFAULTS[name]]
-        if changed and self.sync_every == 1:
-            raise ConfigError(f"{' and '.join(changed)} set the outer step of a run that syncs "
-                              "every H > 1 steps: with sync_every 1 there is none (give "
-                              "sync_every H, or leave them out)")
 
     @property
     def outer(self) -> bool:
@@ -141,4 +135,16 @@ class RunConfig:
 
 
 OUTER_FIELDS = ("sync_every", "replicas", "outer_lr", "outer_momentum")
+
+
+def check_outer_given(given: dict, cfg: RunConfig) -> None:
+    """ConfigError for an outer learning rate or momentum someone gave (`given`: the flags
+    or fields set) to a run with no outer step (sync_every 1): a per-step run took them
+    silently into its config. Judged where they are given, not in RunConfig itself, so a
+    checkpoint or a room config that already holds them still loads."""
+    named = [f"{name} {given[name]!r}" for name in ("outer_lr", "outer_momentum") if name in given]
+    if named and cfg.sync_every == 1:
+        raise ConfigError(f"{' and '.join(named)} set the outer step of a run that syncs every "
+                          "H > 1 steps: with sync_every 1 there is none (give sync_every H, "
+                          "or leave them out)")
 _DEFAULTS = {f.name: f.default for f in fields(RunConfig)}

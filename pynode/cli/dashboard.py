@@ -211,6 +211,8 @@ class StatusReporter:
                 closing = self.closed and not self.points
             last = time.monotonic()
             answer = self._post(body)
+            if answer is None and self.closed:
+                return  # closing, and not taken: no more tries (they came without a pause)
             if answer is None:  # not taken: its points go with the next report
                 with self.wake:
                     self.points[:0] = points

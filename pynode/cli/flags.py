@@ -9,7 +9,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from pynode import datafile
-from pynode.config import ConfigError, RunConfig
+from pynode.config import ConfigError, RunConfig, check_outer_given
 from pynode.run.errors import OutputError
 from pynode.run.trainer import TrainOptions
 
@@ -89,7 +89,9 @@ def config_from_values(values: dict) -> RunConfig:
     set, for the task)."""
     if "task" not in values and os.environ.get("PYNODE_TASK"):
         values = {**values, "task": os.environ["PYNODE_TASK"]}
-    return RunConfig(**values)
+    cfg = RunConfig(**values)
+    check_outer_given(values, cfg)
+    return cfg
 
 
 def explicit_config(args: argparse.Namespace) -> dict:
@@ -222,8 +224,9 @@ def replicas_note(cfg: RunConfig, capacities: dict[int, float] | None,
         line += f"; rank {idle[0]} computes none" if len(idle) == 1 else \
             f"; ranks {', '.join(idle)} compute none"
     divisors = [d for d in range(1, cfg.microbatches + 1) if cfg.microbatches % d == 0]
-    better = next((d for d in divisors if fits(d) == (True, True)), None) or \
-        next((d for d in divisors if fits(d)[0]), None)
+    better = next((d for d in divisors if fits(d) == (True, True)), None)
+    if better is None and not fits(cfg.replicas)[0]:  # none splits in proportion: some work
+        better = next((d for d in divisors if fits(d)[0]), None)
     if better is not None and better != cfg.replicas:
         line += (f"; --replicas {better} gives every peer " +
                  ("its share" if fits(better)[1] else "some") + " (another run: R is part of "

@@ -47,6 +47,10 @@ def check_sync_every_flags(args: argparse.Namespace, cfg: RunConfig, changes: li
     if args.save_every is not None and args.save_every % every:
         raise ConfigError(f"--save-every {args.save_every}: a --sync-every {every} run has "
                           f"states only every {every} steps; give a multiple of {every}")
+    before = [c.step for c in changes if c.step < start]
+    if before:
+        raise ConfigError(f"--schedule: the run resumes at step {start}, after its changes at "
+                          f"steps {before}: leave those out")
     off = [c.step for c in changes if c.step > start and (c.step - start) % every]
     if off:
         where = f"multiples of {every}" if start == 0 else \

@@ -259,7 +259,9 @@ class SignalingClient:
                 code, reason = ws.close_code, ws.close_reason or ""
         self._dispatch("socket", {"type": "socket", "open": False, "code": code,
                                   "reason": reason})
-        self._waiting, self._last_failure = "", f"the server closed the socket ({code} {reason})"
+        self._waiting = ""
+        self._last_failure = (f"the server closed the socket ({code} {reason})".strip()
+                              if code is not None else "the socket closed")
         return code, reason
 
     async def _write(self, ws: Any, outbox: asyncio.Queue[str]) -> None:

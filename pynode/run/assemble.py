@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pynode import platform
-from pynode.config import ConfigError, RunConfig
+from pynode.config import ConfigError, RunConfig, check_outer_given
 from pynode.core import checkpoint
 from pynode.run.errors import OutputError
 from pynode.run.trainer import ALONE, Trainer, TrainOptions, TrainState
@@ -189,6 +189,7 @@ def read_resume(
                else "drop --sync-every, or start a --sync-every run afresh"))
     try:
         cfg = RunConfig.from_dict({**config, **overrides})
+        check_outer_given(overrides, cfg)
     except ValueError as exc:  # the checkpoint's own config is valid (above): the flags are not
         raise ConfigError(f"the flags given with --resume do not fit its run: {exc}") from exc
     ckpt = checkpoint.load_checkpoint(data, expect=checkpoint_expectations(cfg))

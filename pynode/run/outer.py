@@ -53,7 +53,8 @@ def stop_if_cancelled() -> None:
         task = asyncio.current_task()
     except RuntimeError:
         return
-    if task is not None and task.cancelling():
+    cancelling = getattr(task, "cancelling", None)  # Python 3.11+; 3.10's asyncio.run
+    if cancelling is not None and cancelling():      # raises KeyboardInterrupt mid-step
         raise asyncio.CancelledError
 
 

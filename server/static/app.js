@@ -19,7 +19,7 @@ const node = new PageNode(target, { break_gate: params.get("break_gate") === "1"
 const generator = new PageGenerator({ backend: params.get("backend") });
 const $ = (id) => document.getElementById(id);
 // A page opened at localhost shares a link that names each friend's own machine.
-// (the same question as pynode.platform.only_this_machine: localhost, *.localhost, loopback)
+// (the same question as pynode.addresses.only_this_machine: localhost, *.localhost, loopback)
 const LOOPBACK_PAGE = /^(localhost|.+\.localhost|127(\.\d+){3}|\[::1\])\.?$/i.test(location.hostname);
 // A number field's value as the browser validated it ("1e1" is 10, as Chromium reads it;
 // parseInt read 1), or NaN: empty, or not what the field takes.

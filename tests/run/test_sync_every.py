@@ -243,10 +243,6 @@ def test_the_outer_step_is_torchs_nesterov_sgd():
     ({"sync_every": 1}, "replicas 4 needs sync_every H > 1"),
     ({"outer_lr": 0.0}, "outer_lr must be in (0, 2]"),
     ({"outer_momentum": 1.0}, "outer_momentum must be in [0, 1)"),
-    # a per-step run took them silently, and its checkpoint's config carried them
-    ({"sync_every": 1, "replicas": 1, "outer_lr": 1.0}, "outer_lr 1.0 set the outer step of "
-     "a run that syncs every H > 1 steps: with sync_every 1 there is none"),
-    ({"sync_every": 1, "replicas": 1, "outer_momentum": 0.5}, "outer_momentum 0.5 set"),
 ])
 def test_bad_values_are_named(changes, message):
     with pytest.raises(ConfigError) as caught:
@@ -256,6 +252,11 @@ def test_bad_values_are_named(changes, message):
 
 @pytest.mark.parametrize("flags,message", [
     (["--sync-every", "0"], "ConfigError: sync_every must be a positive integer, got 0"),
+    # a per-step run took them silently, and its checkpoint's config carried them
+    (["--sync-every", "1", "--replicas", "1", "--outer-lr", "1"], "ConfigError: outer_lr 1.0 "
+     "set the outer step of a run that syncs every H > 1 steps: with sync_every 1 there is none"),
+    (["--sync-every", "1", "--replicas", "1", "--outer-momentum", "0.5"],
+     "ConfigError: outer_momentum 0.5 set the outer step"),
     (["--sync-every", "5", "--replicas", "3"], "ConfigError: replicas (3) must divide "
                                               "microbatches (4)"),
     (["--sync-every", "5", "--save-every", "7", "--save", "x.pt"],
@@ -382,6 +383,9 @@ def test_a_schedule_of_a_resumed_run_follows_its_own_boundaries():
     with pytest.raises(ConfigError) as refused:
         check_sync_every_flags(args, cfg, [Change(step=32, lr=0.001)], 20)
     assert "step 20 plus multiples of 8 (28, 36, ...); steps [32] are not" in str(refused.value)
+    with pytest.raises(ConfigError, match="resumes at step 20, after its changes at steps "
+                                          "\\[12\\]: leave those out"):
+        check_sync_every_flags(args, cfg, [Change(step=12, lr=0.001)], 20)
     with pytest.raises(ConfigError, match="multiples of 8; steps \\[28\\] are not"):
         check_sync_every_flags(args, cfg, [Change(step=28, lr=0.001)])
 
@@ -394,6 +398,8 @@ def test_a_schedule_of_a_resumed_run_follows_its_own_boundaries():
     (4, "1,2,5", 3, "is 1/1/2 (the capacities ask for 0.5/1/2.5); --replicas 8 gives every "
                     "peer its share"),
     (2, None, 2, None),
+    # every peer has some, and no divisor of 8 splits in proportion: no worse R suggested
+    (8, "1,1,1,2", 4, "(the capacities ask for 1.6/1.6/1.6/3.2)"),
 ])
 def test_local_peers_of_a_sync_every_run_hear_how_whole_replicas_split(replicas, capacity, peers,
                                                                        says):
@@ -404,6 +410,8 @@ def test_local_peers_of_a_sync_every_run_hear_how_whole_replicas_split(replicas,
     cfg = RunConfig.from_dict({**CONFIG, "replicas": replicas})
     note = replicas_note(cfg, parse_capacity(capacity, peers), peers)
     assert note == says if says is None else says in note
+    if capacity == "1,1,1,2":
+        assert "gives every peer" not in note, note
 
 
 def test_a_cancel_stops_an_outer_step_between_its_inner_steps(checks):
@@ -448,3 +456,29 @@ def test_a_sync_every_run_times_its_full_outer_steps(checks):
     phases = timings["phase_ms_per_step"]
     assert phases["compute"] > 0 and phases["hash"] > 0 and phases["verify"] == 0
     assert sum(phases.values()) == pytest.approx(timings["step_ms"][0][1])
+
+
+def test_a_per_step_checkpoint_that_holds_an_outer_lr_still_loads(tmp_path):
+    """Before --outer-lr was refused on a per-step run, such a run wrote it into its
+    checkpoints: those still resume (and generate), and the flag given again is refused."""
+    from pynode.run.assemble import read_resume
+    from pynode.run.trainer import Trainer
+    from pynode.tasks.gpt import GPTTask
+
+    old = Trainer(RunConfig(width=32, layers=1, heads=2, seq=16, microbatches=8, outer_lr=1.0),
+                  GPTTask(), None)
+    cfg, _ = read_resume(old.state_bytes(), {"steps": 9})
+    assert (cfg.sync_every, cfg.outer_lr, cfg.steps) == (1, 1.0, 9)
+    with pytest.raises(ConfigError, match="the flags given with --resume do not fit its run: "
+                                          "outer_lr 0.5 set the outer step"):
+        read_resume(old.state_bytes(), {"outer_lr": 0.5})
+
+
+def test_the_first_line_of_a_sync_every_run_says_its_outer_steps_go_unchecked(checks):
+    from pynode.cli.report import run_header
+
+    trainer = checks.make_trainer(RunConfig.from_dict(CONFIG), None, None)
+    assert run_header(trainer).endswith("sync every 3 steps over 4 replicas  (no cross-peer "
+                                        "checks: not yet in outer steps)")
+    quiet = checks.make_trainer(RunConfig.from_dict({**CONFIG, "cross_check": 0}), None, None)
+    assert run_header(quiet).endswith("sync every 3 steps over 4 replicas")

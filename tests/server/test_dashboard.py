@@ -536,3 +536,27 @@ def test_a_curve_sent_again_merges_in_by_step():
     (view,) = board.views()
     assert [p[0] for p in view["points"]] == list(range(1, 11))
     assert view["points"][8] == [9, 3.1, None]  # the same step: the newer report's point
+
+
+def test_a_reporter_closing_with_no_server_tries_its_last_report_once(monkeypatch):
+    """Points a failed report put back kept a closing reporter posting without a pause
+    (over 512 of them: ~3,000 requests a second, for good) and finish() waited 10 s."""
+    from pynode.cli import dashboard as client
+    from pynode.cli.dashboard import DashboardRun, StatusReporter
+
+    posted = []
+
+    def refused(url, body, token=None):
+        posted.append(len(body.get("points", [])))
+        raise OSError("Connection refused")
+
+    monkeypatch.setattr(client, "post_json", refused)
+    reporter = StatusReporter(DashboardRun("http://127.0.0.1:9", "r", "t", "n", "train", 1), 0)
+    steps(reporter, 1, 600)  # a server down for 600 steps
+    started = time.monotonic()
+    reporter.finish("finished")
+    assert time.monotonic() - started < 5 and not reporter.sender.is_alive()
+    time.sleep(0.3)
+    count = len(posted)
+    time.sleep(0.3)
+    assert len(posted) == count <= 3, posted
