@@ -41,16 +41,16 @@ def check_sync_every_flags(args: argparse.Namespace, cfg: RunConfig, changes: li
     schedule changes) exist only at outer-step boundaries, every H steps from the step the
     run starts at (`start`: 0, or the checkpoint's step; a run whose --steps H does not
     divide ends on a shorter outer step, and one resumed there goes on from that step)."""
+    before = [c.step for c in changes if c.step < start]
+    if before:  # replay found them only at the first step, after the start-up checks
+        raise ConfigError(f"--schedule: the run resumes at step {start}, after its changes at "
+                          f"steps {before}: leave those out")
     every = cfg.sync_every
     if every == 1:
         return
     if args.save_every is not None and args.save_every % every:
         raise ConfigError(f"--save-every {args.save_every}: a --sync-every {every} run has "
                           f"states only every {every} steps; give a multiple of {every}")
-    before = [c.step for c in changes if c.step < start]
-    if before:
-        raise ConfigError(f"--schedule: the run resumes at step {start}, after its changes at "
-                          f"steps {before}: leave those out")
     off = [c.step for c in changes if c.step > start and (c.step - start) % every]
     if off:
         where = f"multiples of {every}" if start == 0 else \
