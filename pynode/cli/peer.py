@@ -85,6 +85,7 @@ class NativePeer:
         self.signaling: Any = None
         self.mesh: Any = None
         self.matrix_printer: asyncio.Future | None = None  # print_matrix at a run's start
+        self.command_task: asyncio.Task | None = None  # run()'s: Ctrl-C cancels it
         self.room: Any = None
         self.serving: asyncio.Task | None = None
         self.trainer: Trainer | None = None
@@ -101,6 +102,7 @@ class NativePeer:
 
     # ----------------------------------------------------------------- lifecycle
     async def run(self, cfg: RunConfig | None, resume: Any) -> int:
+        self.command_task = asyncio.current_task()
         try:
             code = await self._run(cfg, resume)
         except BaseException:  # interrupted (Ctrl-C): keep what the room agreed on, as train does
@@ -275,8 +277,17 @@ class NativePeer:
         trainer = build_trainer(cfg, collective, resume, arithmetic=(self.units, self.gemm),
                                 options=options)
         install_fault(trainer)
+        trainer.after_inner.append(self.stop_if_interrupted)
         self.trainer, self.save_step = trainer, self.saver.hook(trainer)
         return trainer
+
+    def stop_if_interrupted(self, replica: int, step: int) -> None:
+        """After each inner step of a --sync-every outer step: Ctrl-C cancels the command's
+        task, not the room's, whose outer step awaits nothing for its H inner steps, so
+        the room's stops here too (as `train`'s does, pynode.run.outer.stop_if_cancelled)."""
+        cancelling = getattr(self.command_task, "cancelling", None)
+        if cancelling is not None and cancelling():
+            raise asyncio.CancelledError
 
     def report(self, kind: str, fields: dict[str, Any]) -> None:
         """What the room reports (see pynode.run.protocol.RoomPeer), on the training loop."""

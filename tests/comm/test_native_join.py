@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
@@ -885,3 +886,22 @@ def test_the_matrix_waits_for_its_own_links_first_rtt_and_scan(monkeypatch, caps
     peer.mesh.matrix = failed
     asyncio.run(asyncio.wait_for(NativePeer.print_matrix(peer), 5))
     assert len(looked) == 1
+
+
+def test_a_room_peer_stops_its_outer_step_when_the_command_is_cancelled():
+    """Ctrl-C cancels join's own task, not the room's, whose --sync-every outer step awaits
+    nothing for its H inner steps: the room peer's trainer stops after the inner step under
+    way (train's stops on its own task's cancel)."""
+    from pynode.cli.peer import NativePeer
+
+    async def body() -> None:
+        command = asyncio.ensure_future(asyncio.sleep(60))  # join's own task
+        peer = SimpleNamespace(command_task=command)
+        NativePeer.stop_if_interrupted(peer, 0, 1)  # nothing asked: goes on
+        command.cancel()  # what asyncio.run's Ctrl-C handler does to it
+        with pytest.raises(asyncio.CancelledError):
+            NativePeer.stop_if_interrupted(peer, 0, 2)  # in the room's task
+        with contextlib.suppress(asyncio.CancelledError):
+            await command
+
+    asyncio.run(body())
