@@ -83,7 +83,7 @@ async def lead(args: argparse.Namespace, cfg: RunConfig | None, collective, capa
         for note in resume_notes(ckpt.config, ckpt.step, given):
             print(note, file=sys.stderr)
     resume = resume if resume is not None else resumed
-    note = replicas_note(cfg, capacities, args.peers) if cfg.outer else \
+    note = replicas_note(cfg, capacities, collective.world_size) if cfg.outer else \
         capacity_note(cfg.microbatches, capacities)
     if note:
         print(note, file=sys.stderr)
