@@ -52,6 +52,13 @@ class Member:
     status: dict[str, Any] | None = None  # the last status frame's fields
 
 
+def room_label(key: str, private: bool) -> str:
+    """A room in the server's log: enough of its code to tell rooms apart, not enough to
+    join one (a log is read by more people than the room's link)."""
+    return f"room {key[:4]}…" if private else \
+        f"automatic room {key.removeprefix('auto:')[:4]}…"
+
+
 @dataclass
 class Room:
     key: str  # code of a private room, "auto:<digest>" of an auto room
@@ -74,11 +81,7 @@ class Room:
 
     @property
     def label(self) -> str:
-        """The room in the server's log: enough of its code to tell rooms apart, not enough
-        to join one (a log is read by more people than the room's link)."""
-        if self.private:
-            return f"room {self.key[:4]}…"
-        return f"automatic room {self.key.removeprefix('auto:')[:4]}…"
+        return room_label(self.key, self.private)
 
 
 @dataclass(frozen=True)
@@ -128,8 +131,8 @@ class Rooms:
         with self._lock:
             if code is not None and claim is not None and self._revoked.is_revoked(key, claim.peer):
                 if not claim.host:
-                    log.info("room %s…: peer %s, which the host removed or declined, was "
-                             "turned away again", key[:4], claim.peer)
+                    log.info("%s: peer %s, which the host removed or declined, was turned "
+                             "away again", room_label(key, True), claim.peer)
                     link.deliver(encode("removed", reason="removed by the host"))
                     link.close(4403, "removed")
                     return claim.peer

@@ -34,7 +34,7 @@ from server.protocol import (
     parse_frame,
 )
 from server.ratelimit import TokenBucket
-from server.rooms import Rooms
+from server.rooms import Rooms, room_label
 
 log = logging.getLogger(__name__)
 
@@ -295,7 +295,7 @@ class Connection:
                                                     msg.get("token"), msg.get("fresh", False))
             except ProtocolError as exc:  # the operator hears why a room stayed empty
                 what = "create a room" if kind == "create" else \
-                    f"join room {msg['room'][:4]}…" if msg.get("room") else "join"
+                    f"join {room_label(msg['room'], True)}" if msg.get("room") else "join"
                 log.info("a peer from %s could not %s: %s (%s)", self._group, what,
                          exc.message, exc.code)
                 raise

@@ -21,6 +21,7 @@ from pynode.cli.report import Saver, StepReporter, final_status, say
 from pynode.config import RunConfig
 from pynode.core import checkpoint
 from pynode.run.assemble import build_trainer
+from pynode.run.outer import stop_if_cancelled
 from pynode.run.protocol import RoomError
 from pynode.run.trainer import StepResult, Trainer
 
@@ -284,10 +285,9 @@ class NativePeer:
     def stop_if_interrupted(self, replica: int, step: int) -> None:
         """After each inner step of a --sync-every outer step: Ctrl-C cancels the command's
         task, not the room's, whose outer step awaits nothing for its H inner steps, so
-        the room's stops here too (as `train`'s does, pynode.run.outer.stop_if_cancelled)."""
-        cancelling = getattr(self.command_task, "cancelling", None)
-        if cancelling is not None and cancelling():
-            raise asyncio.CancelledError
+        the room's asks the command's as `train`'s asks its own."""
+        if self.command_task is not None:
+            stop_if_cancelled(self.command_task)
 
     def report(self, kind: str, fields: dict[str, Any]) -> None:
         """What the room reports (see pynode.run.protocol.RoomPeer), on the training loop."""

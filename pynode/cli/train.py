@@ -41,10 +41,6 @@ def check_sync_every_flags(args: argparse.Namespace, cfg: RunConfig, changes: li
     schedule changes) exist only at outer-step boundaries, every H steps from the step the
     run starts at (`start`: 0, or the checkpoint's step; a run whose --steps H does not
     divide ends on a shorter outer step, and one resumed there goes on from that step)."""
-    before = [c.step for c in changes if c.step < start]
-    if before:  # replay found them only at the first step, after the start-up checks
-        raise ConfigError(f"--schedule: the run resumes at step {start}, after its changes at "
-                          f"steps {before}: leave those out")
     every = cfg.sync_every
     if every == 1:
         return
@@ -84,8 +80,9 @@ async def train_command(args: argparse.Namespace) -> int:
         raise ConfigError("--capacity sets the relative speeds of local peers: it needs "
                           "--peers N with N > 1 (one peer computes every microbatch)")
     changes = read_schedule(args.schedule) if args.schedule else []
-    check_reached(changes, cfg.steps)
-    check_sync_every_flags(args, cfg, changes, resume.step if resume is not None else 0)
+    start = resume.step if resume is not None else 0
+    check_reached(changes, cfg.steps, start)
+    check_sync_every_flags(args, cfg, changes, start)
     if args.peers != 1:
         if changes:
             raise ConfigError("--schedule replays a run's changes on one peer (the same bits "

@@ -42,17 +42,19 @@ from pynode.core.probe import probe_hash
 from pynode.run.trainer import LOSS_FRAC_BITS, StepResult, Trainer, TrainState, task_loss
 
 
-def stop_if_cancelled() -> None:
-    """Raise CancelledError where this step's task was asked to stop (Ctrl-C or SIGTERM
-    cancel the command's task): an outer step computes its H inner steps without awaiting
-    anything, so a cancel waited for all of them (minutes at a large H) and, in the last
-    outer step, arrived after the run had said it finished. The state is still the last
-    boundary's: nothing is applied before the reduce. Nothing to do off the event loop's
-    thread (a recomputation in a worker thread)."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:
-        return
+def stop_if_cancelled(task: asyncio.Task | None = None) -> None:
+    """Raise CancelledError where this step's task (or `task`: a room peer's command, which
+    Ctrl-C cancels instead) was asked to stop (Ctrl-C or SIGTERM cancel the command's task):
+    an outer step computes its H inner steps without awaiting anything, so a cancel waited
+    for all of them (minutes at a large H) and, in the last outer step, arrived after the
+    run had said it finished. The state is still the last boundary's: nothing is applied
+    before the reduce. Nothing to do off the event loop's thread (a recomputation in a
+    worker thread)."""
+    if task is None:
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:
+            return
     cancelling = getattr(task, "cancelling", None)  # Python 3.11+; 3.10's asyncio.run
     if cancelling is not None and cancelling():      # raises KeyboardInterrupt mid-step
         raise asyncio.CancelledError

@@ -87,10 +87,16 @@ def read_schedule(path: str) -> list[Change]:
     return changes
 
 
-def check_reached(changes: list[Change], steps: int) -> None:
+def check_reached(changes: list[Change], steps: int, start: int = 0) -> None:
     """ScheduleError for a change a run of `steps` steps (as the changes before it leave
-    it) never reaches: a change applies after its step, before the next, so one at or past
-    the run's last step would be dropped without a word."""
+    it) from step `start` (a resume's) never reaches: a change applies after its step,
+    before the next, so one at or past the run's last step would be dropped without a
+    word, and one before `start` was found only at the first step (replay), after the
+    start-up checks."""
+    before = [c.step for c in changes if c.step < start]
+    if before:
+        raise ScheduleError(f"the run resumes at step {start}, after its changes at steps "
+                            f"{before}: leave those out")
     for change in changes:
         if change.step >= steps:
             raise ScheduleError(f"change at step {change.step} is never reached: the run ends "

@@ -375,7 +375,7 @@ def test_a_schedule_of_a_resumed_run_follows_its_own_boundaries():
     from types import SimpleNamespace
 
     from pynode.cli.train import check_sync_every_flags
-    from pynode.run.schedule import Change
+    from pynode.run.schedule import Change, check_reached
 
     cfg = RunConfig.from_dict({**CONFIG, "sync_every": 8, "steps": 60})
     args = SimpleNamespace(save_every=None)
@@ -385,7 +385,7 @@ def test_a_schedule_of_a_resumed_run_follows_its_own_boundaries():
     assert "step 20 plus multiples of 8 (28, 36, ...); steps [32] are not" in str(refused.value)
     with pytest.raises(ConfigError, match="resumes at step 20, after its changes at steps "
                                           "\\[12\\]: leave those out"):
-        check_sync_every_flags(args, cfg, [Change(step=12, lr=0.001)], 20)
+        check_reached([Change(step=12, lr=0.001)], cfg.steps, 20)
     with pytest.raises(ConfigError, match="multiples of 8; steps \\[28\\] are not"):
         check_sync_every_flags(args, cfg, [Change(step=28, lr=0.001)])
 
