@@ -30,10 +30,16 @@ from typing import Any, Protocol
 
 from server.ice import IceIssuer
 from server.protocol import HOST_TYPES, RELAY_TYPES, ProtocolError, encode
+from server.ratelimit import LinesPerKey
 from server.revocations import Revocations
 from server.tokens import ResumeClaim, TokenSigner
 
 log = logging.getLogger(__name__)
+# The log's lines on what peers from one address group did (joined, waits, left, refused,
+# turned away): thirty at once, then one every 2 s, so that a script joining made-up codes
+# cannot fill the log. A room's host and its approvals are not limited.
+GROUP_LINES_BURST = 30
+GROUP_LINES_PER_S = 0.5
 
 
 class PeerLink(Protocol):
@@ -114,6 +120,17 @@ class Rooms:
         self._rooms: dict[str, Room] = {}
         self._room_of: dict[str, str] = {}  # connected peer id -> room key
         self._created: Counter[str] = Counter()  # address group -> its existing private rooms
+        self._group_lines = LinesPerKey(GROUP_LINES_PER_S, GROUP_LINES_BURST, clock=clock)
+
+    def note(self, group: str, message: str, *args: object) -> None:
+        """An INFO line on what a peer from address `group` did, within the group's budget
+        of lines; the next line written says how many were left out."""
+        left_out = self._group_lines.admit(group)
+        if left_out:
+            log.info(message + " (and %d such lines from %s left out before this one)",
+                     *args, left_out, group)
+        elif left_out is not None:
+            log.info(message, *args)
 
     # ----------------------------------------------------------------- entering
     def join(
@@ -131,8 +148,9 @@ class Rooms:
         with self._lock:
             if code is not None and claim is not None and self._revoked.is_revoked(key, claim.peer):
                 if not claim.host:
-                    log.info("%s: peer %s, which the host removed or declined, was turned "
-                             "away again", room_label(key, True), claim.peer)
+                    self.note(address_group, "%s: peer %s, which the host removed or "
+                              "declined, was turned away again", room_label(key, True),
+                              claim.peer)
                     link.deliver(encode("removed", reason="removed by the host"))
                     link.close(4403, "removed")
                     return claim.peer
@@ -255,13 +273,13 @@ class Rooms:
         self._room_of[member.id] = room.key
         role = "host" if member.id == room.host_id else "member"
         if member.approved:
-            log.info("%s: peer %s joined from %s as its %s (%d connected)", room.label,
-                     member.id, member.group, role, len(room.members))
+            self.note(member.group, "%s: peer %s joined from %s as its %s (%d connected)",
+                      room.label, member.id, member.group, role, len(room.members))
         else:
             host = room.host_id in room.members
-            log.info("%s: peer %s from %s waits for the host's approval%s", room.label,
-                     member.id, member.group,
-                     "" if host else " (no host is connected: nobody can approve it now)")
+            self.note(member.group, "%s: peer %s from %s waits for the host's approval%s",
+                      room.label, member.id, member.group,
+                      "" if host else " (no host is connected: nobody can approve it now)")
         member.link.deliver(encode(
             "joined", peer=member.id, room=room.code, private=room.private, role=role,
             state="approved" if member.approved else "pending",
@@ -296,8 +314,10 @@ class Rooms:
                 return
             if room.members[peer_id].link is not link:
                 return
+            group = room.members[peer_id].group
             self._drop(room, peer_id)
-            log.info("%s: peer %s left (%d connected)", room.label, peer_id, len(room.members))
+            self.note(group, "%s: peer %s left (%d connected)", room.label, peer_id,
+                      len(room.members))
             self._send_rosters(room)
 
     def _lookup(self, peer_id: str, link: PeerLink) -> tuple[Room, Member]:

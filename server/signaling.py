@@ -296,8 +296,8 @@ class Connection:
             except ProtocolError as exc:  # the operator hears why a room stayed empty
                 what = "create a room" if kind == "create" else \
                     f"join {room_label(msg['room'], True)}" if msg.get("room") else "join"
-                log.info("a peer from %s could not %s: %s (%s)", self._group, what,
-                         exc.message, exc.code)
+                self._rooms.note(self._group, "a peer from %s could not %s: %s (%s)",
+                                 self._group, what, exc.message, exc.code)
                 raise
         elif kind in UNJOINED_TYPES:
             raise ProtocolError("already_joined", "this connection is already in a room")

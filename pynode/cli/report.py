@@ -53,8 +53,11 @@ def run_header(trainer: Trainer) -> str:
     """The first line a run prints: task, arithmetic, size and starting step."""
     params = sum(p.size for p in trainer.state.params.values())
     cfg = trainer.cfg
+    left = cfg.steps - trainer.state.step
     outer = (f"  sync every {cfg.sync_every} steps over {cfg.replicas} "
              f"replica{'s' if cfg.replicas != 1 else ''}"
+             + (f" (one outer step: the run has {left} step{'s' if left != 1 else ''} left)"
+                if cfg.sync_every > left > 0 else "")
              + ("  (no cross-peer checks: not yet in outer steps)" if cfg.cross_check else "")
              if cfg.outer else "")
     return (f"task {cfg.task}  backend {gemm_summary(trainer.gemm)}  "

@@ -482,3 +482,17 @@ def test_the_first_line_of_a_sync_every_run_says_its_outer_steps_go_unchecked(ch
                                         "checks: not yet in outer steps)")
     quiet = checks.make_trainer(RunConfig.from_dict({**CONFIG, "cross_check": 0}), None, None)
     assert run_header(quiet).endswith("sync every 3 steps over 4 replicas")
+
+
+def test_the_first_line_says_when_sync_every_outlasts_the_run(checks):
+    """An H longer than what is left of the run is one shorter outer step: said, not silent."""
+    from pynode.cli.report import run_header
+
+    long = {**CONFIG, "cross_check": 0, "sync_every": 9}
+    trainer = checks.make_trainer(RunConfig.from_dict(long), None, None)
+    assert run_header(trainer).endswith("sync every 9 steps over 4 replicas (one outer step: "
+                                        "the run has 7 steps left)")
+    trainer.state.step = 6
+    assert run_header(trainer).endswith("(one outer step: the run has 1 step left)")
+    exact = checks.make_trainer(RunConfig.from_dict({**long, "sync_every": 7}), None, None)
+    assert run_header(exact).endswith("sync every 7 steps over 4 replicas")

@@ -15,7 +15,7 @@ import pytest
 from server.__main__ import config_from_args, main, parse_args
 from server.addresses import address_group, client_address
 from server.config import ServerConfig, ServerConfigError
-from server.ratelimit import TokenBucket
+from server.ratelimit import LinesPerKey, TokenBucket
 from server.tokens import SecretError, TokenSigner, load_secret
 
 REPO = Path(__file__).resolve().parents[2]
@@ -144,6 +144,19 @@ def test_token_bucket_refills_at_its_rate() -> None:
     assert not bucket.take(10)  # more than the burst never passes
     with pytest.raises(ValueError):
         TokenBucket(0, 1)
+
+
+def test_log_lines_per_key_say_how_many_they_left_out() -> None:
+    now = [0.0]
+    lines = LinesPerKey(rate=0.5, burst=2, keys=2, clock=lambda: now[0])
+    assert [lines.admit("a") for _ in range(5)] == [0, 0, None, None, None]
+    assert lines.admit("b") == 0  # each key its own budget
+    now[0] += 2.0
+    assert lines.admit("a") == 3 and lines.admit("a") is None
+    lines.admit("c")  # a third key: "b", quiet longest, is forgotten
+    assert lines.admit("a") is None and lines.admit("b") == 0 and lines.admit("b") == 0
+    with pytest.raises(ValueError):
+        LinesPerKey(1, 1, keys=0)
 
 
 def test_python_m_server_serves(tmp_path: Path) -> None:

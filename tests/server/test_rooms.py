@@ -435,3 +435,28 @@ def test_a_removed_peer_turned_away_again_is_in_the_log(caplog) -> None:
     assert [r.getMessage() for r in caplog.records] == [
         f"room {code[:4]}…: peer {guest_id}, which the host removed or declined, was turned "
         "away again"]
+
+
+def test_joins_to_made_up_codes_cannot_flood_the_log(caplog) -> None:
+    """A script joining made-up codes wrote two INFO lines a try (waits, left) for as long
+    as it ran. Each address group has a budget of lines; the next line written says how
+    many were left out, and other groups keep theirs."""
+    from server.rooms import GROUP_LINES_BURST, GROUP_LINES_PER_S
+
+    caplog.set_level("INFO", logger="server.rooms")
+    rooms, clock = make_rooms()
+    for i in range(GROUP_LINES_BURST):  # 2 lines a try: half the tries fill the budget
+        link = FakeLink()
+        rooms.leave(rooms.join(link, "203.0.113.0/24", f"made-up-code-{i:09d}", None), link)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == GROUP_LINES_BURST, lines
+    friend = rooms.join(FakeLink(), "10.0.0.9", "another-code-000000000", None)
+    assert [r.getMessage() for r in caplog.records][-1].endswith(
+        f"peer {friend} from 10.0.0.9 waits for the host's approval (no host is connected: "
+        "nobody can approve it now)")
+    clock.now += 1 / GROUP_LINES_PER_S
+    late = rooms.join(FakeLink(), "203.0.113.0/24", "made-up-code-late00000", None)
+    assert [r.getMessage() for r in caplog.records][-1].endswith(
+        f"peer {late} from 203.0.113.0/24 waits for the host's approval (no host is connected: "
+        f"nobody can approve it now) (and {GROUP_LINES_BURST} such lines from 203.0.113.0/24 "
+        "left out before this one)")
