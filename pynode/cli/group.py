@@ -45,7 +45,7 @@ from pynode.cli.report import (
     stop_reason,
     write_summary,
 )
-from pynode.comm import CommError, make_collective
+from pynode.comm import CommError, PeerLost, make_collective
 from pynode.config import ConfigError, RunConfig
 from pynode.core.errors import DaisyError
 from pynode.extras import require
@@ -185,6 +185,8 @@ async def follow(collective, args: argparse.Namespace, capacities,
     except DaisyError as exc:
         end_status(status, rank, built[-1] if built else None, "stopped",
                    stop_reason(exc), collective)
+        if announce and isinstance(exc, PeerLost) and 0 in exc.ranks:
+            say(leader_lost_note(rank, args))
         return 3
     except BaseException as exc:
         end_status(status, rank, built[-1] if built else None, "stopped",
@@ -195,6 +197,17 @@ async def follow(collective, args: argparse.Namespace, capacities,
         say(f"rank {rank}: finished: step {trainer.state.step}, state hash "
             f"{trainer.state.hash()} (every step agreed with the group)")
     return 0
+
+
+def leader_lost_note(rank: int, args: argparse.Namespace) -> str:
+    """What a cluster rank > 0 says when rank 0 is gone: only rank 0 saves, so the run's
+    state is on rank 0's machine, if anywhere."""
+    save = getattr(args, "save", None)
+    where = f"--save {save}" if save else "--save, if it was given one"
+    return (f"rank {rank}: rank 0 left the run. Only rank 0 saves: if it stopped on Ctrl-C or "
+            f"SIGTERM it wrote the last agreed step to its {where}, on its machine (else its "
+            "last --save-every checkpoint); start every rank again, rank 0 with --resume "
+            "that file, to go on from there")
 
 
 def ignored_flags_note(rank: int, args: argparse.Namespace, cfg: RunConfig,

@@ -159,6 +159,11 @@ def runs(tmp_path_factory, full_suite) -> dict:
                                                       "--save-every", "2"],
                                     {"PYNODE_FAULT": "0:3:kill"})
         pairs["death"] = gloo_pair(folder, "death", death_args, fault="1:3:kill")
+        # Rank 0 dies: rank 1 says where the run's state is, if anywhere.
+        pairs["leader_death"] = gloo_pair(
+            folder, "leader_death",
+            [*death_args[:-4], "--save", str(folder / "L.pt"), "--capacity", "1,1"],
+            fault="0:3:kill")
         pairs["gloo_grad"] = gloo_pair(folder, "gloo_grad",
                                        [*TRAIN[1:], *QUICK, "--cross-check", "1",
                                         "--capacity", "1,1,1"], fault="1:2:grad", world=3)
@@ -420,6 +425,20 @@ def test_gloo_rank_death_stops_rank0_in_bounded_time_with_a_checkpoint(runs, ref
     assert rank0.hashes == reference.hashes[:2]
     ckpt = load_checkpoint((runs["folder"] / "X.pt").read_bytes())
     assert ckpt.step == 2 and ckpt.state_hash == reference.hashes[1]
+
+
+@pytest.mark.full
+def test_a_gloo_rank_that_lost_rank_0_says_where_the_runs_state_is(runs, reference):
+    """Rank 1 said only `PeerLost: gloo group broken`; only rank 0 saves, on its machine."""
+    rank0, rank1 = runs["leader_death"], runs["leader_death-rank1"]
+    assert rank0.rc == -9, rank0.err[-2000:]
+    assert rank1.rc == 3, rank1.err[-2000:]
+    assert "stopped: PeerLost" in rank1.err, rank1.err[-2000:]
+    assert rank1.err.strip().splitlines()[-1].split(" ", 1)[1] == (  # after the time
+        f"rank 1: rank 0 left the run. Only rank 0 saves: if it stopped on Ctrl-C or SIGTERM "
+        f"it wrote the last agreed step to its --save {runs['folder'] / 'L.pt'}, on its "
+        "machine (else its last --save-every checkpoint); start every rank again, rank 0 with "
+        "--resume that file, to go on from there")
 
 
 @pytest.mark.full
