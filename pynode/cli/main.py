@@ -25,6 +25,7 @@ from pynode.cli.flags import (
 from pynode.cli.generate import add_generate_parser, add_train_sample_flags
 from pynode.cli.join import add_join_parser
 from pynode.cli.kit import add_kit_parser
+from pynode.cli.report import ReportHandler
 from pynode.cli.signals import sigterm_as_interrupt, terminated
 from pynode.config import ConfigError
 from pynode.core.errors import DaisyError
@@ -155,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
+        handlers=[ReportHandler()],  # above a progress bar, as the report's own lines
     )
     try:
         with (sigterm_as_interrupt() if args.command in TRAINING_COMMANDS

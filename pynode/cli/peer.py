@@ -27,7 +27,9 @@ from pynode.run.trainer import StepResult, Trainer
 
 JOIN_WAIT_S = 10.0  # a resumed run waits this long for the ready peers to ask to join
 STATUS_EVERY_S = 0.25  # status frames to the server at most this often (it allows 50/s)
+SERVER_ERROR_REPEAT_S = 30.0  # the same error of the server said at most this often
 EXIT_DONE, EXIT_FAILED, EXIT_REFUSED = 0, 3, 4  # refused: declined, removed, not approved
+RUN_STOP_S = 10.0  # a removed peer's run stops at once (its task cancelled); at most this
 
 
 # What a step report says of this peer's part (pynode.run.protocol.RoomPeer.report_step).
@@ -110,8 +112,23 @@ class NativePeer:
             self.tell_last_agreed()
             raise
         if code == EXIT_REFUSED:  # removed mid-run: --save was lost, with no word of it
+            await self.run_stopped()
             self.tell_last_agreed()
         return code
+
+    def leave_room(self, reason: str) -> None:
+        """Declined or removed by the host: out of the room for good. A run under way stops
+        where it stands (RoomPeer.leave), as a removed page's does: it went on to fail over
+        to itself as a group of one, and then wrote to a log the command had closed."""
+        if self.room is not None:
+            self.room.leave(reason)
+        self.finish(EXIT_REFUSED, f"this peer leaves the room: {reason}")
+
+    async def run_stopped(self) -> None:
+        """Until the room's run task, cancelled by leave_room, has said where it stopped."""
+        task = self.room.task if self.room is not None else None
+        if task is not None and not task.done():
+            await asyncio.wait([task], timeout=RUN_STOP_S)
 
     def tell_last_agreed(self) -> None:
         """--save's last agreed state, said on a line of its own (the progress bar closed
@@ -175,8 +192,7 @@ class NativePeer:
 
         def refused(frame: dict[str, Any]) -> None:
             verb = "the host declined" if frame["type"] == "denied" else "removed by the host"
-            text = f"this peer leaves the room: {frame.get('reason') or verb}"
-            self.main.call_soon_threadsafe(self.finish, EXIT_REFUSED, text)
+            self.main.call_soon_threadsafe(self.leave_room, frame.get("reason") or verb)
 
         def socket(frame: dict[str, Any]) -> None:
             if sig.closing or sig.closed_reason is not None:
@@ -192,7 +208,15 @@ class NativePeer:
         sig.on("removed", refused)
         sig.on("socket", socket)
         sig.on("roster", self.approve_pending)
-        sig.on("error", lambda f: say(f"server: {f.get('message')} ({f.get('code')})"))
+        said: dict[tuple[Any, Any], float] = {}
+
+        def server_error(frame: dict[str, Any]) -> None:  # each error once in a while
+            key, now = (frame.get("code"), frame.get("message")), time.monotonic()
+            if now - said.get(key, -SERVER_ERROR_REPEAT_S) >= SERVER_ERROR_REPEAT_S:
+                said[key] = now
+                say(f"server: {frame.get('message')} ({frame.get('code')})")
+
+        sig.on("error", server_error)
 
     def on_link(self, route: dict[str, Any]) -> None:
         """A link opened or failed (training loop): say over which candidate types, or what
@@ -372,10 +396,19 @@ class NativePeer:
         if now - self.last_status >= STATUS_EVERY_S:
             self.last_status = now
             loss = result.loss if result.loss == result.loss else None  # NaN is not JSON
-            self.net.call(lambda: self.signaling.send(
-                "status", step=result.step, hash=result.hash, probe=result.probe, loss=loss))
+            self.net.call(lambda: self.send_status(
+                step=result.step, hash=result.hash, probe=result.probe, loss=loss))
+
+    def send_status(self, **fields: Any) -> None:
+        """The room's status frame (network loop), while this peer is approved: back from a
+        server restart it waits for approval again, and the server refuses status frames
+        meanwhile (one refusal a step was said, 14 in 4 s)."""
+        if self.signaling.approved:
+            self.signaling.send("status", **fields)
 
     def on_end(self, kind: str, fields: dict[str, Any]) -> None:
+        if self.reporter is not None:  # the bar ends first: the hash on stdout was glued
+            self.reporter.close()      # onto it, and the bar drawn again after the end
         if self.bridge is not None:
             asyncio.ensure_future(self.bridge.end_run())
         state = "stopped" if kind == "failed" else "finished"
@@ -390,9 +423,8 @@ class NativePeer:
             return
         self.shown["state"] = "done"
         self.save(final=True)
-        print(fields["hash"])
-        self.finish(EXIT_DONE, f"run finished at step {fields['step']}, "
-                               f"hash {fields['hash'][:16]}")
+        print(fields["hash"], flush=True)
+        self.finish(EXIT_DONE)  # the status line above said it
 
     def save(self, final: bool) -> None:
         if self.trainer is None:

@@ -40,6 +40,16 @@ def echo(text: str) -> None:
         print(text + "\n", file=sys.stderr, end="", flush=True)
 
 
+class ReportHandler(logging.Handler):
+    """Log records as report lines (echo): above the progress bar, not glued onto it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            echo(self.format(record))
+        except Exception:
+            self.handleError(record)
+
+
 def gemm_summary(gemm: Any) -> str:
     """GEMM backend(s) and kernels of a run, for its header line."""
     if gemm is None:

@@ -414,7 +414,7 @@ def test_a_stopped_join_says_why_once(capsys):
         trainer = types.SimpleNamespace(state=state, cfg=types.SimpleNamespace(steps=60),
                                         microbatch_seconds=0.1)
         peer = types.SimpleNamespace(bridge=None, status=None, trainer=trainer, shown={},
-                                     save=lambda final: None,
+                                     save=lambda final: None, reporter=None,
                                      finished=asyncio.get_running_loop().create_future())
         peer.finish = types.MethodType(NativePeer.finish, peer)
         NativePeer.on_end(peer, "failed", {"error": "lost the group: rank 0 is gone"})
@@ -424,6 +424,36 @@ def test_a_stopped_join_says_why_once(capsys):
     lines = capsys.readouterr().err.splitlines()
     assert sum("lost the group: rank 0 is gone" in line for line in lines) == 1, lines
     assert "stopped: lost the group" in lines[-1] and "step 7/60" in lines[-1], lines
+
+
+def test_a_finished_join_ends_its_bar_before_the_hash_and_says_finished_once(capsys):
+    """The end of a run: the hash on stdout was glued onto the progress bar (closed only
+    at exit, and drawn again after the end), and `finished (step 60/60, ...)` was followed
+    by `run finished at step 60, hash ...`."""
+    import types
+
+    from pynode.cli.peer import EXIT_DONE, NativePeer
+
+    said: list[str] = []
+
+    async def done() -> int:
+        state = types.SimpleNamespace(step=60, hash=lambda: "cd" * 32)
+        trainer = types.SimpleNamespace(state=state, cfg=types.SimpleNamespace(steps=60),
+                                        microbatch_seconds=0.1)
+        bar = types.SimpleNamespace(close=lambda: said.append("bar closed"))
+        peer = types.SimpleNamespace(bridge=None, status=None, trainer=trainer, shown={},
+                                     save=lambda final: said.append("saved"), reporter=bar,
+                                     finished=asyncio.get_running_loop().create_future())
+        peer.finish = types.MethodType(NativePeer.finish, peer)
+        NativePeer.on_end(peer, "done", {"step": 60, "hash": "cd" * 32})
+        return await peer.finished
+
+    assert asyncio.run(done()) == EXIT_DONE
+    assert said == ["bar closed", "saved"]
+    out, err = capsys.readouterr()
+    assert out == "cd" * 32 + "\n"
+    assert [line.split(" ", 1)[1] for line in err.splitlines()] == [
+        "finished (step 60/60, state hash cdcdcdcdcdcdcdcd, microbatch 100 ms)"], err
 
 
 def test_a_declined_join_says_so_once_and_ends_at_once(server):
@@ -687,12 +717,79 @@ def test_an_interrupted_join_saves_the_last_agreed_state(tmp_path, capsys):
     saved.unlink()
     bar = SimpleNamespace(closed=False)
     bar.close = lambda: setattr(bar, "closed", not saved.exists())  # before the save line
-    peer = SimpleNamespace(_run=removed, saver=saver, reporter=bar,
-                           tell_last_agreed=lambda: NativePeer.tell_last_agreed(peer))
+    peer = SimpleNamespace(_run=removed, saver=saver, reporter=bar, room=None,
+                           tell_last_agreed=lambda: NativePeer.tell_last_agreed(peer),
+                           run_stopped=lambda: NativePeer.run_stopped(peer))
     assert asyncio.run(NativePeer.run(peer, None, None)) == EXIT_REFUSED
     assert saved.read_bytes() == b"the agreed state"
     assert bar.closed, "the progress bar ends its line before the save line"
     assert f"saved the last agreed state (step 7) to {saved}" in capsys.readouterr().err
+
+
+def test_a_join_removed_mid_run_stops_its_run_before_it_closes_its_log(capsys):
+    """The host's Remove on a native peer mid-run: the peer said it left, closed its
+    progress bar and log, and its run went on: it failed over to itself as a group of one
+    and crashed writing a step row to the closed log. The room's run now stops where it
+    stands (RoomPeer.leave, as a removed page's does) and says so before the log closes."""
+    from pynode.cli.peer import EXIT_REFUSED, NativePeer
+    from pynode.cli.report import Saver
+    from pynode.run.protocol import RoomPeer
+
+    said: list[str] = []
+
+    async def main() -> int:
+        async def training() -> None:  # RoomPeer.train: a step, then the group's wait
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                said.append(f"stopped training at step 21: {room.left}")
+                raise
+
+        room = SimpleNamespace(left=None, pending=None, task=asyncio.ensure_future(training()))
+        room.leave = lambda reason: RoomPeer.leave(room, reason)
+        log = SimpleNamespace(close=lambda: said.append("log closed"))
+        peer = SimpleNamespace(room=room, reporter=log, saver=Saver(None, None),
+                               finished=asyncio.get_running_loop().create_future())
+        for name in ("leave_room", "finish", "run_stopped", "tell_last_agreed"):
+            setattr(peer, name, getattr(NativePeer, name).__get__(peer))
+
+        async def removed(cfg, resume):
+            await asyncio.sleep(0)  # the run is under way
+            asyncio.get_running_loop().call_soon(peer.leave_room, "removed by the host")
+            return await peer.finished
+
+        peer._run = removed
+        return await NativePeer.run(peer, None, None)
+
+    assert asyncio.run(main()) == EXIT_REFUSED
+    assert said == ["stopped training at step 21: removed by the host", "log closed"]
+    assert "this peer leaves the room: removed by the host" in capsys.readouterr().err
+
+
+def test_a_join_back_from_a_server_restart_waits_for_approval_quietly(capsys):
+    """After a server restart a native peer is pending again until the host is back; it
+    sent a status frame a step, and said each refusal: `server: wait for the host's approval
+    (pending)` 14 times in 4 s. It sends none while pending and says an error once."""
+    from pynode.cli.peer import NativePeer
+
+    handlers, sent = {}, []
+    sig = SimpleNamespace(approved=False, closing=False, closed_reason=None,
+                          on=lambda kind, handler: handlers.__setitem__(kind, handler),
+                          send=lambda kind, **fields: sent.append((kind, fields)))
+    peer = SimpleNamespace(signaling=sig, approve_pending=lambda frame: None)
+    NativePeer.listen(peer)
+    NativePeer.send_status(peer, step=3, loss=2.5)
+    assert sent == []
+    for _ in range(14):
+        handlers["error"]({"type": "error", "code": "pending",
+                           "message": "wait for the host's approval"})
+    handlers["error"]({"type": "error", "code": "rate", "message": "too many frames"})
+    err = capsys.readouterr().err
+    assert err.count("server: wait for the host's approval (pending)") == 1, err
+    assert err.count("server: too many frames (rate)") == 1, err
+    sig.approved = True  # approved again
+    NativePeer.send_status(peer, step=4, loss=2.4)
+    assert sent == [("status", {"step": 4, "loss": 2.4})]
 
 
 def test_an_interrupted_join_tells_the_dashboard_it_stopped(monkeypatch):

@@ -137,3 +137,29 @@ def test_a_cluster_rank_says_which_of_its_flags_rank_0_overrides():
     # every machine given the same --resume (QUICKSTART's restart): rank 0 resumed it
     resumed = parse_args(build_parser(), ["cluster", "--resume", "base.pt"])
     assert ignored_flags_note(1, resumed, cfg, resumed_from=12) is None
+
+
+def test_log_lines_go_above_the_progress_bar_not_onto_it(capsys):
+    """A native peer's warnings were written straight onto its bar's line
+    (`...loss=3.0422]WARNING pynode.comm.webrtc: ...`): log records are report lines now."""
+    import logging
+
+    from tqdm import tqdm
+
+    from pynode.cli.report import ReportHandler
+
+    logger = logging.getLogger("pynode.test_report_handler")
+    handler = ReportHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        bar = tqdm(total=10, file=sys.stderr, ncols=60, mininterval=0)
+        bar.update(3)
+        logger.warning("all-reduce #92: retrying")
+        bar.close()
+    finally:
+        logger.removeHandler(handler)
+    err = capsys.readouterr().err
+    at = err.index("WARNING pynode.test_report_handler: all-reduce #92: retrying\n")
+    assert at > 0 and err[at - 1] in "\r\n", repr(err[max(0, at - 80):at + 10])
