@@ -271,3 +271,65 @@ def test_the_host_removes_an_approved_peer_with_its_rows_button(local_browser, t
     assert after["step"] == stopped["step"] < LONG_RUN["steps"], (stopped["step"], after)
     assert not any(m["text"].startswith("run finished") for m in after["messages"])
     assert saved > 1000, saved
+
+
+def test_copy_copies_the_share_link_where_the_page_has_no_clipboard_api(local_browser,
+                                                                        tmp_path, console):
+    """A host at http://LAN-ADDRESS (not a secure origin: no navigator.clipboard) clicked
+    Copy and got nothing on the clipboard and no word of it. Such a page is made here by
+    taking the API away before the page loads; the link is copied the old way (a copy
+    event with the link selected) and the button says so."""
+    server = local_server(tmp_path)
+    try:
+        context = local_browser.new_context()
+        context.add_init_script("""
+            Object.defineProperty(Navigator.prototype, "clipboard", {get: () => undefined});
+            document.addEventListener("copy", () => {
+              const field = document.activeElement;
+              window.copiedText = field.value.slice(field.selectionStart, field.selectionEnd);
+            });""")
+        page = context.new_page()
+        page.on("pageerror", lambda e: console.append(f"page error: {e}"))
+        page.goto(f"{server.url}/?create=1")
+        page.wait_for_function("() => window.daisychain && daisychain.status().room",
+                               timeout=30_000)
+        api = page.evaluate("() => typeof navigator.clipboard")
+        link = page.input_value("#share-link")
+        page.click("#copy-link")
+        page.wait_for_function("() => window.copiedText !== undefined", timeout=10_000)
+        copied = page.evaluate("() => window.copiedText")
+        page.wait_for_function(
+            "() => document.getElementById('copy-link').textContent === 'Copied'",
+            timeout=10_000)
+        page.wait_for_function(
+            "() => document.getElementById('copy-link').textContent === 'Copy'",
+            timeout=10_000)
+    finally:
+        server.close()
+    assert api == "undefined"
+    assert "?room=" in link and copied == link, (copied, link)
+    assert not [line for line in console if "page error" in line], console
+
+
+def test_the_host_hears_of_each_request_to_join(local_browser, tmp_path, console):
+    """A member whose page reloaded came back as a new peer, waiting; the host's page said
+    only "lost peer ..." of its old id, and the new row read "not connected", as a network
+    fault would. Each new request is a message now, and its row says it waits."""
+    server = local_server(tmp_path)
+    try:
+        host = open_page(local_browser, f"{server.url}/?create=1", console)
+        member = open_page(local_browser, f"{server.url}/?room={status(host)['room']}",
+                           console)
+        member_id = status(member)["peerId"]
+        wait(host, "(s, id) => s.messages.some(m => m.text.includes(id))", 30_000, member_id)
+        row = host.inner_text(f'tr[data-peer="{member_id}"]')
+        asked = [m["text"] for m in status(host)["messages"] if member_id in m["text"]]
+        approve(host, member)
+        told_member = [m["text"] for m in status(member)["messages"]
+                       if "asks to join" in m["text"]]
+    finally:
+        server.close()
+    assert asked == [f"peer {member_id} asks to join: Approve or Refuse it in the peers "
+                     "table"], asked
+    assert "waits for approval" in row and "not connected" not in row, row
+    assert told_member == [], told_member  # members approve nobody

@@ -181,6 +181,7 @@ export class PageNode extends EventTarget {
   }
 
   onRoster(m) {
+    const waiting = new Set([...this.roster.values()].filter((p) => !p.approved).map((p) => p.id));
     this.roster = new Map(m.peers.map((p) => [p.id, {
       id: p.id, role: p.role, approved: p.state === "approved", status: p.status || null,
       resumed: Boolean(p.resumed),
@@ -200,6 +201,15 @@ export class PageNode extends EventTarget {
         const live = new Set(this.mesh.openPeers());
         for (const p of this.roster.values()) {
           if (p.resumed && !p.approved && live.has(p.id)) this.signaling.send("approve", { peer: p.id });
+        }
+      }
+    }
+    // A host hears of each new request (a member's reloaded page is one: it comes back as a
+    // new peer, and its old id's row only said "lost peer"); none while it is pending itself.
+    if (this.state.role === "host" && this.state.approved) {
+      for (const p of this.roster.values()) {
+        if (!p.approved && !p.resumed && !waiting.has(p.id)) {
+          this.say("info", `peer ${p.id} asks to join: Approve or Refuse it in the peers table`);
         }
       }
     }

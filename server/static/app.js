@@ -257,7 +257,7 @@ function renderPeers(s) {
     const gemm = p.gemm ? `${p.gemm}${p.kernels ? ` / ${p.kernels}` : ""}` : "–";
     return `<tr class="${p.self ? "self" : ""}${forked}" data-peer="${escape(p.id)}"><td>${escape(p.id)}${p.self ? " (you)" : ""}</td>
       <td>${escape(p.role)}${p.id === s.leader ? ", leader" : ""}</td><td>${approval}</td>
-      <td>${escape(s.linkProblems[p.id] ? "no connection" : p.state || (p.connected ? "" : "not connected"))}</td>
+      <td>${escape(s.linkProblems[p.id] ? "no connection" : p.state || (p.connected ? "" : p.approved ? "not connected" : "waits for approval"))}</td>
       <td class="runtime">${escape(p.runtime || "–")}</td><td>${escape(gemm)}</td>
       <td class="cores">${p.cores ?? "–"}</td><td class="ram">${fmtBytes(p.ram)}</td>
       <td class="microbatch">${fmtMs(p.microbatch_seconds)}</td><td class="share">${fmtShare(p.share)}</td>
@@ -537,9 +537,27 @@ $("toggle-checks").addEventListener("click", timed(() => {
   $("toggle-checks").textContent = table.hidden ? "Show" : "Hide";
 }));
 
+// navigator.clipboard exists on a secure origin only (https, localhost): a page opened at
+// http://LAN-ADDRESS, as docs/QUICKSTART.md has friends do, copied nothing and said nothing.
+// There the selected link is copied the old way; the button says what happened.
 $("copy-link").addEventListener("click", timed(() => {
-  $("share-link").select();
-  navigator.clipboard?.writeText($("share-link").value).catch(() => {});
+  const field = $("share-link");
+  const button = $("copy-link");
+  field.select();
+  const oldWay = () => {
+    try {
+      return document.execCommand("copy");
+    } catch {
+      return false;
+    }
+  };
+  const copied = navigator.clipboard
+    ? navigator.clipboard.writeText(field.value).then(() => true, oldWay)
+    : Promise.resolve(oldWay());
+  copied.then((ok) => {
+    button.textContent = ok ? "Copied" : "Press Ctrl+C";
+    setTimeout(() => { button.textContent = "Copy"; }, 2500);
+  });
 }));
 
 $("new-room").addEventListener("click", timed(() => {
