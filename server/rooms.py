@@ -276,10 +276,12 @@ class Rooms:
             self.note(member.group, "%s: peer %s joined from %s as its %s (%d connected)",
                       room.label, member.id, member.group, role, len(room.members))
         else:
-            host = room.host_id in room.members
+            why = "" if room.host_id in room.members else \
+                " (no host is connected: nobody can approve it now)" if room.claimed else \
+                " (a code this server does not know: mistyped, or a room from before a " \
+                "restart whose host has not come back)"
             self.note(member.group, "%s: peer %s from %s waits for the host's approval%s",
-                      room.label, member.id, member.group,
-                      "" if host else " (no host is connected: nobody can approve it now)")
+                      room.label, member.id, member.group, why)
         member.link.deliver(encode(
             "joined", peer=member.id, room=room.code, private=room.private, role=role,
             state="approved" if member.approved else "pending",

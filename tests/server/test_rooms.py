@@ -452,11 +452,12 @@ def test_joins_to_made_up_codes_cannot_flood_the_log(caplog) -> None:
     assert len(lines) == GROUP_LINES_BURST, lines
     friend = rooms.join(FakeLink(), "10.0.0.9", "another-code-000000000", None)
     assert [r.getMessage() for r in caplog.records][-1].endswith(
-        f"peer {friend} from 10.0.0.9 waits for the host's approval (no host is connected: "
-        "nobody can approve it now)")
+        f"peer {friend} from 10.0.0.9 waits for the host's approval (a code this server does "
+        "not know: mistyped, or a room from before a restart whose host has not come back)")
     clock.now += 1 / GROUP_LINES_PER_S
     late = rooms.join(FakeLink(), "203.0.113.0/24", "made-up-code-late00000", None)
     assert [r.getMessage() for r in caplog.records][-1].endswith(
-        f"peer {late} from 203.0.113.0/24 waits for the host's approval (no host is connected: "
-        f"nobody can approve it now) (and {GROUP_LINES_BURST} such lines from 203.0.113.0/24 "
-        "left out before this one)")
+        f"peer {late} from 203.0.113.0/24 waits for the host's approval (a code this server "
+        "does not know: mistyped, or a room from before a restart whose host has not come "
+        f"back) (and {GROUP_LINES_BURST} such lines from 203.0.113.0/24 left out before this "
+        "one)")
