@@ -74,6 +74,11 @@ def add_join_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "(docs/NETWORKS.md)")
     p.add_argument("--approval-wait", type=float, default=300.0, metavar="S",
                    help="give up if no host approved this peer after S seconds (default 300)")
+    p.add_argument("--stay", action="store_true",
+                   help="stay in the room after a run ends, ready for its next run, as a tab "
+                   "does (each run has its own --save, which it writes over, and its own "
+                   "--log rows, appended); without it the peer exits with the run's end. "
+                   "Ctrl-C leaves")
     p.add_argument("--cluster", action="store_true",
                    help="this machine is one rank of a gloo cluster (MASTER_ADDR, MASTER_PORT, "
                    "WORLD_SIZE, RANK): rank 0 joins the room for all of them")
@@ -129,6 +134,9 @@ async def join_command(args: argparse.Namespace) -> int:
     require_webrtc()
     if args.cluster:
         require("join --cluster (the gloo transport)", "torch")
+        if args.stay:
+            raise ConfigError("--stay is for a peer of its own: a --cluster's ranks end "
+                              "with their run (start them again for the next)")
     take_room_from_link(args)
     ws_url(args.server)  # a malformed address or room code: said before the unit checks
     if args.room is not None:
@@ -155,8 +163,8 @@ async def join_command(args: argparse.Namespace) -> int:
     try:
         return await peer.run(cfg, resume)
     except BaseException as exc:  # Ctrl-C, SIGTERM: the dashboard showed it training on
-        if status is not None and not status.closed:
-            status.finish("stopped", stop_reason(exc))
+        if peer.status is not None and not peer.status.closed:  # --stay: the run's own
+            peer.status.finish("stopped", stop_reason(exc))
         raise
     finally:
         await peer.close()

@@ -100,6 +100,7 @@ class NativePeer:
                                       **resources(gemm)}
         self.last_status = 0.0
         self.approving: set[str] = set()  # pending peers this host approved (network loop)
+        self.next_status: asyncio.Task | None = None  # --stay --dashboard: the next card
         self.main = asyncio.get_running_loop()
         self.finished: asyncio.Future[int] = self.main.create_future()
 
@@ -419,12 +420,41 @@ class NativePeer:
         if kind == "failed":
             self.shown.update(state="failed", error=fields["error"])
             self.save(final=False)
-            self.finish(EXIT_FAILED)  # the status line above said why
+            if not self.stay_for_next_run():
+                self.finish(EXIT_FAILED)  # the status line above said why
             return
         self.shown["state"] = "done"
         self.save(final=True)
         print(fields["hash"], flush=True)
-        self.finish(EXIT_DONE)  # the status line above said it
+        if not self.stay_for_next_run():
+            self.finish(EXIT_DONE)  # the status line above said it
+
+    def stay_for_next_run(self) -> bool:
+        """--stay: ready for the room's next run, as a tab is (a machine given to a room
+        needed `join` started and approved again for each run); False without it. The next
+        run has its own bar, --log rows (appended), --save and dashboard card."""
+        if not getattr(self.args, "stay", False):
+            return False
+        self.reporter = self.trainer = self.save_step = None
+        self.saver = Saver(self.args.save, self.args.save_every)
+        self.shown.update(state="ready", error=None)
+        if self.status is not None:  # its card ended with the run: a new one for the next
+            self.status = None
+            self.next_status = asyncio.ensure_future(self.register_next_run())
+        say("ready for the room's next run (--stay; Ctrl-C leaves the room)")
+        return True
+
+    async def register_next_run(self) -> None:
+        """A dashboard card for the next run (--stay --dashboard); without one if the
+        server does not take it (said once)."""
+        from pynode.cli.dashboard import DashboardError, StatusReporter, register
+
+        try:
+            target = await asyncio.to_thread(register, self.args.dashboard, "join", 1)
+        except DashboardError as exc:
+            say(f"the next run goes without a dashboard card: {exc}")
+            return
+        self.status = StatusReporter(target, 0, state="waiting")
 
     def save(self, final: bool) -> None:
         if self.trainer is None:

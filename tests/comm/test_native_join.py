@@ -417,6 +417,7 @@ def test_a_stopped_join_says_why_once(capsys):
                                      save=lambda final: None, reporter=None,
                                      finished=asyncio.get_running_loop().create_future())
         peer.finish = types.MethodType(NativePeer.finish, peer)
+        peer.stay_for_next_run = lambda: False  # no --stay
         NativePeer.on_end(peer, "failed", {"error": "lost the group: rank 0 is gone"})
         return await peer.finished
 
@@ -445,6 +446,7 @@ def test_a_finished_join_ends_its_bar_before_the_hash_and_says_finished_once(cap
                                      save=lambda final: said.append("saved"), reporter=bar,
                                      finished=asyncio.get_running_loop().create_future())
         peer.finish = types.MethodType(NativePeer.finish, peer)
+        peer.stay_for_next_run = lambda: False  # no --stay
         NativePeer.on_end(peer, "done", {"step": 60, "hash": "cd" * 32})
         return await peer.finished
 
@@ -792,6 +794,62 @@ def test_a_join_back_from_a_server_restart_waits_for_approval_quietly(capsys):
     assert sent == [("status", {"step": 4, "loss": 2.4})]
 
 
+def test_a_join_with_stay_is_ready_for_the_rooms_next_run(capsys, tmp_path):
+    """A machine given to a room was good for one run: `join` exited at its end, and had
+    to be started and approved again. With --stay it ends the run's bar, card and save,
+    and is ready for the next; a failed run keeps it too. Without --stay it exits."""
+    import types
+
+    from pynode.cli.peer import EXIT_DONE, NativePeer
+    from pynode.cli.report import Saver
+
+    said: list[str] = []
+
+    async def two_runs(stay: bool) -> list:
+        state = types.SimpleNamespace(step=60, hash=lambda: "cd" * 32)
+        trainer = types.SimpleNamespace(state=state, cfg=types.SimpleNamespace(steps=60),
+                                        microbatch_seconds=0.1)
+        args = types.SimpleNamespace(stay=stay, save=str(tmp_path / "run.pt"),
+                                     save_every=None)
+        first_saver = Saver(args.save, None)
+        peer = types.SimpleNamespace(args=args, bridge=None, status=None, trainer=trainer,
+                                     shown={"state": "training"}, saver=first_saver,
+                                     save_step=object(),
+                                     save=lambda final: said.append(f"saved {final}"),
+                                     reporter=types.SimpleNamespace(
+                                         close=lambda: said.append("bar closed")),
+                                     finished=asyncio.get_running_loop().create_future())
+        for name in ("finish", "stay_for_next_run"):
+            setattr(peer, name, types.MethodType(getattr(NativePeer, name), peer))
+        NativePeer.on_end(peer, "done", {"step": 60, "hash": "cd" * 32})
+        after_done = (peer.finished.done(), peer.shown["state"], peer.reporter, peer.trainer,
+                      peer.save_step, peer.saver is not first_saver)
+        peer.trainer = trainer
+        NativePeer.on_end(peer, "failed", {"error": "lost the leader"})
+        return [after_done, peer.finished.done(), peer.shown["state"]]
+
+    assert asyncio.run(two_runs(stay=True)) == [(False, "ready", None, None, None, True),
+                                                False, "ready"]
+    assert said == ["bar closed", "saved True", "saved False"]
+    err = capsys.readouterr().err
+    assert err.count("ready for the room's next run (--stay; Ctrl-C leaves the room)") == 2
+
+    async def without() -> int:
+        state = types.SimpleNamespace(step=60, hash=lambda: "cd" * 32)
+        trainer = types.SimpleNamespace(state=state, cfg=types.SimpleNamespace(steps=60),
+                                        microbatch_seconds=0.1)
+        peer = types.SimpleNamespace(args=types.SimpleNamespace(stay=False), bridge=None,
+                                     status=None, trainer=trainer, shown={}, reporter=None,
+                                     save=lambda final: None,
+                                     finished=asyncio.get_running_loop().create_future())
+        for name in ("finish", "stay_for_next_run"):
+            setattr(peer, name, types.MethodType(getattr(NativePeer, name), peer))
+        NativePeer.on_end(peer, "done", {"step": 60, "hash": "cd" * 32})
+        return await peer.finished
+
+    assert asyncio.run(without()) == EXIT_DONE
+
+
 def test_an_interrupted_join_tells_the_dashboard_it_stopped(monkeypatch):
     """Ctrl-C on a room peer with --dashboard: its card said "training" until the server's
     idle limit (an hour), as only a run's end told it."""
@@ -811,8 +869,8 @@ def test_an_interrupted_join_tells_the_dashboard_it_stopped(monkeypatch):
             self.closed = True
 
     class Peer:
-        def __init__(self, *args, **kwargs):
-            pass
+        def __init__(self, *args, status=None, **kwargs):
+            self.status = status  # NativePeer's: --stay gives each run its own
 
         async def run(self, cfg, resume):
             raise KeyboardInterrupt

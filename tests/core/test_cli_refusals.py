@@ -337,3 +337,11 @@ def test_more_local_peers_than_the_cores_can_hold_is_refused(capsys, monkeypatch
     err = refused(["train", "--peers", "200", "--steps", "1"], capsys)
     assert "ConfigError: --peers 200 on 2 core(s): each local peer is a process holding the " \
            "whole model; at most 8 here" in err
+
+
+def test_join_stay_is_refused_for_a_cluster(capsys):
+    pytest.importorskip("aiortc")
+    pytest.importorskip("torch")
+    err = refused(["join", "--server", "http://127.0.0.1:9", "--cluster", "--stay"], capsys)
+    assert err == ("error: ConfigError: --stay is for a peer of its own: a --cluster's ranks "
+                   "end with their run (start them again for the next)\n"), err
