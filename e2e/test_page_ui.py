@@ -55,6 +55,12 @@ def local_server(tmp_path: Path, **env: str) -> LocalServer:
     return LocalServer(tmp_path / "server-data", env)
 
 
+def host_and_member(browser: Any, server: LocalServer, console: list[str]) -> tuple[Any, Any]:
+    """A host's page that made a private room, and a page that asks to join it."""
+    host = open_page(browser, f"{server.url}/?create=1", console)
+    return host, open_page(browser, f"{server.url}/?room={status(host)['room']}", console)
+
+
 def top(page: Any, selector: str) -> float:
     return page.locator(selector).bounding_box()["y"]
 
@@ -208,9 +214,7 @@ def test_a_member_is_told_when_the_hosts_page_is_gone(local_browser, tmp_path, c
     of it, and waited on approvals nobody could give."""
     server = local_server(tmp_path)
     try:
-        host = open_page(local_browser, f"{server.url}/?create=1", console)
-        member = open_page(local_browser, f"{server.url}/?room={status(host)['room']}",
-                           console)
+        host, member = host_and_member(local_browser, server, console)
         approve(host, member)
         wait(member, "s => s.peers.length === 2", 30_000)
         shown_with_host = member.is_visible("#host-away")
@@ -238,9 +242,7 @@ def test_the_host_removes_an_approved_peer_with_its_rows_button(local_browser, t
     state still downloads."""
     server = local_server(tmp_path)
     try:
-        host = open_page(local_browser, f"{server.url}/?create=1", console)
-        member = open_page(local_browser, f"{server.url}/?room={status(host)['room']}",
-                           console)
+        host, member = host_and_member(local_browser, server, console)
         member_id = status(member)["peerId"]
         approve(host, member)
         host_id = status(host)["peerId"]
@@ -317,9 +319,7 @@ def test_the_host_hears_of_each_request_to_join(local_browser, tmp_path, console
     fault would. Each new request is a message now, and its row says it waits."""
     server = local_server(tmp_path)
     try:
-        host = open_page(local_browser, f"{server.url}/?create=1", console)
-        member = open_page(local_browser, f"{server.url}/?room={status(host)['room']}",
-                           console)
+        host, member = host_and_member(local_browser, server, console)
         member_id = status(member)["peerId"]
         wait(host, "(s, id) => s.messages.some(m => m.text.includes(id))", 30_000, member_id)
         row = host.inner_text(f'tr[data-peer="{member_id}"]')
