@@ -97,6 +97,7 @@ class NativePeer:
         self.save_step: Any = None  # the saver's hook for the current trainer
         self.shown: dict[str, Any] = {"state": "ready", "step": 0, "loss": None, "hash": None,
                                       "probe": None, "leader": None, "run": None, "error": None,
+                                      "bytes_sent": 0, "bytes_received": 0,  # as a tab's
                                       **resources(gemm)}
         self.last_status = 0.0
         self.approving: set[str] = set()  # pending peers this host approved (network loop)

@@ -1060,3 +1060,16 @@ def test_a_room_peer_stops_its_outer_step_when_the_command_is_cancelled():
             await command
 
     asyncio.run(body())
+
+
+def test_a_native_peers_row_counts_its_bytes_from_zero_as_a_tabs_does():
+    """Before its first step a native peer's sent and received cells read "–" where a
+    tab's read 0.00 MB."""
+    from pynode.cli.peer import NativePeer
+
+    async def shown() -> dict:
+        args = SimpleNamespace(save=None, save_every=None)
+        return NativePeer(args, None, SimpleNamespace(backend_name="numpy_int")).shown
+
+    fields = asyncio.run(shown())
+    assert (fields["bytes_sent"], fields["bytes_received"]) == (0, 0), fields
