@@ -22,11 +22,13 @@ WEBGPU_FLAGS = [*CHROMIUM_FLAGS, "--enable-unsafe-webgpu"]
 
 class LocalServer:
     """`python -m server` on 127.0.0.1 with a free port; `url` is its localhost address.
-    `env`: variables to set for the server beside this process's own."""
+    `env`: variables to set for the server beside this process's own; `port`: a given one
+    (a server started again where the pages look for it)."""
 
-    def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, data_dir: Path, env: dict[str, str] | None = None,
+                 port: int = 0) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", "0",
+            [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port),
              "--data-dir", str(data_dir), "--log-level", "WARNING"],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, **(env or {})})
@@ -35,7 +37,8 @@ class LocalServer:
         if not found:
             self.close()
             raise RuntimeError(f"the server did not start: {line}")
-        self.url = f"http://localhost:{found.group(1)}"
+        self.port = int(found.group(1))
+        self.url = f"http://localhost:{self.port}"
 
     def close(self) -> None:
         self.proc.terminate()

@@ -333,3 +333,26 @@ def test_the_host_hears_of_each_request_to_join(local_browser, tmp_path, console
                      "table"], asked
     assert "waits for approval" in row and "not connected" not in row, row
     assert told_member == [], told_member  # members approve nobody
+
+
+def test_a_server_restart_is_one_lost_line_and_one_restored_line(local_browser, tmp_path,
+                                                                 console):
+    """The page said "signaling connection lost; reconnecting" again at each failed retry of
+    one server restart (four times), and never that it came back."""
+    data = tmp_path / "server-data"
+    server = local_server(tmp_path)
+    again = None
+    try:
+        page = open_page(local_browser, f"{server.url}/?create=1", console)
+        server.close()
+        wait(page, "s => s.messages.some(m => m.text.startsWith('signaling connection lost'))",
+             30_000)
+        time.sleep(4)  # retries after 0.5, 1 and 2 s meet no server
+        again = LocalServer(data, port=server.port)
+        wait(page, "s => s.messages.some(m => m.text === 'signaling connection restored')",
+             30_000)
+        texts = [m["text"] for m in status(page)["messages"]]
+    finally:
+        (again or server).close()
+    assert [t for t in texts if t.startswith("signaling connection")] == [
+        "signaling connection lost; reconnecting", "signaling connection restored"], texts

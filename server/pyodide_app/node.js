@@ -64,6 +64,7 @@ export class PageNode extends EventTarget {
     this.signaling = new Signaling(target);
     this.mesh = null;
     this.left = false; // declined or removed by the host: out of the room for good
+    this.signalingDown = false; // the signaling socket is lost and being reconnected
     this.worker = new Worker("/app/worker.js");
     this.worker.onmessage = (e) => this.onWorker(e.data);
     this.computeDown = null; // why the worker answers nothing more (crashed, no Python)
@@ -146,9 +147,15 @@ export class PageNode extends EventTarget {
       }
     });
     on("socket", (m) => {
-      // closed by this page (it gave up waiting for approval): nothing reconnects
+      // closed by this page (it gave up waiting for approval): nothing reconnects. Said
+      // once an outage, as a native peer does (each failed retry of one server restart
+      // said it again), and its end too.
       if (!m.open && !this.left && !this.signaling.closed) {
-        this.say("warn", "signaling connection lost; reconnecting");
+        if (!this.signalingDown) this.say("warn", "signaling connection lost; reconnecting");
+        this.signalingDown = true;
+      } else if (m.open && this.signalingDown) {
+        this.signalingDown = false;
+        this.say("info", "signaling connection restored");
       }
     });
   }

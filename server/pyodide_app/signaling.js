@@ -58,6 +58,7 @@ export class Signaling extends EventTarget {
     this.ws = ws;
     ws.onopen = () => {
       this.attempt = 0;
+      this.dispatch("socket", { open: true });
       if (this.target.create && !this.token) this.send("create", {});
       else this.send("join", this.joinFields());
     };
