@@ -111,6 +111,7 @@ class NativePeer:
         try:
             code = await self._run(cfg, resume)
         except BaseException:  # interrupted (Ctrl-C): keep what the room agreed on, as train does
+            await self.run_stopped(cancel=True)
             self.tell_last_agreed()
             raise
         if code == EXIT_REFUSED:  # removed mid-run: --save was lost, with no word of it
@@ -126,10 +127,14 @@ class NativePeer:
             self.room.leave(reason)
         self.finish(EXIT_REFUSED, f"this peer leaves the room: {reason}")
 
-    async def run_stopped(self) -> None:
-        """Until the room's run task, cancelled by leave_room, has said where it stopped."""
+    async def run_stopped(self, cancel: bool = False) -> None:
+        """Until the room's run task has ended: cancelled by leave_room (it says where it
+        stopped), or here (`cancel`: Ctrl-C left a leader's task training on, writing steps
+        to the log the command had closed), before the log closes."""
         task = self.room.task if self.room is not None else None
         if task is not None and not task.done():
+            if cancel:
+                task.cancel()
             await asyncio.wait([task], timeout=RUN_STOP_S)
 
     def tell_last_agreed(self) -> None:

@@ -706,12 +706,40 @@ def test_an_interrupted_join_saves_the_last_agreed_state(tmp_path, capsys):
     saved = tmp_path / "room.pt"
     saver = Saver(str(saved), None)
     saver.agreed, saver.agreed_step = b"the agreed state", 7
-    peer = SimpleNamespace(_run=interrupted, saver=saver, reporter=None,
-                           tell_last_agreed=lambda: NativePeer.tell_last_agreed(peer))
+    peer = SimpleNamespace(_run=interrupted, saver=saver, reporter=None, room=None,
+                           tell_last_agreed=lambda: NativePeer.tell_last_agreed(peer),
+                           run_stopped=lambda cancel: NativePeer.run_stopped(peer, cancel))
     with pytest.raises(KeyboardInterrupt):
         asyncio.run(NativePeer.run(peer, None, None))
     assert saved.read_bytes() == b"the agreed state"
     assert f"saved the last agreed state (step 7) to {saved}" in capsys.readouterr().err
+
+    # A leader's run went on after Ctrl-C, writing steps to the log the command had closed
+    # (`ValueError: I/O operation on closed file`): it ends before the log closes.
+    said: list[str] = []
+
+    async def leading() -> None:
+        async def training() -> None:
+            try:
+                while True:
+                    await asyncio.sleep(0.01)
+                    if said[-1:] != ["step"]:  # steps, said once
+                        said.append("step")
+            finally:
+                said.append("run ended")
+
+        room = SimpleNamespace(task=asyncio.ensure_future(training()))
+        log = SimpleNamespace(close=lambda: said.append("log closed"))
+        leader = SimpleNamespace(_run=interrupted, saver=Saver(None, None), reporter=log,
+                                 room=room)
+        for name in ("run_stopped", "tell_last_agreed"):
+            setattr(leader, name, getattr(NativePeer, name).__get__(leader))
+        await asyncio.sleep(0.05)
+        await NativePeer.run(leader, None, None)
+
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(leading())
+    assert said == ["step", "run ended", "log closed"], said
 
     async def removed(cfg, resume):  # the host's Remove mid-run: it was lost, unsaid
         return EXIT_REFUSED
@@ -721,7 +749,7 @@ def test_an_interrupted_join_saves_the_last_agreed_state(tmp_path, capsys):
     bar.close = lambda: setattr(bar, "closed", not saved.exists())  # before the save line
     peer = SimpleNamespace(_run=removed, saver=saver, reporter=bar, room=None,
                            tell_last_agreed=lambda: NativePeer.tell_last_agreed(peer),
-                           run_stopped=lambda: NativePeer.run_stopped(peer))
+                           run_stopped=lambda cancel=False: NativePeer.run_stopped(peer))
     assert asyncio.run(NativePeer.run(peer, None, None)) == EXIT_REFUSED
     assert saved.read_bytes() == b"the agreed state"
     assert bar.closed, "the progress bar ends its line before the save line"
