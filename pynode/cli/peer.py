@@ -201,19 +201,29 @@ class NativePeer:
             verb = "the host declined" if frame["type"] == "denied" else "removed by the host"
             self.main.call_soon_threadsafe(self.leave_room, frame.get("reason") or verb)
 
-        def socket(frame: dict[str, Any]) -> None:
+        def socket(frame: dict[str, Any]) -> None:  # an outage said once, and its end
             if sig.closing or sig.closed_reason is not None:
                 return
-            if not frame["open"]:
+            if not frame["open"] and not lost:
                 lost.append(True)
-                say("signaling connection lost; reconnecting (training goes on)")
-            elif lost:
+                going_on = " (training goes on)" if self.shown["state"] == "training" else ""
+                say(f"signaling connection lost; reconnecting{going_on}")
+            elif frame["open"] and lost:
                 lost.clear()
+                back.append(True)
                 say("signaling connection restored")
 
+        def joined(frame: dict[str, Any]) -> None:  # a restarted server asks for approval anew
+            if back and frame.get("state") == "pending":
+                say("the server restarted: this peer waits for the host's approval again "
+                    "(a run under way goes on)")
+            back.clear()
+
+        back: list[bool] = []
         sig.on("denied", refused)
         sig.on("removed", refused)
         sig.on("socket", socket)
+        sig.on("joined", joined)
         sig.on("roster", self.approve_pending)
         said: dict[tuple[Any, Any], float] = {}
 

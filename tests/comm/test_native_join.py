@@ -806,8 +806,19 @@ def test_a_join_back_from_a_server_restart_waits_for_approval_quietly(capsys):
     sig = SimpleNamespace(approved=False, closing=False, closed_reason=None,
                           on=lambda kind, handler: handlers.__setitem__(kind, handler),
                           send=lambda kind, **fields: sent.append((kind, fields)))
-    peer = SimpleNamespace(signaling=sig, approve_pending=lambda frame: None)
+    peer = SimpleNamespace(signaling=sig, approve_pending=lambda frame: None,
+                           shown={"state": "training"})
     NativePeer.listen(peer)
+    for _ in range(3):  # the server restarts: the first retries meet nobody
+        handlers["socket"]({"type": "socket", "open": False})
+    handlers["socket"]({"type": "socket", "open": True})
+    handlers["joined"]({"type": "joined", "state": "pending"})
+    err = capsys.readouterr().err
+    assert [line.split(" ", 1)[1] for line in err.splitlines()] == [
+        "signaling connection lost; reconnecting (training goes on)",
+        "signaling connection restored",
+        "the server restarted: this peer waits for the host's approval again (a run under "
+        "way goes on)"], err
     NativePeer.send_status(peer, step=3, loss=2.5)
     assert sent == []
     for _ in range(14):
