@@ -115,10 +115,15 @@ async def lead(args: argparse.Namespace, cfg: RunConfig | None, collective, capa
     except (CommError, ForkError, VerificationError) as exc:
         if reporter is not None:
             reporter.close()
-        saver.tell_last_agreed()
+        saved = saver.tell_last_agreed()
         reason = stop_reason(exc)
-        end_status(status, 0, reporter and reporter.trainer, "stopped", reason, collective)
-        print(f"error: the group stopped: {reason}", file=sys.stderr)
+        stopped = reporter and reporter.trainer
+        end_status(status, 0, stopped, "stopped", reason, collective, quiet=True)
+        where = f" (step {stopped.state.step}/{stopped.cfg.steps})" if stopped else ""
+        # one line: the rank's status line said the same reason again
+        print(f"error: the group stopped: {reason}{where}"
+              + (f"; to go on from there, start the group again with --resume {saver.path}"
+                 if saved else ""), file=sys.stderr)
         return 3
     except BaseException as exc:  # refused mid-run (a non-finite step, ...), or interrupted
         if reporter is not None:
@@ -168,8 +173,8 @@ async def follow(collective, args: argparse.Namespace, capacities,
         built.append(trainer)
         note = (ignored_flags_note(rank, args, trainer.cfg, trainer.state.step) if announce
                 else None)
-        if note:
-            say(note)
+        for line in (note or "").splitlines():
+            say(line)
         if status is not None:
             status.attach(trainer)
             hooks.append(status)
@@ -192,10 +197,10 @@ async def follow(collective, args: argparse.Namespace, capacities,
         end_status(status, rank, built[-1] if built else None, "stopped",
                    stop_reason(exc), collective, quiet=True)
         raise
-    end_status(status, rank, trainer, "finished", "", collective)
-    if announce:
-        say(f"rank {rank}: finished: step {trainer.state.step}, state hash "
-            f"{trainer.state.hash()} (every step agreed with the group)")
+    end_status(status, rank, trainer, "finished", "", collective, quiet=announce)
+    if announce:  # one status line, as every rank's (it said "finished" twice)
+        say(final_status(rank, trainer, "finished", "", collective)
+            + ": every step agreed with the group")
     return 0
 
 
@@ -213,18 +218,26 @@ def leader_lost_note(rank: int, args: argparse.Namespace) -> str:
 def ignored_flags_note(rank: int, args: argparse.Namespace, cfg: RunConfig,
                        resumed_from: int = 0) -> str | None:
     """What a cluster rank > 0 was given that rank 0's run overrides (its config flags that
-    differ, and --resume where rank 0's run starts at step 0: `resumed_from`), said once;
-    None when nothing was. (--data is left out: the same file is named by its path here and
-    by its hash in the run's config.)"""
+    differ, and --resume where rank 0's run starts at step 0: `resumed_from`) or that only
+    rank 0 acts on (--save, --log, --summary), said once; None when nothing was. (--data
+    is left out: the same file is named by its path here and by its hash in the run's
+    config.)"""
     given = {n: getattr(args, n) for n in CONFIG_FLAGS if getattr(args, n, None) is not None}
     differ = [f"--{n.replace('_', '-')} {v}" for n, v in given.items()
               if n != "data" and getattr(cfg, n) != v]
     if getattr(args, "resume", None) and resumed_from == 0:  # rank 0 did not resume a run
         differ.append(f"--resume {args.resume}")
-    if not differ:
-        return None
-    return (f"rank {rank}: {', '.join(differ)} ignored: rank 0 chooses the run for every rank "
-            f"(here task {cfg.task}, {cfg.steps} steps)")
+    outputs = [f"{flag} {getattr(args, name)}" for flag, name in
+               (("--save", "save"), ("--log", "log"), ("--summary", "summary"))
+               if getattr(args, name, None)]
+    lines = []
+    if differ:
+        lines.append(f"rank {rank}: {', '.join(differ)} ignored: rank 0 chooses the run for "
+                     f"every rank (here task {cfg.task}, {cfg.steps} steps)")
+    if outputs:  # a user looked for r1.pt on rank 1's machine
+        lines.append(f"rank {rank}: {', '.join(outputs)}: only rank 0 writes files, on its "
+                     "machine; this rank writes none")
+    return "\n".join(lines) or None
 
 
 def end_status(status: StatusReporter | None, rank: int, trainer: Trainer | None, state: str,

@@ -187,15 +187,19 @@ class Saver:
         write_atomically(self.path, self.agreed)
         return f"saved the last agreed state (step {self.agreed_step}) to {self.path}"
 
-    def tell_last_agreed(self) -> None:
-        """After a stop (an error, an interrupt): write the last agreed state and say so.
-        A write that fails says why, and leaves the stop's own error to be told."""
+    def tell_last_agreed(self) -> bool:
+        """After a stop (an error, an interrupt): write the last agreed state and say so;
+        whether it was written. A write that fails says why, and leaves the stop's own
+        error to be told."""
+        written = False
         try:
             saved = self.last_agreed()
+            written = saved is not None
         except DaisyError as exc:
             saved = f"the last agreed state (step {self.agreed_step}) was not saved: {exc}"
         if saved:
             print(saved, file=sys.stderr)
+        return written
 
 
 def print_summary(trainer: Trainer, last: StepResult | None, elapsed: float,

@@ -24,6 +24,7 @@ import os
 import re
 import secrets
 import socket
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -411,12 +412,14 @@ def _connect_blocking(
         _wait_for_port(addr, port, deadline, timeout)
     delta = timedelta(seconds=timeout)  # also every later store call's own timeout
     try:
-        store = dist.TCPStore(
-            addr, port, world_size, hosts_store, delta, wait_for_workers=False, multi_tenant=True
-        )
+        store = _open_store(addr, port, world_size, hosts_store, delta)
     except RuntimeError as exc:
         first = str(exc).splitlines()[0]
-        message = f"no gloo store at {addr}:{port} within {timeout:g} s: {first}"
+        if hosts_store and "EADDRINUSE" in first:
+            raise CommError(f"MASTER_PORT {port} is in use on this machine (another program, "
+                            "or a run still there): give every rank another MASTER_PORT") \
+                from None
+        message = f"no gloo store at {addr}:{port}: {first}"
         raise PeerLost([0], message) from None
     keys, previous = f"{base}0/", None
     if not hosts_store and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
@@ -435,6 +438,35 @@ def _connect_blocking(
                        f"{addr}:{port}: {who}") from None
     log.info("gloo: rank %d of %d joined via %s:%d", rank, world_size, addr, port)
     return GlooCollective(pg, store, rank, world_size, keys, previous)
+
+
+def _open_store(addr: str, port: int, world_size: int, hosts: bool,
+                timeout: timedelta) -> Any:
+    """dist.TCPStore, given its timeout and a guard to come up. A client whose MASTER_PORT
+    is another program's (a web server) connected, then waited on it for good: 10 minutes
+    with --timeout 5, until a SIGTERM. The constructor runs on a daemon thread (it releases
+    the GIL), which a process that gives up leaves behind."""
+    import torch.distributed as dist
+
+    made: dict[str, Any] = {}
+
+    def make() -> None:
+        try:
+            made["store"] = dist.TCPStore(addr, port, world_size, hosts, timeout,
+                                          wait_for_workers=False, multi_tenant=True)
+        except RuntimeError as exc:
+            made["error"] = exc
+
+    thread = threading.Thread(target=make, name="gloo-store", daemon=True)
+    thread.start()
+    thread.join(timeout.total_seconds() + _GUARD_S)
+    if thread.is_alive():
+        raise PeerLost([0], f"{addr}:{port} answered, but no gloo store within "
+                       f"{timeout.total_seconds():g} s: is another program listening on "
+                       "MASTER_PORT?")
+    if "error" in made:
+        raise made["error"]
+    return made["store"]
 
 
 def _agree_attempt(store: Any, base: str, rank: int, world_size: int, deadline: float,

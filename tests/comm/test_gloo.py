@@ -203,3 +203,47 @@ def test_gloos_message_is_told_plainly() -> None:
             "crashing. Check the logs of the remote worker before reporting an error. GLHF!")
     assert plain_reason(said) == "Connection closed by peer [127.0.0.1]:7045."
     assert plain_reason("Timed out waiting 10 s") == "Timed out waiting 10 s"
+
+
+def test_a_master_port_held_by_another_program_is_named_in_bounded_time() -> None:
+    """Rank 1 whose MASTER_PORT answered but was no gloo store (a web server there) waited
+    on it for 10 minutes with --timeout 5; rank 0 on a port in use said `PeerLost: no gloo
+    store ... within 5 s` after 1.4 s."""
+    import socket
+    import threading
+    import time
+
+    from pynode.comm import CommError
+
+    held: list[socket.socket] = []
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+
+    def accept_and_keep() -> None:  # reads nothing, answers nothing, as a web server waits
+        try:
+            while True:
+                held.append(listener.accept()[0])
+        except OSError:
+            return
+
+    threading.Thread(target=accept_and_keep, daemon=True).start()
+    try:
+        timeout = 2.0
+        started = time.monotonic()
+        with pytest.raises(PeerLost) as lost:
+            asyncio.run(make_collective("gloo", rank=1, world_size=2, master_addr="127.0.0.1",
+                                        master_port=port, timeout=timeout))
+        took = time.monotonic() - started
+        assert took < timeout + 5.0 + ROLL_CALL_SLACK_S, took
+        assert lost.value.ranks == (0,)
+        assert "answered, but no gloo store within 2 s: is another program listening on " \
+            "MASTER_PORT?" in str(lost.value), str(lost.value)
+        with pytest.raises(CommError, match=f"MASTER_PORT {port} is in use on this machine"):
+            asyncio.run(make_collective("gloo", rank=0, world_size=2, master_addr="127.0.0.1",
+                                        master_port=port, timeout=timeout))
+    finally:
+        listener.close()
+        for conn in held:
+            conn.close()

@@ -297,8 +297,11 @@ def test_gloo_follower_finishes_cleanly(runs, reference):
     assert rank1.out == ""
     lines = rank1.err.strip().splitlines()
     assert "rank 1 of 2: in the group, following rank 0's run" in lines[0]
-    assert lines[-1].endswith(f"rank 1: finished: step 4, state hash {reference.final_hash} "
-                              "(every step agreed with the group)"), lines[-1]
+    assert lines[-1].split(" ", 1)[1].startswith(
+        f"rank 1: finished (step 4/4, state hash {reference.final_hash[:16]}, microbatch "), \
+        lines[-1]
+    assert lines[-1].endswith(" MB): every step agreed with the group"), lines[-1]
+    assert sum("finished" in line for line in lines) == 1, lines
 
 
 @pytest.mark.parametrize("name", ["peers3", "gloo"])
@@ -419,7 +422,12 @@ def test_gloo_rank_death_stops_rank0_in_bounded_time_with_a_checkpoint(runs, ref
     assert rank1.rc == -9, rank1.err[-2000:]  # the fault hook SIGKILLed rank 1
     assert rank0.rc not in (0, None), rank0.err[-2000:]
     assert "saved the last agreed state (step 2)" in rank0.err
-    assert rank0.err.strip().splitlines()[-1].startswith("error: the group stopped: PeerLost")
+    last = rank0.err.strip().splitlines()[-1]
+    assert last.startswith("error: the group stopped: PeerLost"), last
+    # said once (the status line said it too), with where it stopped and how to go on
+    assert sum("PeerLost" in line for line in rank0.err.splitlines()) == 1, rank0.err[-2000:]
+    assert last.endswith(" (step 2/4); to go on from there, start the group again with "
+                         f"--resume {runs['folder'] / 'X.pt'}"), last
     stopped_after = rank0.ended - rank1.ended
     assert stopped_after < STOP_BOUND_S, f"rank 0 took {stopped_after:.1f} s to stop"
     assert rank0.hashes == reference.hashes[:2]

@@ -137,6 +137,13 @@ def test_a_cluster_rank_says_which_of_its_flags_rank_0_overrides():
     # every machine given the same --resume (QUICKSTART's restart): rank 0 resumed it
     resumed = parse_args(build_parser(), ["cluster", "--resume", "base.pt"])
     assert ignored_flags_note(1, resumed, cfg, resumed_from=12) is None
+    # rank 1's --save and --log wrote nothing, and nothing said so
+    outputs = parse_args(build_parser(), ["cluster", "--steps", "99", "--save", "r1.pt",
+                                          "--log", "r1.jsonl"])
+    assert ignored_flags_note(1, outputs, cfg) == (
+        "rank 1: --steps 99 ignored: rank 0 chooses the run for every rank (here task mlp, "
+        "3 steps)\nrank 1: --save r1.pt, --log r1.jsonl: only rank 0 writes files, on its "
+        "machine; this rank writes none")
 
 
 def test_log_lines_go_above_the_progress_bar_not_onto_it(capsys):
