@@ -8,6 +8,7 @@ from typing import TextIO
 
 from pynode.cli.flags import add_arithmetic_flags
 from pynode.config import ConfigError, RunConfig
+from pynode.core.checkpoint import CheckpointError
 from pynode.run.assemble import checkpoint_bytes
 from pynode.run.generate import (
     Generator,
@@ -92,8 +93,11 @@ def generate_command(args: argparse.Namespace) -> int:
                         seed=args.seed)
     prompt = args.prompt.encode("utf-8", "surrogateescape")  # the bytes the shell passed
     data = checkpoint_bytes(args.checkpoint, "--checkpoint")
-    generator = load_generator(data, backend=args.backend, kernels=args.kernels,
-                               check_products=args.check_products)
+    try:
+        generator = load_generator(data, backend=args.backend, kernels=args.kernels,
+                                   check_products=args.check_products)
+    except CheckpointError as exc:  # which file: the error named only what was wrong in it
+        raise CheckpointError(f"--checkpoint {args.checkpoint}: {exc}") from None
     stream_text(generator, prompt, sampling, sys.stdout)
     return 0
 
@@ -112,10 +116,12 @@ def stream_text(generator: Generator, prompt: bytes, sampling: Sampling, out: Te
             produced.append(token)
             yield token
 
-    for text in text_pieces(tokens()):
-        if text:
-            out.write(text)
-            out.flush()
-    out.write("\n")
-    out.flush()
+    try:
+        for text in text_pieces(tokens()):
+            if text:
+                out.write(text)
+                out.flush()
+    finally:  # Ctrl-C too: "interrupted" went onto the line of the text
+        out.write("\n")
+        out.flush()
     return bytes(produced)

@@ -79,7 +79,8 @@ async def lead(args: argparse.Namespace, cfg: RunConfig | None, collective, capa
                   else None)
     if resume is not None:
         given = explicit_config(args)  # --data FILE: its sha256
-        cfg, ckpt = read_resume(resume, given)
+        cfg, ckpt = read_resume(resume, given, source="" if elastic is not None
+                                else f"--resume {args.resume}")
         for note in resume_notes(ckpt.config, ckpt.step, given):
             print(note, file=sys.stderr)
     resume = resume if resume is not None else resumed

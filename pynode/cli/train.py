@@ -65,7 +65,7 @@ def run_config(args: argparse.Namespace) -> tuple[RunConfig, CheckpointState | N
     if not args.resume:
         return config_from_values(given), None, b""
     data = checkpoint_bytes(args.resume, "--resume")
-    cfg, resume = read_resume(data, given)
+    cfg, resume = read_resume(data, given, source=f"--resume {args.resume}")
     for note in resume_notes(resume.config, resume.step, given):
         print(note, file=sys.stderr)
     return cfg, resume, data

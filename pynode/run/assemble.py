@@ -16,6 +16,7 @@ from typing import Any
 from pynode import platform
 from pynode.config import ConfigError, RunConfig, check_outer_given
 from pynode.core import checkpoint
+from pynode.core.errors import DaisyError
 from pynode.run.errors import OutputError
 from pynode.run.trainer import ALONE, Trainer, TrainOptions, TrainState
 from pynode.tasks import load_task
@@ -145,7 +146,8 @@ def load_resume(
 ) -> tuple[RunConfig, checkpoint.CheckpointState]:
     """`read_resume` of the checkpoint file at `path` (--resume), and its run's `preflight`:
     a data file that moved or changed is refused here, once, before any group forms."""
-    cfg, state = read_resume(checkpoint_bytes(path, "--resume"), overrides)
+    cfg, state = read_resume(checkpoint_bytes(path, "--resume"), overrides,
+                             source=f"--resume {os.fspath(path)}")
     preflight(cfg)
     return cfg, state
 
@@ -165,13 +167,25 @@ class NothingToTrainError(ConfigError):
 
 
 def read_resume(
-    data: bytes, overrides: dict, more: str = "give --steps above {step}"
+    data: bytes, overrides: dict, more: str = "give --steps above {step}", source: str = ""
 ) -> tuple[RunConfig, checkpoint.CheckpointState]:
     """The checkpoint `data` and the config to continue it with: the checkpoint's own config,
     then the explicit `overrides`. Raises CheckpointError (nothing loaded) for a bad file or
-    one that does not fit the model the config describes, and NothingToTrainError, saying
-    `more` (how to ask for more steps where the caller is: a flag, a form), for a finished
-    run."""
+    one that does not fit the model the config describes, naming `source` (the flag and
+    file: "--resume run.pt") and the overrides that changed its model, and
+    NothingToTrainError, saying `more` (how to ask for more steps where the caller is: a
+    flag, a form), for a finished run."""
+    try:
+        return _read_resume(data, overrides, more)
+    except checkpoint.CheckpointError as exc:
+        if not source:
+            raise
+        raise checkpoint.CheckpointError(f"{source}: {exc}") from None
+
+
+def _read_resume(
+    data: bytes, overrides: dict, more: str
+) -> tuple[RunConfig, checkpoint.CheckpointState]:
     stored = checkpoint.load_checkpoint(data)
     config = {k: v for k, v in stored.config.items() if k not in ("vocab", "schedule")}
     try:
@@ -192,12 +206,34 @@ def read_resume(
         check_outer_given(overrides, cfg)
     except ValueError as exc:  # the checkpoint's own config is valid (above): the flags are not
         raise ConfigError(f"the flags given with --resume do not fit its run: {exc}") from exc
-    ckpt = checkpoint.load_checkpoint(data, expect=checkpoint_expectations(cfg))
+    try:
+        ckpt = checkpoint.load_checkpoint(data, expect=checkpoint_expectations(cfg))
+    except checkpoint.CheckpointError as exc:  # a flag that changed the model's shape
+        changed = [f"--{name.replace('_', '-')} {value} (the checkpoint's run has "
+                   f"{config[name]!r})" for name, value in overrides.items()
+                   if name in config and config[name] != value
+                   and _reshapes(config, name, value)]
+        if not changed:
+            raise
+        raise checkpoint.CheckpointError(
+            f"{', '.join(changed)}: the checkpoint's model does not fit that run ({exc}); a "
+            "resumed run keeps its model's shape: drop the flag") from None
     if cfg.steps <= ckpt.step:  # checked once the file is known to fit the model
         raise NothingToTrainError(f"the checkpoint is at step {ckpt.step} and the run ends at "
                                   f"step {cfg.steps}: nothing to train "
                                   f"({more.format(step=ckpt.step)})")
     return cfg, ckpt
+
+
+def _reshapes(config: dict, name: str, value: Any) -> bool:
+    """Whether setting `name` to `value` alone gives the checkpoint's run other parameter
+    shapes (or no valid model at all)."""
+    try:
+        ours = checkpoint_expectations(RunConfig.from_dict(config))
+        theirs = checkpoint_expectations(RunConfig.from_dict({**config, name: value}))
+    except (ValueError, DaisyError):
+        return True
+    return ours != theirs
 
 
 def checkpoint_expectations(cfg: RunConfig) -> dict:

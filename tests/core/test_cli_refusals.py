@@ -345,3 +345,26 @@ def test_join_stay_is_refused_for_a_cluster(capsys):
     err = refused(["join", "--server", "http://127.0.0.1:9", "--cluster", "--stay"], capsys)
     assert err == ("error: ConfigError: --stay is for a peer of its own: a --cluster's ranks "
                    "end with their run (start them again for the next)\n"), err
+
+
+def test_a_checkpoint_that_cannot_be_read_or_resumed_names_its_flag_file_and_cause(
+        tmp_path, capsys):
+    """A damaged file said only `not a readable .pt archive`, not which; a flag that changes
+    the model's shape said `parameter 'wte' has shape (256, 64), the model needs (256, 32)`
+    without the flag; --steps, which fits, is not named with it."""
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"garbage")
+    err = refused(["train", "--resume", str(bad), "--no-progress"], capsys)
+    assert err.startswith(f"error: CheckpointError: --resume {bad}: not a readable .pt "
+                          "archive"), err
+    err = refused(["generate", "--checkpoint", str(bad), "--prompt", "a"], capsys)
+    assert err.startswith(f"error: CheckpointError: --checkpoint {bad}: not a readable .pt "
+                          "archive"), err
+    saved = checkpoint_at(2, tmp_path / "saved.pt")  # width 32, 1 layer, 2 heads, seq 16
+    err = refused(["train", "--resume", saved, "--steps", "9", "--width", "64", "--no-progress"],
+                  capsys)
+    assert err.startswith(f"error: CheckpointError: --resume {saved}: --width 64 (the "
+                          "checkpoint's run has 32): the checkpoint's model does not fit that "
+                          "run (parameter "), err
+    assert err.endswith("); a resumed run keeps its model's shape: drop the flag\n"), err
+    assert "--steps" not in err

@@ -200,6 +200,16 @@ def test_streamed_text_never_splits_a_character():
     assert [w for w in writes if w] == ["a", "\u00e9", "\u20ac", "\U0001f33c", " ", "b", "\n"]
     assert codecs.decode(produced, "utf-8") == text
 
+    class Interrupted(Fixed):  # Ctrl-C mid-text: "interrupted" was glued onto the text
+        def generate(self, prompt, sampling):
+            yield from b"asis"
+            raise KeyboardInterrupt
+
+    writes.clear()
+    with pytest.raises(KeyboardInterrupt):
+        stream_text(Interrupted(), b"x", Sampling(), Out())
+    assert "".join(writes) == "asis\n"
+
 
 def test_the_command_streams_a_continuation(tmp_path, capsys, checkpoint, reference_arithmetic):
     path = tmp_path / "run.pt"
