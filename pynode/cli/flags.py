@@ -7,6 +7,7 @@ import math
 import os
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 from pynode import datafile
 from pynode.config import ConfigError, RunConfig, check_outer_given
@@ -115,6 +116,8 @@ def check_output_flags(args: argparse.Namespace, writes: bool = True) -> None:
     outputs = [(flag, path) for flag, path in outputs if path is not None and writes]
     for flag, path in outputs:
         check_writable(flag, path, append=flag == "--log")
+        if flag == "--log":
+            hold_log(path)
     named = outputs + ([("--resume", args.resume)] if getattr(args, "resume", None) else [])
     seen: dict[Path, str] = {}
     for flag, path in named:
@@ -125,6 +128,37 @@ def check_output_flags(args: argparse.Namespace, writes: bool = True) -> None:
         seen.setdefault(key, flag)
     if args.save_every is not None and (args.save_every < 1 or not args.save):
         raise ConfigError("--save-every needs --save and a positive number of steps")
+
+
+_HELD_LOGS: list[Any] = []  # the --log files this command writes, locked until it ends
+
+
+def hold_log(path: str) -> None:
+    """Lock the --log file this command appends to, until release_logs (the command's
+    end): OutputError if another run holds it. Two runs given one --log both appended, and
+    their rows mixed with nothing to tell them apart. Where the file cannot be locked (no
+    flock: Windows; a terminal or pipe) it is left as it was."""
+    try:
+        import fcntl
+    except ImportError:
+        return
+    log = open(path, "ab")  # noqa: SIM115 (held open: the lock lives with it)
+    try:
+        fcntl.flock(log, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        log.close()
+        raise OutputError(f"--log {path}: another run is writing it (their rows would mix): "
+                          "give each run its own --log") from None
+    except OSError:
+        log.close()
+        return
+    _HELD_LOGS.append(log)
+
+
+def release_logs() -> None:
+    """The end of a command: its --log locks go (hold_log)."""
+    while _HELD_LOGS:
+        _HELD_LOGS.pop().close()
 
 
 def check_writable(flag: str, path: str, append: bool = False) -> None:

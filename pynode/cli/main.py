@@ -21,6 +21,7 @@ from pynode.cli.flags import (
     add_dashboard_flag,
     add_output_flags,
     config_from_args,
+    release_logs,
 )
 from pynode.cli.generate import add_generate_parser, add_train_sample_flags
 from pynode.cli.join import add_join_parser
@@ -183,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         if not stdout_gone():
             raise
         return 128 + 13  # what a shell reports for a command SIGPIPE stopped
+    finally:
+        release_logs()  # the --log locks of this command (another main() in the process)
 
 
 def run_command(args: argparse.Namespace, argv: list[str] | None) -> int:

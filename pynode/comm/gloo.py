@@ -568,7 +568,9 @@ def _probe(addr: str, port: int, timeout: float) -> None:
 def _env(name: str) -> str:
     value = os.environ.get(name)
     if not value:
-        raise CollectiveUsageError(f"gloo needs {name} (argument or environment variable)")
+        raise CollectiveUsageError(  # `cluster --help` has no such argument to give
+            f"gloo needs {name}: set the environment variables MASTER_ADDR, MASTER_PORT, "
+            "WORLD_SIZE and RANK on every machine (docs/QUICKSTART.md, a gloo cluster)")
     return value
 
 

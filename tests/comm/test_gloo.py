@@ -92,7 +92,8 @@ def test_ranks_in_two_network_namespaces(tmp_path: Path) -> None:
 def test_missing_settings_are_named(monkeypatch) -> None:
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
-    with pytest.raises(CollectiveUsageError, match="WORLD_SIZE"):
+    with pytest.raises(CollectiveUsageError, match="gloo needs WORLD_SIZE: set the "
+                       "environment variables MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK"):
         asyncio.run(make_collective("gloo"))
     with pytest.raises(CollectiveUsageError, match="MASTER_PORT"):
         asyncio.run(

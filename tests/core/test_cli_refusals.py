@@ -368,3 +368,20 @@ def test_a_checkpoint_that_cannot_be_read_or_resumed_names_its_flag_file_and_cau
                           "run (parameter "), err
     assert err.endswith("); a resumed run keeps its model's shape: drop the flag\n"), err
     assert "--steps" not in err
+
+
+def test_a_log_another_run_is_writing_is_refused(tmp_path, capsys):
+    """Two runs given one --log both appended, their rows mixed (steps 1, 1, 2, 2, ...) with
+    nothing to tell them apart. The file is locked while a run writes it."""
+    from pynode.cli.flags import hold_log, release_logs
+
+    pytest.importorskip("fcntl")
+    log = tmp_path / "shared.jsonl"
+    hold_log(str(log))  # another run's, as far as a new open of the file can tell
+    try:
+        err = refused(["train", "--steps", "1", "--log", str(log), "--no-progress"], capsys)
+    finally:
+        release_logs()
+    assert err == (f"error: OutputError: --log {log}: another run is writing it (their rows "
+                   "would mix): give each run its own --log\n"), err
+    assert log.read_bytes() == b""
