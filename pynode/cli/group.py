@@ -45,6 +45,7 @@ from pynode.cli.report import (
     stop_reason,
     write_summary,
 )
+from pynode.cli.signals import settle
 from pynode.comm import CommError, PeerLost, make_collective
 from pynode.config import ConfigError, RunConfig
 from pynode.core.errors import DaisyError
@@ -189,6 +190,8 @@ async def follow(collective, args: argparse.Namespace, capacities,
                                        report=lambda line: None, prepare=prepare,
                                        on_step=hooks)
     except DaisyError as exc:
+        if not announce and isinstance(exc, PeerLost) and 0 in exc.ranks:
+            await settle()  # a local peer whose hub a Ctrl-C stopped: interrupted as well
         end_status(status, rank, built[-1] if built else None, "stopped",
                    stop_reason(exc), collective)
         if announce and isinstance(exc, PeerLost) and 0 in exc.ranks:
@@ -248,7 +251,10 @@ def end_status(status: StatusReporter | None, rank: int, trainer: Trainer | None
     if status is not None:
         status.finish(state, reason)
     if not quiet:
-        print(final_status(rank, trainer, state, reason, collective), file=sys.stderr)
+        # a local peer shares its terminal with rank 0's progress bar: its line starts on
+        # a cleared line, not at the end of the bar (rank 0 draws the bar again below it)
+        clear = "\r\x1b[2K" if rank > 0 and sys.stderr.isatty() else ""
+        print(clear + final_status(rank, trainer, state, reason, collective), file=sys.stderr)
 
 
 PEERS_PER_CORE = 4  # `train --peers` refuses more local peers than this a core ...

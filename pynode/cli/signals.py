@@ -63,6 +63,17 @@ def _on_term(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+SETTLE_S = 0.25  # what a process of a group waits for a signal its group also received
+
+
+async def settle() -> None:
+    """A pause in which a signal the whole process group received (a terminal's Ctrl-C
+    reaches every local peer) can stop this command's task first: a local peer that lost
+    its hub to that Ctrl-C said `stopped: PeerLost: lost the hub (BrokenPipeError)`, as if
+    something had broken, where it was interrupted as the hub was."""
+    await asyncio.sleep(SETTLE_S)
+
+
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM as Ctrl-C while the block runs (main thread only: elsewhere nothing)."""

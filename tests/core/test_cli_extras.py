@@ -170,3 +170,46 @@ def test_log_lines_go_above_the_progress_bar_not_onto_it(capsys):
     err = capsys.readouterr().err
     at = err.index("WARNING pynode.test_report_handler: all-reduce #92: retrying\n")
     assert at > 0 and err[at - 1] in "\r\n", repr(err[max(0, at - 80):at + 10])
+
+
+def test_a_local_peer_lets_its_groups_ctrl_c_stop_it_before_it_reports_a_lost_hub():
+    """A terminal's Ctrl-C reaches every local peer; one whose hub stopped first said
+    `stopped: PeerLost: lost the hub (BrokenPipeError)` before its own signal was handled.
+    `settle` is the pause in which that signal's cancel reaches the peer's task."""
+    import asyncio
+
+    from pynode.cli.signals import settle
+
+    async def lost_hub() -> None:
+        task = asyncio.current_task()
+        asyncio.get_running_loop().call_later(0.05, task.cancel)  # asyncio's Ctrl-C handler
+        await settle()
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(lost_hub())
+
+
+def test_a_local_peers_status_line_starts_on_a_line_of_its_own(monkeypatch):
+    """`train --peers 3`: rank 2's finished line landed on the end of rank 0's progress bar
+    (`...loss=3.2449]rank 2: finished (...)`), one run in four."""
+    from pynode.cli.group import end_status
+
+    class Terminal:
+        def __init__(self):
+            self.text = ""
+
+        def write(self, text):
+            self.text += text
+
+        def flush(self):
+            pass
+
+        def isatty(self):
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    end_status(None, 2, None, "finished", "", None)
+    end_status(None, 0, None, "finished", "", None)
+    assert terminal.text == ("\r\x1b[2Krank 2: finished (before the first step)\n"
+                             "rank 0: finished (before the first step)\n"), repr(terminal.text)
