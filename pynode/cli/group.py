@@ -99,7 +99,7 @@ async def lead(args: argparse.Namespace, cfg: RunConfig | None, collective, capa
         install_fault(trainer, 0)
         echo(run_header(trainer))
         reporter = StepReporter(trainer, trainer.cfg.steps, args.log, not args.no_progress)
-        hooks.extend([reporter, saver.hook(trainer), last.append])
+        hooks.extend([reporter, saver.hook(trainer), last.append, members_watch(collective)])
         if elastic is not None:
             hooks.extend(elastic.hooks(trainer))
         if status is not None:
@@ -206,6 +206,22 @@ async def follow(collective, args: argparse.Namespace, capacities,
         say(final_status(rank, trainer, "finished", "", collective)
             + ": every step agreed with the group")
     return 0
+
+
+def members_watch(collective) -> Callable[[StepResult], None]:
+    """A step hook of rank 0: one line for each rank that left the group, at the step it
+    was lost (a SIGKILLed local peer showed only the transport's and re-plan's warnings)."""
+    before = set(collective.members)
+
+    def watch(result: StepResult) -> None:
+        nonlocal before
+        now = set(collective.members)
+        for rank in sorted(before - now):
+            echo(f"rank {rank} left the group at step {result.step}: its microbatches went to "
+                 f"the others, and the run goes on with {len(now)} peer(s), the same bits")
+        before = now
+
+    return watch
 
 
 def leader_lost_note(rank: int, args: argparse.Namespace) -> str:

@@ -152,6 +152,8 @@ async def report_timings(collective, trainer: Trainer) -> dict[str, dict[int, An
                                             timeout=SETUP_TIMEOUT)
     timings: dict[str, dict[int, Any]] = {"phase_ms_per_step": {}, "step_ms": {}}
     for rank, blob in enumerate(sent):
+        if blob is None:  # it left the group: its own line said so (members_watch)
+            continue
         try:
             said = json.loads(blob)
             phases = {str(k): float(v) for k, v in said["phase_ms_per_step"].items()}
@@ -174,7 +176,7 @@ async def report_traffic(collective, trainer: Trainer, report, steps: int) -> di
         timeout=SETUP_TIMEOUT,
     )
     counts = {r: [int(v) for v in b.split()] for r, b in enumerate(sent) if b is not None}
-    n, per = len(counts), max(steps, 1)
+    n, per = len(sent), max(steps, 1)  # a rank that left counts among the peers, not its bytes
     grad_bytes = 8 * sum(p.size for p in trainer.state.params.values())
     optimum = 2 * (n - 1) / n * grad_bytes if n > 1 else 0.0
     traffic = {"per_rank_bytes_per_step": {r: c[0] / per for r, c in counts.items()},

@@ -346,6 +346,12 @@ def test_sigkilled_loopback_peer_changes_no_hash(runs, reference):
     run = ok(runs["kill"])
     assert "re-planning lost microbatches" in run.err  # the peer really died mid-step
     assert run.hashes == reference.hashes and run.final_hash == reference.final_hash
+    # said in the run's own words, and the end's report is whole without it (a warning that
+    # rank 2 "sent no readable step times", and no traffic line, before)
+    assert "rank 2 left the group at step 2: its microbatches went to the others, and the " \
+        "run goes on with 2 peer(s), the same bits" in run.err, run.err[-3000:]
+    assert "sent no readable step times" not in run.err
+    assert "traffic: up to " in run.err, run.err[-3000:]
 
 
 def test_flipped_weight_bit_is_detected_and_resynced(runs, reference):
