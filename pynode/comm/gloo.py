@@ -56,6 +56,10 @@ _POLL_S = 0.05
 # Under torchrun's agent with restarts left, a broken group is restarted whatever the roll
 # call finds: it only names the lost for the error line, so it does not wait `timeout`.
 _RESTARTABLE_ROLL_CALL_S = 1.0
+# A pair whose other rank closed its connection: how long the roll call waits for it (one
+# that is alive saw the same close and checks in at once)
+_CLOSED_ROLL_CALL_S = 1.0
+_CLOSED = re.compile(r"Connection (closed|reset) by peer", re.IGNORECASE)
 
 # gloo's message for a lost peer: "[/path/to/gloo/transport/tcp/pair.cc:553] Connection closed
 # by peer [ADDR]:PORT. This is typically caused by a remote worker crashing. Check the logs
@@ -169,6 +173,10 @@ class GlooCollective(Collective):
                 raise
             if self.restartable:
                 timeout = min(timeout, _RESTARTABLE_ROLL_CALL_S)
+            elif self.world_size == 2 and _CLOSED.search(reason):
+                # the only other rank closed its end: a roll call waited --timeout for it
+                # to check in (rank 0 sat a frozen --timeout after rank 1's Ctrl-C)
+                timeout = min(timeout, _CLOSED_ROLL_CALL_S)
             lost = await asyncio.to_thread(self._roll_call, timeout)
             self._members = tuple(r for r in range(self.world_size) if r not in lost)
             self._broken = PeerLost(

@@ -23,7 +23,7 @@ from pynode.comm import make_collective  # noqa: E402
 from pynode.core.errors import DaisyError  # noqa: E402
 
 N = 1000  # elements per contribution
-VICTIM = 2  # the rank the kill scenarios lose
+VICTIM = int(os.environ.get("VICTIM", "2"))  # the rank the kill scenarios lose
 KILL_AT = 2  # iteration at which the victim stops answering
 
 

@@ -73,6 +73,19 @@ def test_rank_death_raises_peer_lost_in_bounded_time(tmp_path: Path, monkeypatch
         assert failed["after_s"] < timeout + ROLL_CALL_SLACK_S
 
 
+def test_a_pair_whose_other_rank_died_stops_without_waiting_out_the_timeout(
+        tmp_path: Path, monkeypatch) -> None:
+    """Rank 1 of a pair gone (its connection closed): rank 0 sat out the whole --timeout in
+    its roll call, a frozen bar, before it said so."""
+    timeout = 30.0
+    monkeypatch.setenv("PEER_TIMEOUT", str(timeout))
+    monkeypatch.setenv("VICTIM", "1")
+    records = run_peers("gloo", 2, f"127.0.0.1:{free_port()}", "kill", tmp_path, kill_rank=1)
+    failed = records[0]["rounds"][-1]
+    assert failed["error"] == "PeerLost" and failed["ranks"] == [1], failed
+    assert failed["after_s"] < timeout / 3, failed
+
+
 def test_ranks_in_two_network_namespaces(tmp_path: Path) -> None:
     with private_network() as net:
         side = {0: "a", 1: "b"}
