@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
+import stat
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -130,35 +132,44 @@ def check_output_flags(args: argparse.Namespace, writes: bool = True) -> None:
         raise ConfigError("--save-every needs --save and a positive number of steps")
 
 
-_HELD_LOGS: list[Any] = []  # the --log files this command writes, locked until it ends
+_HELD_LOGS: list[tuple[Any, str, bool]] = []  # (file, path, made here), until the end
 
 
 def hold_log(path: str) -> None:
     """Lock the --log file this command appends to, until release_logs (the command's
     end): OutputError if another run holds it. Two runs given one --log both appended, and
     their rows mixed with nothing to tell them apart. Where the file cannot be locked (no
-    flock: Windows; a terminal or pipe) it is left as it was."""
+    flock: Windows) or is no file (a terminal, a pipe) it is left as it was; a file made
+    here that is still empty at the end is removed (a refused run leaves nothing)."""
     try:
         import fcntl
     except ImportError:
         return
+    made = not os.path.exists(path)
     log = open(path, "ab")  # noqa: SIM115 (held open: the lock lives with it)
-    try:
-        fcntl.flock(log, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        log.close()
-        raise OutputError(f"--log {path}: another run is writing it (their rows would mix): "
-                          "give each run its own --log") from None
-    except OSError:
+    if not stat.S_ISREG(os.fstat(log.fileno()).st_mode):  # /dev/stdout: a terminal, a pipe
         log.close()
         return
-    _HELD_LOGS.append(log)
+    try:
+        fcntl.flock(log, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        log.close()
+        if isinstance(exc, BlockingIOError):
+            raise OutputError(f"--log {path}: another run is writing it (their rows would "
+                              "mix): give each run its own --log") from None
+        return
+    _HELD_LOGS.append((log, path, made))
 
 
 def release_logs() -> None:
-    """The end of a command: its --log locks go (hold_log)."""
+    """The end of a command: its --log locks go (hold_log), and a log it made but never
+    wrote to."""
     while _HELD_LOGS:
-        _HELD_LOGS.pop().close()
+        log, path, made = _HELD_LOGS.pop()
+        with contextlib.suppress(OSError):
+            if made and os.fstat(log.fileno()).st_size == 0:
+                os.unlink(path)
+        log.close()
 
 
 def check_writable(flag: str, path: str, append: bool = False) -> None:
@@ -167,6 +178,8 @@ def check_writable(flag: str, path: str, append: bool = False) -> None:
     where pynode.run.assemble.write_atomically puts its own, beside `path` (beside the link,
     if `path` is one)."""
     target = Path(path)
+    if not path.strip():  # `--save ''` read "--save : that is a folder"
+        raise OutputError(f"{flag} needs a file name, got an empty one")
     if not target.name or target.is_dir():
         raise OutputError(f"{flag} {path}: that is a folder; give a file name")
     try:

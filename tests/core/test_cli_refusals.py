@@ -65,6 +65,8 @@ def test_outputs_that_cannot_be_written_are_refused_before_training(tmp_path, ca
             assert "task " not in err and "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.pt", "run.pt"]
     assert (tmp_path / "run.pt").read_bytes() == b"kept"
+    err = refused(["train", "--save", "", "--steps", "1"], capsys)  # read "--save : a folder"
+    assert err == "error: OutputError: --save needs a file name, got an empty one\n", err
 
 
 def test_a_log_that_exists_is_checked_by_appending_to_it(tmp_path):
@@ -377,6 +379,7 @@ def test_a_log_another_run_is_writing_is_refused(tmp_path, capsys):
 
     pytest.importorskip("fcntl")
     log = tmp_path / "shared.jsonl"
+    log.write_bytes(b'{"step": 1}\n')  # the other run's first row
     hold_log(str(log))  # another run's, as far as a new open of the file can tell
     try:
         err = refused(["train", "--steps", "1", "--log", str(log), "--no-progress"], capsys)
@@ -384,4 +387,4 @@ def test_a_log_another_run_is_writing_is_refused(tmp_path, capsys):
         release_logs()
     assert err == (f"error: OutputError: --log {log}: another run is writing it (their rows "
                    "would mix): give each run its own --log\n"), err
-    assert log.read_bytes() == b""
+    assert log.read_bytes() == b'{"step": 1}\n'
