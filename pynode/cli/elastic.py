@@ -109,7 +109,7 @@ def worker_argv(argv: list[str]) -> list[str]:
 def launch(args: argparse.Namespace, argv: list[str]) -> int:
     """--elastic on this machine: torchrun's agent and its ranks, until the run ends."""
     low, high = check_elastic_flags(args)
-    check_output_flags(args)
+    check_output_flags(args, lock_log=False)  # its rank 0 writes --log
     if args.resume:  # refused here once, not by every attempt of rank 0
         load_resume(args.resume, explicit_config(args))
     require("cluster --elastic (torchrun's elastic agent)", "torch")

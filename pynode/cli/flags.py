@@ -108,17 +108,20 @@ def explicit_config(args: argparse.Namespace) -> dict:
     return values
 
 
-def check_output_flags(args: argparse.Namespace, writes: bool = True) -> None:
+def check_output_flags(args: argparse.Namespace, writes: bool = True,
+                       lock_log: bool = True) -> None:
     """Before anything runs: OutputError for an output file (--save, --log, --summary) that
     cannot be written, and ConfigError for two of them (or --resume and an output that
     would write into it) naming one file, or --save-every without --save. `writes`: this
-    process writes them (a cluster's other ranks only pass them on)."""
+    process writes them (a cluster's other ranks only pass them on). `lock_log`: this
+    process appends to --log itself (hold_log); not torchrun's launcher, whose rank 0 does,
+    nor a rank its agent restarts (the last attempt's may not have let go yet)."""
     outputs = [(flag, getattr(args, name, None)) for flag, name in
                (("--save", "save"), ("--log", "log"), ("--summary", "summary"))]
     outputs = [(flag, path) for flag, path in outputs if path is not None and writes]
     for flag, path in outputs:
         check_writable(flag, path, append=flag == "--log")
-        if flag == "--log":
+        if flag == "--log" and lock_log:
             hold_log(path)
     named = outputs + ([("--resume", args.resume)] if getattr(args, "resume", None) else [])
     seen: dict[Path, str] = {}

@@ -366,7 +366,8 @@ async def cluster_command(args, cfg: RunConfig | None, argv: list[str] | None = 
         return launch(args, argv if argv is not None else sys.argv[1:])  # its signal handlers
     require("cluster (the gloo transport)", "torch")
     # rank 0 writes the outputs; under torchrun's agent every rank writes --save
-    check_output_flags(args, writes=os.environ.get("RANK", "0") == "0" or args.elastic)
+    check_output_flags(args, writes=os.environ.get("RANK", "0") == "0" or args.elastic,
+                       lock_log=os.environ.get("RANK", "0") == "0" and not args.elastic)
     # a task's own extras (a resumed checkpoint's task: by its reading), on rank 0, which
     # chooses the run: another rank that cannot load it says so to the group once it forms
     # (pynode.run.group.tell_setup_failed), not to itself before
