@@ -8,8 +8,7 @@ from typing import TextIO
 
 from pynode.cli.flags import add_arithmetic_flags
 from pynode.config import ConfigError, RunConfig
-from pynode.core.checkpoint import CheckpointError
-from pynode.run.assemble import checkpoint_bytes
+from pynode.run.assemble import checkpoint_bytes, checkpoint_named
 from pynode.run.generate import (
     Generator,
     Sampling,
@@ -93,11 +92,9 @@ def generate_command(args: argparse.Namespace) -> int:
                         seed=args.seed)
     prompt = args.prompt.encode("utf-8", "surrogateescape")  # the bytes the shell passed
     data = checkpoint_bytes(args.checkpoint, "--checkpoint")
-    try:
+    with checkpoint_named(f"--checkpoint {args.checkpoint}"):
         generator = load_generator(data, backend=args.backend, kernels=args.kernels,
                                    check_products=args.check_products)
-    except CheckpointError as exc:  # which file: the error named only what was wrong in it
-        raise CheckpointError(f"--checkpoint {args.checkpoint}: {exc}") from None
     stream_text(generator, prompt, sampling, sys.stdout)
     return 0
 

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from pynode.cli.flags import check_writable
-from pynode.run.assemble import checkpoint_bytes, write_atomically
+from pynode.run.assemble import checkpoint_bytes, checkpoint_named, write_atomically
 from pynode.run.errors import OutputError
 from pynode.run.kit import build_kit
 
@@ -22,7 +22,9 @@ def kit_command(args: argparse.Namespace) -> int:
     if Path(args.output).resolve() == Path(args.checkpoint).resolve():
         raise OutputError(f"-o {args.output} is the checkpoint the kit is made of: give the "
                           "page its own file name")
-    html = build_kit(checkpoint_bytes(args.checkpoint, "the checkpoint"))
+    data = checkpoint_bytes(args.checkpoint, "the checkpoint")
+    with checkpoint_named(f"the checkpoint {args.checkpoint}"):
+        html = build_kit(data)
     write_atomically(args.output, html.encode("utf-8"))
     print(f"wrote {args.output} ({len(html) / 1024:.0f} KiB)")
     return 0

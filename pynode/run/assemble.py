@@ -10,6 +10,7 @@ import contextlib
 import logging
 import math
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -175,8 +176,16 @@ def read_resume(
     file: "--resume run.pt") and the overrides that changed its model, and
     NothingToTrainError, saying `more` (how to ask for more steps where the caller is: a
     flag, a form), for a finished run."""
-    try:
+    with checkpoint_named(source):
         return _read_resume(data, overrides, more)
+
+
+@contextlib.contextmanager
+def checkpoint_named(source: str) -> Iterator[None]:
+    """A CheckpointError of the block names `source`, the flag and file it came from
+    ("--resume run.pt"; "": as it is): the error named only what was wrong in the file."""
+    try:
+        yield
     except checkpoint.CheckpointError as exc:
         if not source:
             raise

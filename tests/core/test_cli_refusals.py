@@ -362,6 +362,9 @@ def test_a_checkpoint_that_cannot_be_read_or_resumed_names_its_flag_file_and_cau
     err = refused(["generate", "--checkpoint", str(bad), "--prompt", "a"], capsys)
     assert err.startswith(f"error: CheckpointError: --checkpoint {bad}: not a readable .pt "
                           "archive"), err
+    err = refused(["kit", str(bad), "-o", str(tmp_path / "kit.html")], capsys)
+    assert err.startswith(f"error: CheckpointError: the checkpoint {bad}: not a readable .pt "
+                          "archive"), err
     saved = checkpoint_at(2, tmp_path / "saved.pt")  # width 32, 1 layer, 2 heads, seq 16
     err = refused(["train", "--resume", saved, "--steps", "9", "--width", "64", "--no-progress"],
                   capsys)
