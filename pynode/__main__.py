@@ -2,7 +2,13 @@
 
 import sys
 
-from pynode.cli.main import main
-
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        # a Ctrl-C while the command line loads (its imports, ~0.3 s) or parses its flags
+        # ends it as one later does, not with a traceback through the imports
+        from pynode.cli.main import main
+
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -313,6 +313,23 @@ def test_ctrl_c_stops_a_run_between_steps_and_saves_the_last_agreed_step(tmp_pat
     assert (state.step, state.state_hash) == (steps, done.log[-1]["hash"])
 
 
+@pytest.mark.parametrize("delay", [0.1, 0.2])
+def test_ctrl_c_while_the_command_line_loads_says_interrupted_without_a_traceback(delay):
+    """A Ctrl-C in the first ~0.3 s, while `python -m pynode` imports its modules or parses
+    its flags, ends the command as one later does: "interrupted", exit 130. It printed a
+    traceback through the imports and ended by the signal."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pynode", "train", "--steps", "1", "--no-progress"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, **ONE_THREAD},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert "Traceback" not in err, err[-2000:]
+    assert proc.returncode == 130 and err.rstrip().endswith("interrupted"), err[-2000:]
+
+
 # A command whose second task is running when SIGTERM comes, in a background job of a
 # script (SIGINT ignored): pynode.cli.signals.run cancels the command's task instead.
 SIGTERM_IN_A_SIDE_TASK = """
