@@ -4,6 +4,7 @@ PYNODE_FAULT="[RANK:]STEP:KIND" makes this peer misbehave in step STEP (1-based)
 starts computing (whether or not the plan gave it microbatches); with RANK, only the group
 member of that rank. KIND:
   kill   SIGKILL itself
+  int    SIGINT itself (a terminal's Ctrl-C)
   stall  block its training loop (its links stay up, its messages stop: deadlines drop it)
   nan    a NaN weight, so its gradient is not finite
   flip   flip one weight bit after the step's update (a silent fork)
@@ -30,7 +31,7 @@ from pynode.core.gemm import GemmBackend
 from pynode.run.trainer import Trainer
 
 FAULT_ENV = "PYNODE_FAULT"
-KINDS = ("kill", "stall", "nan", "flip", "sum", "gemm", "grad")
+KINDS = ("kill", "int", "stall", "nan", "flip", "sum", "gemm", "grad")
 
 
 def install_fault(trainer: Trainer, rank: int | None = None) -> None:
@@ -70,6 +71,8 @@ def install_fault(trainer: Trainer, rank: int | None = None) -> None:
                 return
             if kind == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
+            if kind == "int":
+                os.kill(os.getpid(), signal.SIGINT)
             if kind == "stall":
                 time.sleep(3600)
             if kind == "nan":

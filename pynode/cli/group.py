@@ -200,6 +200,11 @@ async def follow(collective, args: argparse.Namespace, capacities,
     except BaseException as exc:
         end_status(status, rank, built[-1] if built else None, "stopped",
                    stop_reason(exc), collective, quiet=True)
+        if announce and isinstance(exc, KeyboardInterrupt | asyncio.CancelledError):
+            # its own Ctrl-C: where it stood, as a finished or stopped rank says (an error
+            # says itself on its way out)
+            say(final_status(rank, built[-1] if built else None, "stopped", stop_reason(exc),
+                             collective))
         raise
     end_status(status, rank, trainer, "finished", "", collective, quiet=announce)
     if announce:  # one status line, as every rank's (it said "finished" twice)

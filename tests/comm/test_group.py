@@ -164,6 +164,11 @@ def runs(tmp_path_factory, full_suite) -> dict:
             folder, "leader_death",
             [*death_args[:-4], "--save", str(folder / "L.pt"), "--capacity", "1,1"],
             fault="0:3:kill")
+        # Rank 1's own Ctrl-C at step 3.
+        pairs["rank1_int"] = gloo_pair(
+            folder, "rank1_int",
+            [*death_args[:-4], "--save", str(folder / "I.pt"), "--capacity", "1,1"],
+            fault="1:3:int")
         pairs["gloo_grad"] = gloo_pair(folder, "gloo_grad",
                                        [*TRAIN[1:], *QUICK, "--cross-check", "1",
                                         "--capacity", "1,1,1"], fault="1:2:grad", world=3)
@@ -453,6 +458,21 @@ def test_a_gloo_rank_that_lost_rank_0_says_where_the_runs_state_is(runs, referen
         f"it wrote the last agreed step to its --save {runs['folder'] / 'L.pt'}, on its "
         "machine (else its last --save-every checkpoint); start every rank again, rank 0 with "
         "--resume that file, to go on from there")
+
+
+@pytest.mark.full
+def test_a_gloo_rank_interrupted_on_its_own_terminal_says_where_it_stood(runs, reference):
+    """Rank 1's Ctrl-C said only `interrupted`; now its status line first, as a finished
+    or stopped rank's, and rank 0 stops with the last agreed step saved."""
+    rank0, rank1 = runs["rank1_int"], runs["rank1_int-rank1"]
+    assert rank1.rc == 130, rank1.err[-2000:]
+    *_, status, last = rank1.err.strip().splitlines()
+    assert last == "interrupted", rank1.err[-2000:]
+    assert status.split(" ", 1)[1].startswith(  # after the time
+        f"rank 1: stopped: interrupted (Ctrl-C) (step 2/4, state hash {reference.hashes[1][:16]}"
+    ), status
+    assert "Traceback" not in rank1.err
+    assert rank0.rc == 3 and "saved the last agreed state (step 2)" in rank0.err, rank0.err[-2000:]
 
 
 @pytest.mark.full
