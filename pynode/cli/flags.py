@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import math
 import os
+import re
 import stat
 from dataclasses import fields
 from pathlib import Path
@@ -92,9 +93,26 @@ def config_from_values(values: dict) -> RunConfig:
     set, for the task)."""
     if "task" not in values and os.environ.get("PYNODE_TASK"):
         values = {**values, "task": os.environ["PYNODE_TASK"]}
-    cfg = RunConfig(**values)
-    check_outer_given(values, cfg)
+    try:
+        cfg = RunConfig(**values)
+        check_outer_given(values, cfg)
+    except ConfigError as exc:
+        raise ConfigError(flag_words(str(exc))) from None
     return cfg
+
+
+def flag_words(text: str) -> str:
+    """A config error in the words of the command line: `sync_every must be ...` reads
+    `--sync-every must be ...`. A key with an underscore is a flag wherever it stands; a
+    plain word (steps, width) only where the message starts with it, as a field's own
+    refusal does (elsewhere it may be English)."""
+    for name in CONFIG_FLAGS:
+        flag = "--" + name.replace("_", "-")
+        if "_" in name:
+            text = re.sub(rf"(?<![\w-]){name}\b", flag, text)
+        elif re.match(rf"{name}\b", text):
+            text = flag + text[len(name):]
+    return text
 
 
 def explicit_config(args: argparse.Namespace) -> dict:

@@ -222,9 +222,9 @@ def test_an_interrupt_is_told_as_one_not_as_its_exception():
 
 
 @pytest.mark.parametrize("flags,said", [
-    (["--warmup", "-2"], "warmup must be an integer >= 0, got -2"),
-    (["--clip", "-1"], "clip must be a finite number >= 0, got -1.0"),
-    (["--weight-decay", "nan"], "weight_decay must be a finite number >= 0, got nan"),
+    (["--warmup", "-2"], "--warmup must be an integer >= 0, got -2"),
+    (["--clip", "-1"], "--clip must be a finite number >= 0, got -1.0"),
+    (["--weight-decay", "nan"], "--weight-decay must be a finite number >= 0, got nan"),
 ])
 def test_optimizer_settings_are_refused_before_anything_starts(tmp_path, capsys, flags, said):
     """AdamW's and the schedule's refusals, said by the config up front: before this, a
@@ -391,3 +391,17 @@ def test_a_log_another_run_is_writing_is_refused(tmp_path, capsys):
     assert err == (f"error: OutputError: --log {log}: another run is writing it (their rows "
                    "would mix): give each run its own --log\n"), err
     assert log.read_bytes() == b'{"step": 1}\n'
+
+
+@pytest.mark.parametrize("flags,said", [
+    (["--microbatch-size", "0"], "--microbatch-size must be a positive integer, got 0"),
+    (["--eval-every", "-2"], "--eval-every must be an integer >= 0 (0: never), got -2"),
+    # a plain key is a flag where the message starts with it, and a word elsewhere
+    (["--heads", "3"], "--heads (3) must divide width (64)"),
+    (["--replicas", "2"], "--replicas 2 needs --sync-every H > 1"),
+])
+def test_config_refusals_name_the_flags_a_user_typed(capsys, flags, said):
+    """A config error of the command line names its flags: `--microbatch-size 0` read
+    `microbatch_size must be a positive integer`, a key the user never typed."""
+    err = refused(["train", "--steps", "2", "--no-progress", *flags], capsys)
+    assert f"error: ConfigError: {said}" in err and "Traceback" not in err

@@ -251,13 +251,13 @@ def test_bad_values_are_named(changes, message):
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["--sync-every", "0"], "ConfigError: sync_every must be a positive integer, got 0"),
+    (["--sync-every", "0"], "ConfigError: --sync-every must be a positive integer, got 0"),
     # a per-step run took them silently, and its checkpoint's config carried them
-    (["--sync-every", "1", "--replicas", "1", "--outer-lr", "1"], "ConfigError: outer_lr 1.0 "
-     "set the outer step of a run that syncs every H > 1 steps: with sync_every 1 there is none"),
+    (["--sync-every", "1", "--replicas", "1", "--outer-lr", "1"], "ConfigError: --outer-lr 1.0 "
+     "set the outer step of a run that syncs every H > 1 steps: with --sync-every 1 there is none"),
     (["--sync-every", "1", "--replicas", "1", "--outer-momentum", "0.5"],
-     "ConfigError: outer_momentum 0.5 set the outer step"),
-    (["--sync-every", "5", "--replicas", "3"], "ConfigError: replicas (3) must divide "
+     "ConfigError: --outer-momentum 0.5 set the outer step"),
+    (["--sync-every", "5", "--replicas", "3"], "ConfigError: --replicas (3) must divide "
                                               "microbatches (4)"),
     (["--sync-every", "5", "--save-every", "7", "--save", "x.pt"],
      "ConfigError: --save-every 7: a --sync-every 5 run has states only every 5 steps"),
