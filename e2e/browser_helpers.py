@@ -112,8 +112,9 @@ def approve_ids(host: Any, *peer_ids: str) -> None:
 
 
 def history_hashes(page: Any) -> dict[int, str]:
-    """step -> state hash, from the page's history."""
-    return {h["step"]: h["hash"] for h in status(page)["history"]}
+    """step -> state hash, from the page's history (the steps it computed or checked: a
+    page synced into a run under way also shows the run's earlier losses, without hashes)."""
+    return {h["step"]: h["hash"] for h in status(page)["history"] if h["hash"] is not None}
 
 
 def host_candidates(page: Any) -> list[str]:

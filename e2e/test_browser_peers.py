@@ -152,6 +152,12 @@ def test_a_tab_joining_mid_run_is_synced_and_ends_on_the_same_hash(tabs, native_
     assert status(late)["hash"] == expected[config["steps"]]
     assert history_hashes(host) == expected
     assert any("joined the run" in m["text"] for m in status(late)["messages"])
+    # its table and chart hold the run from its first step: the loss before it joined as
+    # the leader sent it (a reloaded host's chart started at the step it came back at)
+    shown = status(late)["history"]
+    assert [h["step"] for h in shown] == list(range(1, config["steps"] + 1))
+    losses = {h["step"]: h["loss"] for h in status(host)["history"]}
+    assert all(h["loss"] == losses[h["step"]] for h in shown)
 
 
 def test_a_tab_that_fails_its_gate_stays_out_of_training(tabs, native_reference):

@@ -59,7 +59,7 @@ from pynode.core import checkpoint
 from pynode.core.errors import DaisyError
 from pynode.run.errors import ForkError, LeftRoom, LeftRun, RoomError
 from pynode.run.loop import BeforeStep, train
-from pynode.run.room import Reporter, Run, TrainerFactory
+from pynode.run.room import Reporter, Run, TrainerFactory, read_curve
 from pynode.run.steering import Steering
 from pynode.run.takeover import Takeover
 from pynode.run.trainer import StepResult, Trainer
@@ -433,7 +433,7 @@ class RoomPeer(Takeover, Steering):
             "sync", run.cfg, trainer.state_bytes(), run=run.id, ranks=list(run.coll.ranks),
             members=list(run.coll.members), seq=run.coll.seq, group=run.coll.group,
             hash=trainer.state.hash(), capacities=trainer.capacities,
-            distrusted=sorted(trainer.distrusted)))
+            distrusted=sorted(trainer.distrusted), curve=run.curve))
 
     async def on_sync(self, leader: str, head: dict[str, Any], blob: bytes) -> None:
         coll = await webrtc.connect(self.coll_chan, head["ranks"], group=head["group"],
@@ -450,7 +450,8 @@ class RoomPeer(Takeover, Steering):
         trainer.adopt_capacities(head["capacities"])
         # ranks the group's cross-check left out plan no microbatches here either
         trainer.distrusted = set(head.get("distrusted", ()))
-        self.launch(Run(head["run"], leader, cfg, trainer, coll), joined=True)
+        self.launch(Run(head["run"], leader, cfg, trainer, coll,
+                        curve=read_curve(head.get("curve"))), joined=True)
 
     def checkpoint(self) -> bytes:
         """The .pt bytes of the running (or last finished) run's state, at a step boundary."""
@@ -490,7 +491,9 @@ class RoomPeer(Takeover, Steering):
                             "joining": sorted(run.joins),
                             # the state it goes on from: a page keeps the steps it had
                             # only where they led to this state (a resume of its own run)
-                            "step": run.trainer.state.step, "hash": run.trainer.state.hash()})
+                            "step": run.trainer.state.step, "hash": run.trainer.state.hash(),
+                            # the run's loss before this peer joined it, for its chart
+                            "curve": list(run.curve)})
         self.announce()
         self.task = asyncio.ensure_future(self.train(run, skip_control=joined))
 
@@ -559,6 +562,7 @@ class RoomPeer(Takeover, Steering):
         for peer in sorted(before - now):
             self.report("event", {"level": "warn", "text": f"lost peer {peer} at step "
                                   f"{result.step}; its microbatches were re-planned"})
+        run.record(result.step, result.loss, result.heldout)
         trainer, cfg = run.trainer, run.cfg
         mine = len(result.plan.get(trainer.rank(), [])) // trainer.options.share[1]
         self.report("step", {"step": result.step, "loss": result.loss, "hash": result.hash,

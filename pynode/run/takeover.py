@@ -161,5 +161,6 @@ class Takeover:
         run.coll, run.cfg, run.joins = coll, trainer.cfg, {}
         run.agreed = [a for a in run.agreed if a.step <= step]
         run.words = [w for w in run.words if w[0] < step]
+        run.curve = [c for c in run.curve if c[0] <= step]  # the steps past it come again
         self.report("leader", {"leader": run.leader, "lost": gone, "step": step,
                                "ranks": list(coll.ranks)})

@@ -333,6 +333,13 @@ export class PageNode extends EventTarget {
         s.history = s.history.filter((h) => h.step <= f.step);
         s.failovers = s.failovers.filter((x) => x.step <= f.step);
       }
+      // Synced into a run under way: its loss before this page joined, as the leader kept
+      // it (a reloaded page's chart started at the step it came back at). Steps it shows
+      // already stay as they are.
+      const shown = new Set(s.history.map((h) => h.step));
+      const before = (f.curve || []).filter(([step]) => step <= f.step && !shown.has(step))
+        .map(([step, loss, heldout]) => ({ step, loss, heldout, hash: null }));
+      if (before.length) s.history = [...before, ...s.history].sort((a, b) => a.step - b.step);
       // the step and hash it goes on from, not the last run's until its first step is done
       Object.assign(s, { state: "training", joining: null, run: f.run, leader: f.leader,
         step: f.step, hash: f.hash, loss: null, probe: null, steps: f.config.steps,

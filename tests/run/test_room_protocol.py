@@ -251,6 +251,11 @@ def test_a_late_joiner_is_synced_and_ends_on_the_same_hash(checks, reference):
         assert all(reference[s - 1] == h for s, h in joined.items())
         assert late.kinds("done")[0]["hash"] == reference[7]
         assert late.kinds("run")[0]["joined_at"] == min(joined) - 1
+        # the run's loss before it joined, as the leader saw it (a page's chart starts there)
+        at = min(joined) - 1
+        before = [[f["step"], f["loss"], f["heldout"]] for f in pages[0].kinds("step")
+                  if f["step"] <= at]
+        assert late.kinds("run")[0]["curve"] == before and len(before) == at
         assert any("late joined" in e["text"] for e in pages[1].kinds("event"))
         assert set(pages[0].kinds("step")[-1]["members"]) == {"tab0", "tab1", "late"}
     run(body())
@@ -844,3 +849,17 @@ def test_the_pages_steer_request_refuses_fields_it_does_not_know():
     assert asked == []
     assert json.loads(BrowserPeer.steer(page, json.dumps({"pause": True})))["ok"] is True
     assert asked == [(None, None, True, False)]
+
+
+@pytest.mark.parametrize("sent,kept", [
+    ([[1, 2.5, None], [2, 2.25, 2.0]], [[1, 2.5, None], [2, 2.25, 2.0]]),
+    ([[2, 2.5, None], [1, 2.25, None]], []),  # steps that do not rise
+    ([[1, "2.5", None]], []), ([[True, 2.5, None]], []), ([[1, 2.5]], []),
+    ("not a list", []), (None, []),
+])
+def test_a_syncs_curve_is_read_as_sent_or_left_out(sent, kept):
+    """A joiner draws the run's loss from the sync's curve; one that is not a curve (an
+    old or a faulty peer's) is left out, and the sync goes on: it is no part of the state."""
+    from pynode.run.room import read_curve
+
+    assert read_curve(sent) == kept
