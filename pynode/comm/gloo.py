@@ -19,6 +19,7 @@ torch is imported inside functions only, so `import pynode` never needs it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
@@ -59,6 +60,8 @@ _RESTARTABLE_ROLL_CALL_S = 1.0
 # A pair whose other rank closed its connection: how long the roll call waits for it (one
 # that is alive saw the same close and checks in at once)
 _CLOSED_ROLL_CALL_S = 1.0
+# How long a closing rank tries to leave its mark of leaving (`_say_left`)
+_LEFT_MARK_S = 2.0
 _CLOSED = re.compile(r"Connection (closed|reset) by peer", re.IGNORECASE)
 
 # gloo's message for a lost peer: "[/path/to/gloo/transport/tcp/pair.cc:553] Connection closed
@@ -155,7 +158,25 @@ class GlooCollective(Collective):
     async def close(self) -> None:
         if self._broken is None:
             self._broken = CommError(f"rank {self.rank}: this collective is closed")
+        self._say_left()
         self._pg = self._store = None
+
+    def _say_left(self) -> None:
+        """Leave this rank's mark of leaving in the store, so that the others' roll call
+        does not wait --timeout for a rank that will not come (a 3-rank group sat a frozen
+        minute after one rank's Ctrl-C). At most _LEFT_MARK_S: a store whose host is gone
+        or out of reach loses the mark (the others then wait as before)."""
+        store = self._store
+        if store is None or self.world_size == 1:
+            return
+
+        def mark() -> None:
+            with contextlib.suppress(RuntimeError):
+                store.set(f"{self._keys}left/{self.rank}", b"1")
+
+        thread = threading.Thread(target=mark, name="gloo-left-mark", daemon=True)
+        thread.start()
+        thread.join(_LEFT_MARK_S)
 
     async def _run(self, fn: Any, *args: Any, timeout: float, ops: int) -> Any:
         timeout = check_timeout(timeout)
@@ -338,7 +359,8 @@ class GlooCollective(Collective):
         One failure per group, so one roll call: survivors that noticed it at different
         collectives still meet. If the store is gone, so is its host, rank 0.
         """
-        return roll_call(self._store, self._keys + "rollcall/", self.rank, self.world_size, timeout)
+        return roll_call(self._store, self._keys + "rollcall/", self.rank, self.world_size,
+                         timeout, left=self._keys + "left/")
 
 
 def _unpack(data: bytes, rank: int, size: int) -> np.ndarray:
@@ -353,9 +375,12 @@ def _unpack(data: bytes, rank: int, size: int) -> np.ndarray:
 
 
 def roll_call(
-    store: Any, prefix: str, rank: int, world_size: int, timeout: float
+    store: Any, prefix: str, rank: int, world_size: int, timeout: float,
+    left: str | None = None,
 ) -> tuple[int, ...]:
     """Ranks r without key `prefix + r` in the store `timeout` s after this rank set its own.
+    A rank with key `left + r` (it closed its collective: a Ctrl-C, an error of its own) is
+    one of them at once, not waited for.
 
     The store lives in rank 0. If it goes away before rank 0 checked in, rank 0 is the one
     lost; if rank 0 had checked in, it was alive and has left after its own roll call (a
@@ -367,7 +392,8 @@ def roll_call(
         deadline = time.monotonic() + timeout
         while True:
             missing = tuple(r for r in range(world_size) if not store.check([f"{prefix}{r}"]))
-            if not missing or time.monotonic() > deadline:
+            awaited = [r for r in missing if left is None or not store.check([f"{left}{r}"])]
+            if not awaited or time.monotonic() > deadline:
                 return missing
             time.sleep(_POLL_S)
     except RuntimeError:

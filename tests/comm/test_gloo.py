@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -207,6 +208,21 @@ def test_roll_call_after_rank0_left_names_who_was_missing_not_rank0() -> None:
     assert roll_call(never_seen, "rc/", 1, 3, timeout=5.0) == (0,)
     rank0_absent = StoreThatCloses(polls=3, present=set())  # rank 0 never checked in
     assert roll_call(rank0_absent, "rc/", 1, 3, timeout=5.0) == (0,)
+
+
+def test_roll_call_does_not_wait_for_a_rank_that_said_it_left() -> None:
+    """Rank 2 closed its collective (its Ctrl-C) and left its mark: the roll call names it
+    at once. A rank that left no mark (a crash) is waited for, up to the timeout."""
+    from pynode.comm.gloo import roll_call
+
+    store = StoreThatCloses(polls=1000, present={"rc/0", "left/2"})
+    started = time.monotonic()
+    assert roll_call(store, "rc/", 1, 3, timeout=30.0, left="left/") == (2,)
+    assert time.monotonic() - started < 5
+    crashed = StoreThatCloses(polls=1000, present={"rc/0"})
+    started = time.monotonic()
+    assert roll_call(crashed, "rc/", 1, 3, timeout=0.5, left="left/") == (2,)
+    assert time.monotonic() - started >= 0.5
 
 
 def test_gloos_message_is_told_plainly() -> None:

@@ -37,6 +37,8 @@ GLOO_TIMEOUT_S = 6
 # A surviving gloo rank waits at most --timeout for the dead one; the rest is slack for a
 # loaded machine (the first checkpoint write, interpreter exit).
 STOP_BOUND_S = GLOO_TIMEOUT_S + 12
+# A --timeout that a roll call waiting it out would show (the runs stop well before)
+LONG_TIMEOUT_S = 40
 
 
 class InTerminal:
@@ -169,6 +171,11 @@ def runs(tmp_path_factory, full_suite) -> dict:
             folder, "rank1_int",
             [*death_args[:-4], "--save", str(folder / "I.pt"), "--capacity", "1,1"],
             fault="1:3:int")
+        # Rank 2 of three: its own Ctrl-C at step 3; the other two must not wait --timeout.
+        pairs["int3"] = gloo_pair(
+            folder, "int3", [*TRAIN[1:], *QUICK, "--timeout", str(LONG_TIMEOUT_S), "--save",
+                             str(folder / "T.pt"), "--capacity", "1,1,1"],
+            fault="2:3:int", world=3)
         pairs["gloo_grad"] = gloo_pair(folder, "gloo_grad",
                                        [*TRAIN[1:], *QUICK, "--cross-check", "1",
                                         "--capacity", "1,1,1"], fault="1:2:grad", world=3)
@@ -473,6 +480,22 @@ def test_a_gloo_rank_interrupted_on_its_own_terminal_says_where_it_stood(runs, r
     ), status
     assert "Traceback" not in rank1.err
     assert rank0.rc == 3 and "saved the last agreed state (step 2)" in rank0.err, rank0.err[-2000:]
+
+
+@pytest.mark.full
+def test_a_group_of_three_stops_at_once_when_a_rank_is_interrupted(runs, reference):
+    """Rank 2's Ctrl-C: it leaves its mark in the store as it closes, so ranks 0 and 1 name
+    it lost at once. Their roll call waited the whole --timeout for it (a frozen minute at
+    the default), with the progress bar stopped."""
+    rank0, rank2 = runs["int3"], runs["int3-rank2"]
+    assert rank2.rc == 130, rank2.err[-2000:]
+    assert rank0.rc == 3, rank0.err[-2000:]
+    last = rank0.err.strip().splitlines()[-1]
+    assert last.startswith("error: the group stopped: PeerLost") and "lost [2]" in last, last
+    stopped_after = rank0.ended - rank2.ended
+    assert stopped_after < LONG_TIMEOUT_S / 2, f"rank 0 took {stopped_after:.1f} s to stop"
+    assert "saved the last agreed state (step 2)" in rank0.err
+    assert runs["int3-rank1"].rc == 3, runs["int3-rank1"].err[-2000:]
 
 
 @pytest.mark.full
