@@ -7,6 +7,7 @@ connection limits or header deadlines: for debugging, never on a public address)
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import socket
@@ -65,6 +66,8 @@ def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
             values = json.loads(args.config.read_text())
         except ValueError as exc:
             raise ValueError(f"--config {args.config}: not JSON ({exc})") from None
+        except OSError as exc:  # it read "[Errno 2] No such file ...", naming no flag
+            raise ValueError(f"--config {args.config}: {exc.strerror or exc}") from None
         if not isinstance(values, dict):
             raise ValueError(f"--config {args.config}: not a JSON object of settings (it holds "
                              f"a {type(values).__name__})")
@@ -155,19 +158,29 @@ def main(argv: list[str] | None = None) -> int:
 
             httpd = make_server(app, cfg)
             port = httpd.server_port
-    except (DaisyError, OSError, ValueError) as exc:
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        print(f"error: port {cfg.port} on {cfg.host} is in use (another server, or this one "
+              "still running): stop it, or choose another --port (--port 0 takes a free one)",
+              file=sys.stderr)
+        return 1
+    except (DaisyError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"DaisyChain server on http://{cfg.host}:{port}/ (Ctrl-C stops it)", flush=True)
-    reach = reach_line(cfg.host, port)
-    if reach:
-        print(reach, flush=True)
-    if not args.dev_server:
-        stop_on_ctrl_c(httpd)
     try:
+        # a Ctrl-C right after the banner (before gevent's handler takes it) stops it as
+        # one later does; it was a traceback through reach_line's imports
+        print(f"DaisyChain server on http://{cfg.host}:{port}/ (Ctrl-C stops it)", flush=True)
+        reach = reach_line(cfg.host, port)
+        if reach:
+            print(reach, flush=True)
+        if not args.dev_server:
+            stop_on_ctrl_c(httpd)
         httpd.serve_forever()
     except KeyboardInterrupt:
-        pass
+        logging.getLogger("server").info("stopping (SIGINT)")
     finally:
         if args.dev_server:
             httpd.server_close()
@@ -177,4 +190,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # while it loads (imports, the app's set-up): nothing served yet
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,7 @@ class ServerConfig:
     extra: dict[str, Any] = field(default_factory=dict, compare=False)  # Flask config overrides
 
     def __post_init__(self) -> None:
+        self._check_types()
         # Accept JSON-style values (str paths, a list or one str of URLs) from any caller.
         for name in PATH_FIELDS:
             value = getattr(self, name)
@@ -155,6 +157,18 @@ class ServerConfig:
         if self.trust_proxy_header is not None and not self.trust_proxy_header.strip():
             raise ServerConfigError("trust_proxy_header must be a header name or None")
 
+    def _check_types(self) -> None:
+        """Each field of the kind its annotation names (a --config file's "port": "abc" was a
+        TypeError's traceback): a named ServerConfigError otherwise."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            kind = str(f.type).removesuffix(" | None")
+            if value is None and str(f.type).endswith("| None"):
+                continue
+            wanted = FIELD_KINDS.get(kind)
+            if wanted is not None and not wanted[1](value):
+                raise ServerConfigError(f"{f.name} must be {wanted[0]}, got {value!r}")
+
     def _check_ice(self) -> None:
         for url in self.ice_servers:
             if not isinstance(url, str) or not url.startswith(ICE_SCHEMES) or " " in url:
@@ -185,6 +199,22 @@ class ServerConfig:
         out["data_urls"] = list(self.data_urls)
         out["allowed_origins"] = list(self.allowed_origins)
         return out
+
+
+def _text_or_texts(value: Any) -> bool:
+    return isinstance(value, str) or (isinstance(value, list | tuple)
+                                      and all(isinstance(v, str) for v in value))
+
+
+# A field's annotation -> (what it must be, in words; the test of a value)
+FIELD_KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "int": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "float": ("a number", lambda v: isinstance(v, int | float) and not isinstance(v, bool)),
+    "str": ("a string", lambda v: isinstance(v, str)),
+    "bool": ("true or false", lambda v: isinstance(v, bool)),
+    "Path": ("a path (a string)", lambda v: isinstance(v, str | os.PathLike)),
+    "tuple[str, ...]": ("a string or a list of strings", _text_or_texts),
+}
 
 
 def _check_positive(cfg: ServerConfig, names: tuple[str, ...]) -> None:

@@ -184,6 +184,65 @@ def test_python_m_server_serves(tmp_path: Path) -> None:
             proc.wait(timeout=10)
 
 
+def test_a_ctrl_c_right_after_the_banner_stops_the_server_without_a_traceback(
+        tmp_path: Path) -> None:
+    """The banner invites a Ctrl-C at once; before gevent's handler took it (reach_line's
+    imports ran in between) it was a KeyboardInterrupt traceback and exit -2."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", "0",
+         "--data-dir", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert "DaisyChain server on" in proc.stdout.readline()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+        assert proc.returncode == 0 and "stopping (SIGINT)" in err, err
+        assert "Traceback" not in err, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def test_config_fields_of_the_wrong_kind_and_a_missing_file_are_one_named_line(
+        tmp_path: Path, capsys) -> None:
+    """A --config file's "port": "abc" or "host": 5 was a TypeError's traceback, exit 1; a
+    missing --config file read "[Errno 2] No such file ...", naming no flag."""
+    for values, said in (({"port": "abc"}, "port must be an integer, got 'abc'"),
+                         ({"host": 5}, "host must be a string, got 5"),
+                         ({"ice_relay_only": 1}, "ice_relay_only must be true or false, got 1"),
+                         ({"data_urls": [1]}, "data_urls must be a string or a list of "
+                                              "strings, got [1]")):
+        given = tmp_path / "server.json"
+        given.write_text(json.dumps(values))
+        assert main(["--config", str(given)]) == 2
+        assert capsys.readouterr().err == f"error: {said}\n"
+    missing = tmp_path / "nothing.json"
+    assert main(["--config", str(missing)]) == 2
+    assert capsys.readouterr().err == f"error: --config {missing}: No such file or directory\n"
+
+
+def test_a_port_in_use_is_said_with_what_to_do(tmp_path: Path) -> None:
+    import socket
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:  # as users run it (gevent patches the process it serves in: not this one)
+        done = subprocess.run(
+            [sys.executable, "-m", "server", "--port", str(port), "--data-dir", str(tmp_path)],
+            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+            cwd=tmp_path, timeout=60)
+    finally:
+        holder.close()
+    assert done.returncode == 1 and done.stderr.endswith(
+        f"error: port {port} on 127.0.0.1 is in use (another server, or this one still "
+        "running): stop it, or choose another --port (--port 0 takes a free one)\n"), done.stderr
+
+
 def test_the_server_says_who_can_reach_it(monkeypatch) -> None:
     """A loopback bind (the default) reaches no other machine; 0.0.0.0 is no address to
     open or share: the machine's own are named."""
