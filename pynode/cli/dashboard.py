@@ -277,7 +277,9 @@ class StatusReporter:
         except urllib.error.HTTPError as exc:
             # a refusal (another secret, a server that cannot register a run again) is final
             self.refused_again = 400 <= exc.code < 500
-            self._warn(f"it had forgotten the run and refused it again: {refusal(exc)}")
+            # said even after an outage's warning: it is why this run reports no more
+            self._warn(f"it had forgotten the run and refused it again: {refusal(exc)}",
+                       final=self.refused_again)
             return False
         except (OSError, ValueError) as exc:
             self._warn(f"it had forgotten the run and did not register it again: {exc}")
@@ -288,12 +290,14 @@ class StatusReporter:
                      "registered again as %s", self.rank, target.url, target.run)
         return True
 
-    def _warn(self, why: str) -> None:
-        if not self.failed:
+    def _warn(self, why: str, final: bool = False) -> None:
+        """Once an outage (the first report not taken), and a `final` refusal always."""
+        if not self.failed or final:
             self.failed = True
+            then = ("this run sends it no more" if final
+                    else "the next report it takes says so")
             log.warning("rank %d: the dashboard %s took no status report (%s); training "
-                        "goes on, and the next report it takes says so", self.rank,
-                        self.target.url, why)
+                        "goes on, and %s", self.rank, self.target.url, why, then)
 
 
 def thinned(points: list[list]) -> list[list]:

@@ -159,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
         handlers=[ReportHandler()],  # above a progress bar, as the report's own lines
     )
+    # the dashboard reporter's notices are for the user (its warning of an outage promises
+    # that the next report taken says so): shown at INFO without -v
+    logging.getLogger("pynode.dashboard").setLevel(
+        logging.DEBUG if args.verbose else logging.INFO)
     try:
         with (sigterm_as_interrupt() if args.command in TRAINING_COMMANDS
               else contextlib.nullcontext()):

@@ -456,12 +456,15 @@ def test_a_server_with_another_secret_refuses_the_run_in_one_warning(make_config
         target = register(first.url, "train", 1, name="train on a")
     finally:
         first.stop()
+    # first no server at all (the outage's one warning), then one with another secret
+    reporter = StatusReporter(target, 0)
+    steps(reporter, 1, 2)
+    time.sleep(1.5)
     renewed = LiveServer(create_app(make_config(static_dir=None, data_dir=tmp_path / "new")),
                          port=first.port)
     try:
-        reporter = StatusReporter(target, 0)
-        steps(reporter, 1, 3)
-        time.sleep(1.5)  # a second report: refused again, said no more
+        steps(reporter, 3, 3)
+        time.sleep(1.5)  # a report after the refusal: refused again, said no more
         steps(reporter, 4, 5)
         reporter.finish("finished")
         with urllib.request.urlopen(f"{renewed.url}/api/runs", timeout=5) as reply:
@@ -469,8 +472,11 @@ def test_a_server_with_another_secret_refuses_the_run_in_one_warning(make_config
     finally:
         renewed.stop()
     said = [r for r in caplog.records if r.name == "pynode.dashboard"]
-    assert len(said) == 1 and said[0].levelno == logging.WARNING
-    assert "refused it again: HTTP 403: run '" in said[0].getMessage()
+    assert [r.levelno for r in said] == [logging.WARNING] * 2, [r.getMessage() for r in said]
+    assert "Connection refused" in said[0].getMessage()
+    # the refusal is said although the outage's warning came first (it was swallowed)
+    assert "refused it again: HTTP 403: run '" in said[1].getMessage()
+    assert said[1].getMessage().endswith("training goes on, and this run sends it no more")
 
 
 def test_a_dashboard_that_is_not_a_server_is_refused_before_training(tmp_path):
@@ -563,3 +569,13 @@ def test_a_reporter_closing_with_no_server_tries_its_last_report_once(monkeypatc
     count = len(posted)
     time.sleep(0.3)
     assert len(posted) == count <= 3, posted
+
+
+def test_the_command_line_shows_the_dashboards_notices_without_v(capsys):
+    """The outage's warning promises that the next report taken says so; that line (and
+    "registered again") is INFO, which the command line's WARNING level hid."""
+    from pynode.cli.main import main
+
+    assert main(["train", "--steps", "0"]) == 2  # refused after the logging is set up
+    assert logging.getLogger("pynode.dashboard").isEnabledFor(logging.INFO)
+    assert not logging.getLogger("pynode.run").isEnabledFor(logging.INFO)
