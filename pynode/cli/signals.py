@@ -36,6 +36,7 @@ def run(command: Coroutine[Any, Any, T]) -> T:
     ends it cancelled comes out as KeyboardInterrupt (as asyncio.run's Ctrl-C does)."""
     async def main() -> T:
         _main[:] = [asyncio.current_task()]
+        asyncio.get_running_loop().set_exception_handler(not_an_interrupt)
         try:
             return await command
         finally:
@@ -47,6 +48,17 @@ def run(command: Coroutine[Any, Any, T]) -> T:
         if terminated() is None:
             raise
         raise KeyboardInterrupt from None
+
+
+def not_an_interrupt(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The loop's handler of what no task retrieved, less the KeyboardInterrupt that a
+    second Ctrl-C raises in whichever task is running (asyncio.run's first cancels the
+    command's task; its second raises at once): the command says `interrupted`, and that
+    task's traceback ("Task exception was never retrieved", ~60 lines after a `join`
+    leader's double Ctrl-C) said nothing more."""
+    if isinstance(context.get("exception"), KeyboardInterrupt):
+        return
+    loop.default_exception_handler(context)
 
 
 def _on_term(signum: int, frame: Any) -> None:

@@ -381,6 +381,49 @@ def test_sigterm_with_sigint_ignored_cancels_the_commands_task():
     assert done.stderr == "", done.stderr
 
 
+# Two Ctrl-C: the first cancels the command's task (asyncio.run's handler), the second
+# lands while another task runs, which asyncio.run's handler raises KeyboardInterrupt in.
+DOUBLE_CTRL_C = """
+import asyncio, gc, os, signal
+signal.signal(signal.SIGINT, signal.default_int_handler)
+from pynode.cli import signals
+kept = []
+
+async def side():
+    await asyncio.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGINT)
+    await asyncio.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGINT)  # its clean-up is under way
+    await asyncio.sleep(30)
+
+async def command():
+    kept.append(asyncio.ensure_future(side()))  # a RoomPeer holds its run's task
+    try:
+        await asyncio.sleep(30)
+    except asyncio.CancelledError:
+        await asyncio.shield(asyncio.sleep(1))
+        raise
+
+try:
+    signals.run(command())
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+kept.clear()
+gc.collect()
+"""
+
+
+def test_a_second_ctrl_c_in_another_task_prints_no_traceback():
+    """A `join` leader's double Ctrl-C: its state was saved and it said interrupted, then
+    ~60 lines of "Task exception was never retrieved" for RoomPeer.train's task, which
+    the second Ctrl-C's KeyboardInterrupt was raised in."""
+    done = subprocess.run([sys.executable, "-c", DOUBLE_CTRL_C], cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+                          text=True, timeout=60)
+    assert done.stdout.splitlines() == ["interrupted"], (done.stdout, done.stderr)
+    assert done.stderr == "", done.stderr
+
+
 # --- processes sharing one terminal -----------------------------------------------------------
 
 # After main() (here a command it refuses), the writer waits for the go file, then writes
