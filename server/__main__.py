@@ -103,6 +103,26 @@ def reach_line(host: str, port: int) -> str | None:
     return None
 
 
+def local_shard_problem(urls: tuple[str, ...]) -> str | None:
+    """"PATH: what is wrong" for the first local shard that is no parquet file with a text
+    column (its footer read, as /data reads it), or None. Remote shards are read when a
+    run first asks for text: their server may be down now and up then."""
+    from server.shards import ShardError, read_footer
+
+    for url in urls:
+        if url.startswith(("http://", "https://")):
+            continue
+        path = url.removeprefix("file://")
+        try:
+            with open(path, "rb") as f:
+                read_footer(f)
+        except (ShardError, OSError) as exc:
+            return f"{path}: {exc}"
+        except Exception as exc:  # pyarrow's own errors for a footer it cannot parse
+            return f"{path}: not a parquet file ({type(exc).__name__}: {exc})"
+    return None
+
+
 def stop_on_ctrl_c(httpd: Any) -> None:
     """Ctrl-C stops the gevent server: serve_forever returns, and main closes it (a
     KeyboardInterrupt raised in gevent's hub was printed with the hub's timestamp). SIGTERM
@@ -134,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
         if missing:  # else every slice would be the built-in fallback text
             print(f"error: data shard {missing[0]}: no such file (a shard is an http(s) URL "
                   "or a local parquet file)", file=sys.stderr)
+            return 2
+        unreadable = local_shard_problem(cfg.data_urls)
+        if unreadable:  # it was found only when a run asked for text, and stopped it
+            print(f"error: data shard {unreadable}", file=sys.stderr)
             return 2
     except (DaisyError, OSError, ValueError) as exc:  # bad input: exit 2, as a missing shard
         print(f"error: {exc}", file=sys.stderr)

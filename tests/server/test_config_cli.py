@@ -263,3 +263,24 @@ def test_the_server_says_who_can_reach_it(monkeypatch) -> None:
     assert reach_line("0.0.0.0", 8000) == "reach it at http://10.79.0.1:8000/"
     monkeypatch.setattr(psutil, "net_if_addrs", lambda: {"lo": addrs["lo"]})
     assert reach_line("0.0.0.0", 8000).startswith("this machine has no network address")
+
+
+def test_a_local_shard_that_cannot_serve_text_is_refused_at_start(tmp_path: Path,
+                                                                   capsys) -> None:
+    """A README given as a shard, or a parquet file without a text column, started fine and
+    stopped the first run that asked for text (DataSourceError ... ShardError)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    other = tmp_path / "body.parquet"
+    pq.write_table(pa.table({"body": ["a", "b"]}), other)
+    numbers = tmp_path / "numbers.parquet"
+    pq.write_table(pa.table({"text": [1, 2]}), numbers)
+    notes = tmp_path / "README.md"
+    notes.write_text("# not parquet\n" * 10)
+    for shard, said in ((other, "no 'text' column (columns: ['body'])"),
+                        (numbers, "its 'text' column holds int64, not text"),
+                        (notes, "not a parquet file (no PAR1 trailer)")):
+        assert main(["--data-url", str(shard), "--data-dir", str(tmp_path)]) == 2
+        assert capsys.readouterr().err == f"error: data shard {shard}: {said}\n"
+    assert "gevent.monkey" not in sys.modules or not _patched()
