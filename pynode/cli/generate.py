@@ -83,8 +83,10 @@ def print_train_sample(args: argparse.Namespace, trainer: Trainer) -> None:
     generator = Generator(trainer.cfg, trainer.state.params, trainer.gemm)
     sampling = Sampling(tokens=args.sample)
     print(f"sample (temperature {sampling.temperature}, seed {sampling.seed}):", file=sys.stderr)
-    sys.stderr.write(prompt)
-    stream_text(generator, prompt.encode("utf-8", "surrogateescape"), sampling, sys.stderr)
+    data = prompt.encode("utf-8", "surrogateescape")  # the bytes the shell passed
+    # shown as the continuation is: an invalid byte as U+FFFD (stderr wrote "\udcff")
+    sys.stderr.write(data.decode("utf-8", "replace"))
+    stream_text(generator, data, sampling, sys.stderr)
 
 
 def generate_command(args: argparse.Namespace) -> int:

@@ -277,6 +277,17 @@ def test_train_sample_prints_what_generate_writes_from_the_saved_state(tmp_path,
     assert len(out.splitlines()[-1]) == 64  # the state hash stays the last stdout line
 
 
+def test_train_sample_shows_a_prompts_invalid_byte_as_the_continuation_does(capsys):
+    """The bytes a shell passed (b"ab\\xff" arrives as "ab\\udcff") were written back as the
+    six characters "\\udcff"; generate and the continuation show U+FFFD."""
+    argv = ["train", "--steps", "1", "--width", "32", "--layers", "1", "--heads", "2", "--seq",
+            "16", "--no-progress", "--kernels", "numpy", "--backend", "numpy_int",
+            "--sample", "4", "--prompt", "ab\udcff"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "sample (temperature 0.8, seed 0):\nab\ufffd" in err and "\udcff" not in err
+
+
 def test_train_sample_refusals(capsys):
     for flags, what in ((["--prompt", "x"], "--prompt is what --sample continues"),
                         (["--sample", "0"], "--sample needs a positive number"),
