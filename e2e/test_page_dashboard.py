@@ -216,6 +216,24 @@ def test_the_dashboard_shows_the_newest_run_first(browser, server_url):
         board.close()
 
 
+def test_the_address_a_run_prints_shows_its_card(browser, server_url):
+    """`train --dashboard` says `dashboard: URL/dashboard#run-ID`: that card is scrolled to
+    and marked once drawn (the runs are drawn after the page loads, so the browser's own
+    look for the anchor found nothing)."""
+    board = browser.new_page(viewport={"width": 1280, "height": 500})
+    try:
+        board.goto(f"{server_url}/dashboard")
+        named = board.evaluate(REGISTER, "the one named")
+        for i in range(4):  # newer runs above it, so that it is below the fold
+            board.evaluate(REGISTER, f"newer {i}")
+        board.goto(f"{server_url}/dashboard#run-{named}")
+        board.wait_for_selector(f"section.run.named[data-run='{named}']")
+        assert board.locator("section.run.named").count() == 1
+        assert board.evaluate("() => window.scrollY") > 0
+    finally:
+        board.close()
+
+
 REPORT = """async ([run, token, rank]) => (await fetch(`/api/runs/${run}/status`, {method: 'POST',
     headers: {'Content-Type': 'application/json', 'Authorization': `Bearer ${token}`},
     body: JSON.stringify({rank, state: 'training', step: 1200, steps: 5000, loss: 2.3456,
@@ -226,10 +244,12 @@ REPORT = """async ([run, token, rank]) => (await fetch(`/api/runs/${run}/status`
       hash: '0123456789abcdef', points: []})})).status"""
 
 
-def test_a_runs_table_is_whole_on_a_wide_screen(browser, server_url):
+@pytest.mark.parametrize("width", [1280, 1680])
+def test_a_runs_table_is_whole_on_a_wide_screen(browser, server_url, width):
     """The ranks' table (16 columns) was cut at ~1100 px whatever the screen, its last
-    columns (traffic, hash, last seen) behind a scroll bar."""
-    board = browser.new_page(viewport={"width": 1680, "height": 1000})
+    columns (traffic, hash, last seen) behind a scroll bar; at 1280 px the hash was still
+    cut and the last column (seen) behind the scroll bar."""
+    board = browser.new_page(viewport={"width": width, "height": 1000})
     try:
         board.goto(f"{server_url}/dashboard")
         reply = board.evaluate("""async () => (await fetch('/api/runs', {method: 'POST',

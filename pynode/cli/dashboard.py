@@ -58,6 +58,10 @@ class DashboardRun:
     def to_bytes(self) -> bytes:
         return json.dumps(self.__dict__).encode()
 
+    def card_line(self) -> str:
+        """The line that says where the run's card is (its anchor on /dashboard)."""
+        return f"dashboard: {self.url}/dashboard#run-{self.run} (this run's card)"
+
     @classmethod
     def from_bytes(cls, data: bytes) -> DashboardRun | None:
         """A shared run, as another rank's version wrote it: fields it does not know are

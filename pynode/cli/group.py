@@ -299,6 +299,8 @@ async def train_local_peers(args, cfg: RunConfig, capacities, resumed: bytes | N
             "shows the same bits, not more speed")
     dashboard = register(args.dashboard, f"train --peers {args.peers}", args.peers) \
         if args.dashboard else None
+    if dashboard is not None:
+        say(dashboard.card_line())
     with tempfile.TemporaryDirectory(prefix="pynode-") as tmp:
         address = str(Path(tmp) / "hub.sock")
         children = [spawn_peer(rank, args.peers, address, args) for rank in range(1, args.peers)]
@@ -381,6 +383,7 @@ async def cluster_command(args, cfg: RunConfig | None, argv: list[str] | None = 
     dashboard = None
     if args.dashboard and os.environ.get("RANK") == "0":  # refused before the group forms
         dashboard = register(args.dashboard, "cluster", int(os.environ.get("WORLD_SIZE", "1")))
+        say(dashboard.card_line())
     collective = await make_collective("gloo", timeout=args.timeout)
     elastic = ElasticRank(collective, args) if collective.restartable else None
     capacities = parse_capacity(args.capacity, collective.world_size)

@@ -153,6 +153,8 @@ async def join_command(args: argparse.Namespace) -> int:
         say(f"checkpoint {args.resume}: step {resume.step}, hash {resume.state_hash[:16]}, "
             "valid")
     dashboard = register(args.dashboard, "join", 1) if args.dashboard else None
+    if dashboard is not None:
+        say(dashboard.card_line())
     units, gemm = await asyncio.to_thread(load_units_and_gemm, args.backend, args.kernels,
                                           args.check_products)
     say(f"verified: unit networks exact over their domains, GEMM backend {gemm.backend_name}")

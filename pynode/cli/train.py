@@ -93,6 +93,8 @@ async def train_command(args: argparse.Namespace) -> int:
                                        resumed=data if resume is not None else None)
     platform.pin_to_core(0)
     dashboard = register(args.dashboard, "train", 1) if args.dashboard else None
+    if dashboard is not None:
+        echo(dashboard.card_line())
     trainer = build_trainer(cfg, resume=resume, backend=args.backend,
                             kernels=args.kernels, check_products=args.check_products)
     install_fault(trainer)

@@ -78,6 +78,7 @@ function drawRun(run) {
   if (!entry) {
     const section = document.createElement("section");
     section.className = "run";
+    section.id = `run-${run.run}`; // the address a run prints: /dashboard#run-ID
     section.dataset.run = run.run;
     section.append(cell("h2", ""), cell("p", ""), document.createElement("div"),
       document.createElement("div"));
@@ -113,6 +114,8 @@ function drawRun(run) {
   }
 }
 
+let scrolled = false; // to the run of the address's #run-ID, once
+
 async function refresh() {
   try {
     const reply = await fetch("/api/runs", { cache: "no-store" });
@@ -131,6 +134,16 @@ async function refresh() {
     const wanted = runs.map((run) => shown.get(run.run).section);
     const current = [...main.querySelectorAll("section.run")];
     if (wanted.some((section, i) => section !== current[i])) main.append(...wanted);
+    // the run the address names, once it is drawn (the browser looked for it at load,
+    // before any run was)
+    if (!scrolled && location.hash.startsWith("#run-")) {
+      const named = document.getElementById(location.hash.slice(1));
+      if (named) {
+        scrolled = true;
+        named.scrollIntoView();
+        named.classList.add("named");
+      }
+    }
     empty.hidden = runs.length > 0;
     badge.textContent = `${runs.length} run${runs.length === 1 ? "" : "s"}`;
   } catch (error) {

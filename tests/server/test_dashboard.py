@@ -334,6 +334,9 @@ def test_a_cluster_run_appears_on_the_dashboard_with_its_ranks_and_live_loss(
     log = done[0].log
     assert final["points"] == [[row["step"], row["loss"], row.get("heldout")] for row in log]
     assert [p[2] is not None for p in final["points"]] == [s % 80 == 0 for s in range(1, steps + 1)]
+    # rank 0 says where the run's card is: its anchor on /dashboard
+    assert f"dashboard: {server.url}/dashboard#run-{final['run']} (this run's card)" in \
+        done[0].err
     for rank, d in enumerate(done):
         # rank 1 of a cluster says it at its terminal's time, as its other lines
         (line,) = [ln for ln in d.err.splitlines()
