@@ -417,8 +417,8 @@ class MeshCollective(Collective):
         elif not missing:
             decision["commit"] = True
         survivors = [r for r in members if r not in missing]
-        if missing:
-            log.warning("all-reduce #%d: dropping rank(s) %s", seq, sorted(missing))
+        if missing:  # the room says it in its words (RoomPeer: "lost peer X at step S")
+            log.info("all-reduce #%d: dropping rank(s) %s", seq, sorted(missing))
         if decision["commit"] or decision["status"]:
             survivors += self._joining
             self._joining = []
@@ -586,8 +586,8 @@ class MeshCollective(Collective):
             kind = Kind(msg.chunk) if msg.chunk in iter(Kind) else Kind.BYE
             frames[r] = Frame(kind, msg.status, own.seq, r, msg.arg, bytes(msg.payload))
         lost = sorted(r for p, r in ids.items() if p not in got)
-        if lost:
-            log.warning("%s #%d: dropping rank(s) %s", own.kind.name.lower(), own.seq, lost)
+        if lost:  # likewise said by the room, by peer
+            log.info("%s #%d: dropping rank(s) %s", own.kind.name.lower(), own.seq, lost)
         members = tuple(sorted(frames))
         status, meta, blob = star.combine(own, frames, members, self.world_size)
         meta["members"] = sorted([*members, *self._joining])

@@ -919,7 +919,8 @@ def test_an_interrupted_join_tells_the_dashboard_it_stopped(monkeypatch):
 
     monkeypatch.setattr(join, "StatusReporter", Status)
     monkeypatch.setattr(join, "NativePeer", Peer)
-    monkeypatch.setattr(join, "register", lambda *args: object())
+    monkeypatch.setattr(join, "register", lambda *args: SimpleNamespace(
+        card_line=lambda: "dashboard: its card"))
     monkeypatch.setattr(join, "require_network", lambda: None)
     monkeypatch.setattr(join, "load_units_and_gemm",
                         lambda *args: (None, SimpleNamespace(backend_name="numpy_int")))

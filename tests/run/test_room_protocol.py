@@ -261,7 +261,9 @@ def test_a_late_joiner_is_synced_and_ends_on_the_same_hash(checks, reference):
     run(body())
 
 
-def test_a_vanished_member_costs_time_not_bits(checks, reference):
+def test_a_vanished_member_costs_time_not_bits(checks, reference, caplog):
+    """The loss is said once, by the room in its words ("lost peer tab2 at step S"): the
+    transport's own "dropping rank(s) [2]" warning came beside it on a join's terminal."""
     async def body():
         net = MemoryNetwork()
         pages = [Page(net, f"tab{i}", checks) for i in range(3)]
@@ -277,7 +279,9 @@ def test_a_vanished_member_costs_time_not_bits(checks, reference):
         # takes over alone and, alone, still trains the same bits.
         assert [f["ranks"] for f in pages[2].kinds("leader")] == [["tab2"]]
         assert set(pages[2].hashes().values()) == set(reference[:6])
-    run(body())
+    with caplog.at_level("WARNING", logger="pynode.comm"):
+        run(body())
+    assert "dropping rank" not in caplog.text
 
 
 @pytest.mark.parametrize("links_first", [False, True])
