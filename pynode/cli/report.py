@@ -95,8 +95,14 @@ def last_logged_step(path: str) -> int | None:
         return None
 
 
+# Where stderr is no terminal (nohup, a service, a CI log) a run's progress is a plain line
+# this often, instead of the bar's redraws
+PLAIN_EVERY_S = 30.0
+
+
 class StepReporter:
-    """Progress bar on a terminal, JSON lines to --log, nothing else. A loop hook."""
+    """Progress bar on a terminal (a plain line every PLAIN_EVERY_S elsewhere), JSON lines
+    to --log, nothing else. A loop hook."""
 
     def __init__(self, trainer: Trainer, until: int, log_path: str | None, progress: bool):
         self.trainer = trainer
@@ -109,11 +115,16 @@ class StepReporter:
                  "last row is this run's)")
         self.log_file = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115
         self.bar = None
+        self.until = until
+        # no terminal: a run redirected to a file said nothing from its first line to its end
+        self.plain_at = self.started + PLAIN_EVERY_S if progress else None
         if progress and sys.stderr.isatty():
             from tqdm import tqdm
 
+            self.plain_at = None
             self.bar = tqdm(total=until, initial=trainer.state.step, unit="step", file=sys.stderr)
             trainer.after_inner.append(self.inner)  # --sync-every: inside an outer step
+        self.plain_from = (self.started, trainer.state.step)  # the last plain line's
 
     def __call__(self, result: StepResult) -> None:
         self.elapsed = time.perf_counter() - self.started
@@ -129,6 +140,13 @@ class StepReporter:
         if self.bar is not None:
             self.bar.update(result.step - self.bar.n)  # an outer step: what inner() has not
             self.bar.set_postfix(loss=f"{result.loss:.4f}", hash=result.hash[:12])
+        now = time.perf_counter()
+        if self.plain_at is not None and now >= self.plain_at:
+            began, first = self.plain_from
+            rate = (result.step - first) / max(now - began, 1e-9)
+            say(f"step {result.step}/{self.until}  loss {result.loss:.4f}  {rate:.2f} steps/s  "
+                f"hash {result.hash[:12]}")
+            self.plain_at, self.plain_from = now + PLAIN_EVERY_S, (now, result.step)
         if result.heldout is not None:
             echo(f"step {result.step}  held-out loss {result.heldout:.4f}")
 

@@ -380,6 +380,31 @@ def test_join_log_rows_carry_the_leaders_change(tmp_path):
     assert "change" not in rows[0] and rows[1]["change"] == {"step": 5, "lr": 0.001}
 
 
+def test_a_run_without_a_terminal_says_its_progress_in_plain_lines(monkeypatch, capsys):
+    """stderr redirected to a file (nohup, a service): no bar, and a run said nothing from
+    its first line to its end. Now a plain line every PLAIN_EVERY_S; none with
+    --no-progress."""
+    import types
+
+    from pynode.cli import report
+    from pynode.cli.report import StepReporter
+
+    clock = [100.0]
+    monkeypatch.setattr(report.time, "perf_counter", lambda: clock[0])
+    trainer = types.SimpleNamespace(state=types.SimpleNamespace(step=10), after_inner=[])
+    shown = StepReporter(trainer, 200, None, progress=True)
+    quiet = StepReporter(trainer, 200, None, progress=False)
+    for step, at in ((11, 105.0), (12, 131.0), (13, 140.0), (20, 162.0)):
+        clock[0] = at
+        result = types.SimpleNamespace(step=step, loss=2.5, hash="ab" * 32, heldout=None,
+                                       change=None)
+        shown(result)
+        quiet(result)
+    lines = [line.split(" ", 1)[1] for line in capsys.readouterr().err.splitlines()]
+    assert lines == [f"step 12/200  loss 2.5000  {2 / 31:.2f} steps/s  hash {'ab' * 6}",
+                     f"step 20/200  loss 2.5000  {8 / 31:.2f} steps/s  hash {'ab' * 6}"]
+
+
 def test_join_help_offers_only_the_data_a_room_can_read():
     """`join --help` must not offer --data FILE, which join refuses (docs/JOIN.md)."""
     shown = subprocess.run([sys.executable, "-m", "pynode", "join", "--help"], cwd=REPO,
