@@ -22,7 +22,11 @@ from pynode.run.trainer import Trainer
 def add_generate_parser(sub) -> None:
     gen = sub.add_parser("generate", help="continue a prompt with a trained model (.pt)")
     gen.add_argument("--checkpoint", required=True, help="the .pt file a run saved (--save)")
-    gen.add_argument("--prompt", required=True, help="the text to continue (UTF-8 bytes)")
+    given = gen.add_mutually_exclusive_group(required=True)
+    given.add_argument("--prompt", help="the text to continue (UTF-8 bytes)")
+    given.add_argument("--prompt-file", metavar="FILE",
+                       help="continue the bytes of FILE (- reads stdin): a prompt a shell "
+                       "would mangle, or one too long for the command line")
     add_sampling_flags(gen)
     add_arithmetic_flags(gen)
 
@@ -92,13 +96,27 @@ def print_train_sample(args: argparse.Namespace, trainer: Trainer) -> None:
 def generate_command(args: argparse.Namespace) -> int:
     sampling = Sampling(tokens=args.tokens, temperature=args.temperature, top_k=args.top_k,
                         seed=args.seed)
-    prompt = args.prompt.encode("utf-8", "surrogateescape")  # the bytes the shell passed
+    prompt = prompt_bytes(args)
     data = checkpoint_bytes(args.checkpoint, "--checkpoint")
     with checkpoint_named(f"--checkpoint {args.checkpoint}"):
         generator = load_generator(data, backend=args.backend, kernels=args.kernels,
                                    check_products=args.check_products)
     stream_text(generator, prompt, sampling, sys.stdout)
     return 0
+
+
+def prompt_bytes(args: argparse.Namespace) -> bytes:
+    """The prompt's bytes: --prompt's as the shell passed them, or --prompt-file's as they
+    are (- : stdin). ConfigError for a file that cannot be read."""
+    if args.prompt is not None:
+        return args.prompt.encode("utf-8", "surrogateescape")
+    if args.prompt_file == "-":
+        return sys.stdin.buffer.read()
+    try:
+        with open(args.prompt_file, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise ConfigError(f"--prompt-file {args.prompt_file}: {exc.strerror or exc}") from None
 
 
 def stream_text(generator: Generator, prompt: bytes, sampling: Sampling, out: TextIO) -> bytes:

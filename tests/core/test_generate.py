@@ -225,6 +225,34 @@ def test_the_command_streams_a_continuation(tmp_path, capsys, checkpoint, refere
     assert "the prompt is 22 bytes and the model's context 16: it continues the last 16" in err
 
 
+def test_the_prompt_comes_from_a_file_or_stdin_as_its_bytes(tmp_path, capsys, checkpoint,
+                                                             monkeypatch):
+    """--prompt-file FILE (- : stdin): bytes a shell would mangle (a NUL, a lone 0xff) or a
+    prompt too long for a command line, continued as --prompt continues the same bytes."""
+    import io
+
+    path = tmp_path / "run.pt"
+    path.write_bytes(checkpoint)
+    prompt = b"ab\x00\xffcd"
+    given = tmp_path / "prompt.bin"
+    given.write_bytes(prompt)
+    base = ["generate", "--checkpoint", str(path), "--tokens", "12", "--backend", "numpy_int"]
+    want = bytes(load_generator(checkpoint, backend="numpy_int").generate(prompt, Sampling(
+        tokens=12)))
+    assert main([*base, "--prompt-file", str(given)]) == 0
+    assert capsys.readouterr().out == want.decode("utf-8", "replace") + "\n"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(prompt)))
+    assert main([*base, "--prompt-file", "-"]) == 0
+    assert capsys.readouterr().out == want.decode("utf-8", "replace") + "\n"
+    missing = tmp_path / "none.txt"
+    err = refused([*base, "--prompt-file", str(missing)], capsys)
+    assert f"ConfigError: --prompt-file {missing}: No such file or directory" in err
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    assert "GenerateError: the prompt is empty" in refused([*base, "--prompt-file",
+                                                            str(empty)], capsys)
+
+
 def refused(argv: list[str], capsys) -> str:
     assert main(argv) == 2
     err = capsys.readouterr().err
