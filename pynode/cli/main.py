@@ -142,6 +142,9 @@ def whole_lines() -> None:
         sys.stderr.reconfigure(write_through=False, line_buffering=True)
 
 
+# The commands whose lines carry the time of day: each runs on its own terminal, among
+# others, and its lines are read against theirs.
+STAMPED_COMMANDS = ("join", "cluster")
 # The commands that train in this process: their cross-check recomputes in a worker thread.
 TRAINING_COMMANDS = ("train", "cluster", "_peer", "join")
 
@@ -156,7 +159,10 @@ def main(argv: list[str] | None = None) -> int:
         platform.share_malloc_arena()
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
+        # a join's and a cluster rank's own lines carry the time (report.say): so do their
+        # log records, which came untimed among them
+        format=("%(asctime)s " if args.command in STAMPED_COMMANDS else "")
+        + "%(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S",
         handlers=[ReportHandler()],  # above a progress bar, as the report's own lines
     )
     # the dashboard reporter's notices are for the user (its warning of an outage promises

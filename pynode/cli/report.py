@@ -23,9 +23,14 @@ def say(text: str) -> None:
 
 
 def name_rank_in_logs(rank: int) -> None:
-    """Prefix this process's log lines with its group rank (a group's ranks share stderr)."""
+    """Prefix this process's log lines with its group rank (a group's ranks share stderr),
+    after the time where they carry it (pynode.cli.main.STAMPED_COMMANDS)."""
     for handler in logging.getLogger().handlers:
-        handler.setFormatter(logging.Formatter(f"rank {rank}: %(levelname)s %(name)s: %(message)s"))
+        old = handler.formatter
+        timed = old is not None and old.usesTime()
+        handler.setFormatter(logging.Formatter(
+            ("%(asctime)s " if timed else "") + f"rank {rank}: %(levelname)s %(name)s: "
+            "%(message)s", datefmt=old.datefmt if old is not None else None))
 
 
 def echo(text: str) -> None:

@@ -9,6 +9,7 @@ torch (and importlib.util.find_spec answers None).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -213,3 +214,39 @@ def test_a_local_peers_status_line_starts_on_a_line_of_its_own(monkeypatch):
     end_status(None, 0, None, "finished", "", None)
     assert terminal.text == ("\r\x1b[2Krank 2: finished (before the first step)\n"
                              "rank 0: finished (before the first step)\n"), repr(terminal.text)
+
+
+STAMPED_WARNING = """
+import logging, sys
+from pynode.cli import main as cli
+from pynode.cli.report import name_rank_in_logs
+
+def command(args, argv):
+    logging.getLogger("pynode.run").warning("step 31: re-planning lost microbatches [2, 3]")
+    name_rank_in_logs(1)
+    logging.getLogger("pynode.run").warning("as a rank of a group")
+    return 0
+
+cli.run_command = command
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("argv,stamped", [
+    (["join", "--server", "http://127.0.0.1:9"], True),
+    (["cluster"], True),
+    (["train"], False),
+])
+def test_log_lines_carry_the_time_where_the_commands_own_lines_do(argv, stamped):
+    """A join's and a cluster rank's lines carry the time of day (report.say); their log
+    records came untimed among them ("WARNING pynode.run: step 31: re-planning ...")."""
+    done = subprocess.run([sys.executable, "-c", STAMPED_WARNING, *argv], cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    first, second = done.stderr.splitlines()
+    time = r"\d\d:\d\d:\d\d " if stamped else ""
+    assert re.fullmatch(time + r"WARNING pynode.run: step 31: re-planning lost microbatches "
+                        r"\[2, 3\]", first), first
+    assert re.fullmatch(time + r"rank 1: WARNING pynode.run: as a rank of a group", second), \
+        second
