@@ -103,6 +103,24 @@ def reach_line(host: str, port: int) -> str | None:
     return None
 
 
+def data_line(urls: tuple[str, ...]) -> str:
+    """Where the training text of `--data http://this-server` comes from: an operator
+    offline learned that the default shards are on huggingface.co only from a run that
+    stopped (or from /data's fallback reason)."""
+    from urllib.parse import urlsplit
+
+    remote = [url for url in urls if url.startswith(("http://", "https://"))]
+    hosts = sorted({urlsplit(url).hostname or "?" for url in remote})
+    parts = []
+    if len(urls) > len(remote):
+        parts.append(f"{len(urls) - len(remote)} local parquet shard(s), checked")
+    if remote:
+        parts.append(f"{len(remote)} parquet shard(s) at {', '.join(hosts)}, read when a run "
+                     "first asks; if unreachable then, runs with --data-fallback builtin get "
+                     "the built-in corpus and the others stop")
+    return "training text (/data): " + "; ".join(parts)
+
+
 def local_shard_problem(urls: tuple[str, ...]) -> str | None:
     """"PATH: what is wrong" for the first local shard that is no parquet file with a text
     column (its footer read, as /data reads it), or None. Remote shards are read when a
@@ -200,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         reach = reach_line(cfg.host, port)
         if reach:
             print(reach, flush=True)
+        print(data_line(cfg.data_urls), flush=True)
         if not args.dev_server:
             stop_on_ctrl_c(httpd)
         httpd.serve_forever()

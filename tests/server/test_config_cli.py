@@ -171,6 +171,11 @@ def test_python_m_server_serves(tmp_path: Path) -> None:
         assert "DaisyChain server on http://127.0.0.1:" in line
         assert proc.stdout.readline().startswith("only this machine can reach it: --host "
                                                  "0.0.0.0 (or this machine's address)")
+        # where its text comes from (offline, the default shards are out of reach)
+        assert proc.stdout.readline() == (
+            "training text (/data): 14 parquet shard(s) at huggingface.co, read when a run "
+            "first asks; if unreachable then, runs with --data-fallback builtin get the "
+            "built-in corpus and the others stop\n")
         url = line.split()[3]
         with urllib.request.urlopen(url + "healthz", timeout=10) as response:
             assert json.load(response)["ok"] is True
