@@ -9,6 +9,7 @@ private network's browser of conftest.py is a second one).
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -117,6 +118,17 @@ def test_errors_show_next_to_the_action_and_download_waits_for_a_run(
         page.wait_for_selector("#form-error", state="visible")
         empty = page.inner_text("#form-error")
         page.fill("#config-form [name=sync_every]", "1")
+        # A config too big for a tab: refused at once by its estimate. It grew the heap past
+        # 2 GiB for 90 s, ended in a traceback, and every checkpoint the tab made after was
+        # corrupt (Pyodide copies buffers out wrong past 2 GiB); the download below is read.
+        page.fill("#config-form [name=width]", "2048")
+        page.fill("#config-form [name=layers]", "12")
+        asked = time.monotonic()
+        page.click("#start")
+        page.wait_for_function("() => document.querySelector('#form-error').textContent"
+                               ".includes('a tab can hold')", timeout=30_000)
+        too_big = (page.inner_text("#form-error"), time.monotonic() - asked)
+        page.fill("#config-form [name=layers]", "2")
         page.evaluate("window.topWhenShown = null")
         page.fill("#config-form [name=width]", "30")  # 4 heads do not divide 30
         page.click("#start")
@@ -142,6 +154,10 @@ def test_errors_show_next_to_the_action_and_download_waits_for_a_run(
         name = download.value.suggested_filename
     finally:
         server.close()
+    assert re.fullmatch(r"could not start: MemoryRefusal: this config needs about 15\d{3}\.\d "
+                        r"MiB, only \d+\.\d MiB a tab can hold; choose a smaller one \(width, "
+                        r"layers, sequence, microbatch size\)", too_big[0]), too_big[0]
+    assert too_big[1] < 15, f"refused after {too_big[1]:.0f} s"
     assert refused == "could not start: ConfigError: heads (4) must divide width (30)"
     assert alert == refused and top_when_shown == refused, (alert, top_when_shown)
     assert 0 < gap < 120, f"the error is {gap} px below the Start button"

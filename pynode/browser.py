@@ -319,6 +319,26 @@ def kit_html(buffer: Any) -> str:
     return json.dumps({"ok": True, "html": html})
 
 
+class HeapTooLarge(DaisyError):
+    """The page's Python heap grew past what Pyodide copies buffers out of exactly."""
+
+
+def copies_are_exact() -> None:
+    """HeapTooLarge once this tab's heap has grown past platform.PAGE_HEAP_LIMIT (it never
+    shrinks): from there Pyodide 0.27 copies a buffer out as the right length of other
+    bytes, so nothing that leaves Python (a frame to a peer, a checkpoint, the state a
+    generation starts from) could be trusted. A config refused by its estimate never gets
+    there; this is for whatever grew it anyway."""
+    from pynode import platform
+
+    if platform.heap_bytes() > platform.PAGE_HEAP_LIMIT:
+        raise HeapTooLarge(
+            f"this tab's Python memory grew to {platform.heap_bytes() / 2**30:.1f} GiB (a "
+            "config too big for a tab was tried): past 2 GiB the browser's Python copies "
+            "its buffers out wrong, so this tab sends, saves and generates nothing more; "
+            "reload the page")
+
+
 class JsMesh(Mesh):
     """The data channels of the page, as the main thread reports them through the worker."""
 
@@ -333,6 +353,7 @@ class JsMesh(Mesh):
         return frozenset(self._open)
 
     def send(self, peer: str, data: bytes) -> None:
+        copies_are_exact()  # a frame of other bytes would reach the peer
         from pyodide.ffi import to_js  # only in the page
 
         if peer in self._open:
@@ -445,6 +466,7 @@ class BrowserPeer:
     def checkpoint(self) -> Any:
         """The current state as .pt bytes, or a JSON error string (never raises into JS)."""
         try:
+            copies_are_exact()  # the download (and a generation's state) would be corrupt
             return self.room.checkpoint()
         except DaisyError as exc:
             return json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"})

@@ -44,10 +44,36 @@ def pin_to_core(rank: int) -> None:
         os.sched_setaffinity(0, {cores[rank % len(cores)]})
 
 
-def memory_bytes() -> int:
-    """Available memory in bytes, or 0 where it cannot be known (the page)."""
-    if IN_PYODIDE:
+# The page's Python heap (wasm32 memory) past which Pyodide 0.27 copies buffers out wrong:
+# its python2js_buffer_1d_contiguous slices HEAP8 at a signed address, so a buffer above
+# 2 GiB comes out as the right length of other bytes (a tab that had tried a config too big
+# for it downloaded corrupt checkpoints, and would have sent peers corrupt frames).
+PAGE_HEAP_LIMIT = 2**31
+# What a tab may plan a run's memory against: the limit less room for a run's temporaries
+# (checkpoint copies, frames) beyond memory_needed's estimate.
+PAGE_HEAP_BUDGET = 3 * 2**29  # 1.5 GiB
+
+
+def heap_bytes() -> int:
+    """The page's Python heap now (its wasm memory, which never shrinks); 0 natively or
+    where it cannot be read."""
+    if not IN_PYODIDE:
         return 0
+    try:
+        import pyodide_js  # only in the page
+
+        return int(pyodide_js._module.HEAP8.length)
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return 0
+
+
+def memory_bytes() -> int:
+    """Available memory in bytes, or 0 where it cannot be known. In the page: what is left
+    of PAGE_HEAP_BUDGET beside the heap already grown (at least 1 byte: a tab whose heap
+    outgrew it can plan nothing more)."""
+    if IN_PYODIDE:
+        heap = heap_bytes()
+        return max(1, PAGE_HEAP_BUDGET - heap) if heap else 0
     try:
         import psutil
     except ImportError:

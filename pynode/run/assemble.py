@@ -74,6 +74,10 @@ def check_memory(cfg: RunConfig, task: Any, rank: int | None = None) -> None:
     available = platform.memory_bytes()
     if not available:
         return
+    if platform.IN_PYODIDE and available <= 1:
+        raise MemoryRefusal(f"this tab's Python memory already grew to "
+                            f"{platform.heap_bytes() / 2**30:.1f} GiB (a config too big for a "
+                            "tab was tried): reload the page to train in it")
     try:  # a custom task's model may want its GEMM: then the trainer's build says what fails
         shapes = task.build_model(cfg, None).param_shapes()
     except Exception:  # noqa: BLE001 - only the estimate is skipped
@@ -84,9 +88,13 @@ def check_memory(cfg: RunConfig, task: Any, rank: int | None = None) -> None:
         # "rank 0" of the room): said the same to each
         who, ask = (("", "choose a smaller one") if rank is None else
                     (f"rank {rank}: ", "the run needs a smaller config"))
+        if platform.IN_PYODIDE:  # a tab's user knows no ranks; rank 0 is the tab that starts
+            who, ask = "", "choose a smaller one" if rank in (None, 0) else ask
+        smaller = ("width, layers, sequence, microbatch size" if platform.IN_PYODIDE
+                   else "--width, --layers, --seq, --microbatch-size")
+        here = ("a tab can hold" if platform.IN_PYODIDE else "available here")
         raise MemoryRefusal(f"{who}this config needs about {need / 2**20:.1f} MiB, only "
-                            f"{available / 2**20:.1f} MiB available here; {ask} (--width, "
-                            "--layers, --seq, --microbatch-size)")
+                            f"{available / 2**20:.1f} MiB {here}; {ask} ({smaller})")
 
 
 def preflight(cfg: RunConfig) -> None:

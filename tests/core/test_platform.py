@@ -78,3 +78,42 @@ def test_a_rank_past_the_last_core_wraps_around():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           env={**os.environ, "PYNODE_PIN_CORES": "1"}, check=True, timeout=60)
     assert done.stdout.strip() == str([cores[1]])
+
+
+def test_the_page_plans_against_what_is_left_of_its_heap_budget(monkeypatch):
+    """In the page memory_bytes was 0 ("cannot be known"), so no config was refused: a tab
+    that tried a 15 GiB config grew its heap past 2 GiB, where Pyodide copies buffers out
+    wrong. Now the budget less the heap; a heap past the budget leaves 1 byte (refuse all)."""
+    from pynode import platform
+    from pynode.config import RunConfig
+    from pynode.run.assemble import MemoryRefusal, check_memory
+    from pynode.tasks import load_task
+
+    heap = [300 * 2**20]
+    monkeypatch.setattr(platform, "IN_PYODIDE", True)
+    monkeypatch.setattr(platform, "heap_bytes", lambda: heap[0])
+    assert platform.memory_bytes() == platform.PAGE_HEAP_BUDGET - heap[0]
+    with pytest.raises(MemoryRefusal, match=r"needs about 15\d\d\d\.\d MiB, only 1236\.0 MiB a "
+                       r"tab can hold; choose a smaller one \(width, layers, sequence"):
+        check_memory(RunConfig(width=2048, layers=12, heads=8), load_task("gpt"))
+    check_memory(RunConfig(), load_task("gpt"))
+    heap[0] = platform.PAGE_HEAP_LIMIT + 2**20
+    assert platform.memory_bytes() == 1
+    with pytest.raises(MemoryRefusal, match=r"already grew to 2\.0 GiB .*reload the page"):
+        check_memory(RunConfig(), load_task("gpt"))
+
+
+def test_nothing_leaves_a_tab_whose_heap_grew_past_2_gib(monkeypatch):
+    """Past 2 GiB Pyodide 0.27 copies a buffer out as other bytes of the right length: a
+    frame to a peer and the state a checkpoint or generation starts from are refused."""
+    from pynode import browser, platform
+
+    monkeypatch.setattr(platform, "heap_bytes", lambda: 2**31 - 2**20)
+    browser.copies_are_exact()
+    monkeypatch.setattr(platform, "heap_bytes", lambda: 2**31 + 2**20)
+    with pytest.raises(browser.HeapTooLarge, match="grew to 2.0 GiB .* reload the page"):
+        browser.copies_are_exact()
+    mesh = browser.JsMesh(bridge=None, self_id="me")
+    mesh.opened("them")
+    with pytest.raises(browser.HeapTooLarge):
+        mesh.send("them", b"frame")

@@ -86,9 +86,12 @@ def test_runner_reports_failures_and_skips(session):
 
 @pytest.mark.slow
 def test_training_steps_match_native_under_pyodide(session):
-    """The same 3-step run gives the same per-step hashes natively and on wasm."""
-    (result,) = results_of(session[1], [TRAINER_CASES])
-    assert result["status"] == "passed", result["detail"]
+    """The same 3-step run gives the same per-step hashes natively and on wasm; a config
+    too big for a tab is refused there before it grows the heap."""
+    results = results_of(session[1], [TRAINER_CASES])
+    assert len(results) == 2, results
+    for result in results:
+        assert result["status"] == "passed", result["detail"]
 
 
 @pytest.mark.slow

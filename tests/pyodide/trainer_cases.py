@@ -31,3 +31,25 @@ def test_three_steps_match_native_hashes():
     assert heldout == expected["heldout"], f"wasm held-out {heldout} != {expected['heldout']}"
     assert trainer.gemm.backend_name == expected["wasm_backend"]
     assert trainer.gemm.kernels.name == expected["wasm_kernels"]
+
+
+def test_a_config_too_big_for_a_tab_is_refused_before_anything_is_allocated():
+    """The page plans a run against what is left of its heap budget (1.5 GiB): past 2 GiB
+    Pyodide copies buffers out wrong, and a tab that had tried width 2048 x 12 layers
+    (604 M parameters) grew there and downloaded corrupt checkpoints ever after."""
+    from pynode import platform
+    from pynode.run.assemble import MemoryRefusal, check_memory
+    from pynode.tasks import load_task
+
+    heap = platform.heap_bytes()
+    assert 0 < heap < platform.PAGE_HEAP_BUDGET, heap
+    assert platform.memory_bytes() == platform.PAGE_HEAP_BUDGET - heap
+    cfg = RunConfig(width=2048, layers=12, heads=8)
+    try:
+        check_memory(cfg, load_task("gpt"))
+    except MemoryRefusal as exc:
+        assert "MiB a tab can hold" in str(exc) and "(width, layers" in str(exc), str(exc)
+    else:
+        raise AssertionError("a 15 GiB config was not refused in the page")
+    assert platform.heap_bytes() == heap  # nothing of its size was allocated
+    check_memory(RunConfig(), load_task("gpt"))  # the default fits
