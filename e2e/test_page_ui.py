@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from browser_helpers import (
     CHROMIUM_FLAGS,
+    REPO,
     approve,
     missing_browser_parts,
     status,
@@ -372,3 +373,75 @@ def test_a_server_restart_is_one_lost_line_and_one_restored_line(local_browser, 
         (again or server).close()
     assert [t for t in texts if t.startswith("signaling connection")] == [
         "signaling connection lost; reconnecting", "signaling connection restored"], texts
+
+
+def test_a_page_training_alone_asks_before_it_is_closed_and_says_what_steering_needs(
+        local_browser, tmp_path, console):
+    """A tab that trains alone holds its run's only copy: a reload ended the run without a
+    word (it came back "ready"); now the browser asks first. "Apply at the next step" with
+    both fields empty did nothing and said nothing."""
+    server = local_server(tmp_path)
+    try:
+        page = open_page(local_browser, f"{server.url}/?create=1", console)
+        wait_booted(page)
+        for name, value in {**TINY, "steps": "5000"}.items():
+            page.fill(f"#config-form [name={name}]", value)
+        page.click("#start")
+        wait(page, "s => s.state === 'training' && s.step >= 1", 120_000)
+        assert page.is_disabled("#upload")  # a resume is refused during a run
+        page.click("#apply-change")  # both fields empty
+        page.wait_for_selector("#form-error", state="visible")
+        said = page.inner_text("#form-error")
+        asked: list[str] = []
+
+        def answer(dialog: Any) -> None:
+            asked.append(dialog.type)
+            dialog.dismiss()  # stay
+
+        page.on("dialog", answer)
+        page.close(run_before_unload=True)
+        page.wait_for_timeout(1000)
+        still = status(page)["state"]
+        page.remove_listener("dialog", answer)
+        page.evaluate("(request) => daisychain.steer(request)", {"stop": True})
+        wait(page, "s => ['done', 'failed'].includes(s.state)", 60_000)
+    finally:
+        server.close()
+    assert said == "not applied: give a learning rate or a number of steps to change", said
+    assert asked == ["beforeunload"] and still == "training", (asked, still)
+
+
+def test_a_resume_that_starts_settles_the_refusal_before_it(local_browser, tmp_path, console):
+    """A wrong file, then the right one: the run resumed and trained, and the top of the
+    page still said "checkpoint refused" (a start settles the failed start before it; a
+    resume did not)."""
+    import subprocess
+    import sys
+
+    good = tmp_path / "run.pt"
+    made = subprocess.run(
+        [sys.executable, "-m", "pynode", "train", "--steps", "2", "--width", "32", "--layers",
+         "1", "--heads", "2", "--seq", "16", "--microbatch-size", "2", "--microbatches", "2",
+         "--no-progress", "--save", str(good)], cwd=REPO, capture_output=True, text=True,
+        timeout=300)
+    assert made.returncode == 0, made.stderr
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"not a checkpoint")
+    server = local_server(tmp_path)
+    try:
+        page = open_page(local_browser, f"{server.url}/?create=1", console)
+        wait_booted(page)
+        page.fill("#config-form [name=steps]", "4")
+        page.set_input_files("#upload", str(junk))
+        page.wait_for_selector("#alert", state="visible")
+        refused = page.inner_text("#alert-text")
+        page.set_input_files("#upload", str(good))
+        wait(page, "s => ['done', 'failed'].includes(s.state)", 120_000)
+        s = status(page)
+        page.wait_for_timeout(500)  # a render after the end
+        top_after = page.is_hidden("#alert")
+    finally:
+        server.close()
+    assert refused.startswith("checkpoint refused: "), refused
+    assert s["state"] == "done" and s["step"] == 4, s["error"]
+    assert top_after, "the refusal before the resume still showed at the top"

@@ -148,6 +148,8 @@ function renderForm(s) {
   const training = s.state === "training";
   for (const name of FORM_FIELDS) form.elements[name].disabled = training;
   form.elements.data_file.disabled = training;
+  $("upload").disabled = training; // a resume is refused while this page is in a run
+  $("upload").title = training ? "available when this page is not in a run" : "";
   for (const name of Object.keys(SLIDERS)) {
     const slider = form.elements[`${name}-slider`];
     slider.disabled = training;
@@ -498,6 +500,10 @@ $("steer").addEventListener("submit", timed((event) => {
   const request = {};
   if ($("steer-lr").value) request.lr = given($("steer-lr").value);
   if ($("steer-steps").value) request.steps = given($("steer-steps").value);
+  if (!Object.keys(request).length) { // it did nothing and said nothing
+    actionError("not applied: give a learning rate or a number of steps to change");
+    return;
+  }
   steer(request);
 }));
 
@@ -584,6 +590,9 @@ $("upload").addEventListener("change", async (event) => {
   try {
     const steps = whole($("config-form").elements.steps.value); // "1e3" is 1000, as the field
     const answer = await node.resume(await file.arrayBuffer(), steps >= 1 ? steps : null);
+    // a resume that starts settles the refusal before it (a wrong file), as a start does
+    const last = node.status().messages.findLast((m) => m.level === "error");
+    if (last?.text.startsWith("checkpoint refused")) dismissedError = `${last.at} ${last.text}`;
     node.say("info", `resumed ${file.name} at step ${answer.step} with ${answer.ranks.length} peer(s)`);
   } catch (err) {
     actionError(`checkpoint refused: ${err.message}`);
@@ -668,6 +677,17 @@ $("generate-stop").addEventListener("click", timed(() => {
   if (generating) generating.stopped = true;
   generator.stop();
 }));
+
+// A page that trains a run alone holds its only copy: closing or reloading it ends the run
+// (a reload came back "ready", the run and its state gone without a word). The browser
+// asks first. A run of several peers goes on without this page, which may join it again.
+window.addEventListener("beforeunload", (event) => {
+  const s = node.state;
+  if (s.state === "training" && s.members.length <= 1) {
+    event.preventDefault();
+    event.returnValue = true; // what older Chromium asks for
+  }
+});
 
 window.addEventListener("pagehide", () => {
   node.mesh?.close();
