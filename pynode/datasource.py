@@ -53,18 +53,8 @@ def microbatch_bytes(
         raise ValueError(f"part must be one of {PARTS}, got {part!r}")
     if data == "builtin":
         return byte_windows(text_part(builtin_corpus(), part), seed, step, index, rows, length)
-    if is_file_spec(data):
-        text = text_part(file_text(data), part)
-        if text.shape[0] <= length:
-            what = "bytes of text" if part == "all" else f"bytes in its {part} part"
-            raise DataFileError(f"the data file {split_spec(data)[0]} holds {text.shape[0]} "
-                                f"{what}, not more than one sequence ({length})")
-        return byte_windows(text, seed, step, index, rows, length)
-    if is_text_url(data):
-        text = text_part(url_text(data), part)
-        if text.shape[0] <= length:
-            raise DataSourceError(f"the text at {data.partition('#')[0]} holds {text.shape[0]} "
-                                  f"bytes, not more than one sequence ({length})")
+    if is_file_spec(data) or is_text_url(data):
+        text = whole_text_part(data, part, length)
         return byte_windows(text, seed, step, index, rows, length)
     want = rows * length
     raw = server_text(data, {"seed": seed, "step": step, "index": index, "bytes": want},
@@ -74,6 +64,24 @@ def microbatch_bytes(
     padded = np.full(want, PAD_BYTE, dtype=np.uint8)
     padded[: len(raw)] = np.frombuffer(raw, dtype=np.uint8)
     return padded.reshape(rows, length).astype(np.int32)
+
+
+def whole_text_part(data: str, part: str, length: int) -> np.ndarray:
+    """The `part` of the whole text `data` names (a file spec, or a URL with its digest),
+    if it holds more than one sequence of `length` bytes: DataFileError or DataSourceError
+    otherwise (a leader asks before its run starts: GPTTask.check_data)."""
+    if is_file_spec(data):
+        text = text_part(file_text(data), part)
+        if text.shape[0] <= length:
+            what = "bytes of text" if part == "all" else f"bytes in its {part} part"
+            raise DataFileError(f"the data file {split_spec(data)[0]} holds {text.shape[0]} "
+                                f"{what}, not more than one sequence ({length})")
+        return text
+    text = text_part(url_text(data), part)
+    if text.shape[0] <= length:
+        raise DataSourceError(f"the text at {data.partition('#')[0]} holds {text.shape[0]} "
+                              f"bytes, not more than one sequence ({length})")
+    return text
 
 
 def is_text_url(data: str) -> bool:

@@ -8,8 +8,8 @@ import numpy as np
 
 from pynode.config import RunConfig
 from pynode.core.gpt import GPT, GPTConfig
-from pynode.datafile import file_text, is_file_spec
-from pynode.datasource import HELDOUT_STEP, is_text_url, microbatch_bytes, url_text
+from pynode.datafile import is_file_spec
+from pynode.datasource import HELDOUT_STEP, is_text_url, microbatch_bytes, whole_text_part
 
 
 class GPTTask:
@@ -20,10 +20,11 @@ class GPTTask:
         """Refuse, before any step, a data file that is missing or another (DataFileError)
         and a text URL that cannot be read or holds another text (DataSourceError). Only a
         trainer asks: a checkpoint's model (generate, the kit) needs no data."""
-        if is_file_spec(cfg.data):
-            file_text(cfg.data)
-        if is_text_url(cfg.data):
-            url_text(cfg.data)
+        if is_file_spec(cfg.data) or is_text_url(cfg.data):
+            # each part the run reads holds a sequence: a 2-byte upload started a room's
+            # run that stopped at its first step
+            for part in ("train", "heldout") if cfg.eval_every else ("all",):
+                whole_text_part(cfg.data, part, cfg.seq + 1)
 
     def build_model(self, cfg: RunConfig, gemm: Any) -> GPT:
         return GPT(gpt_config(cfg), gemm)

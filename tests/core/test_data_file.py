@@ -170,3 +170,24 @@ def test_the_config_accepts_only_a_well_formed_file_value():
         RunConfig(data="file:notes.txt")
     with pytest.raises(DataFileError):
         file_spec("/no/such/file")
+
+
+def test_a_leader_refuses_a_text_too_short_for_a_sequence_before_any_step(tmp_path):
+    """GPTTask.check_data (a trainer and a room's leader ask it before the run starts) read
+    a whole text but left its length to the first microbatch: a 2-byte upload started a
+    room's run that every peer then stopped at step 1. Each part the run reads counts:
+    with eval_every the held-out 1/32 must hold a sequence too."""
+    from pynode.datasource import DataSourceError, whole_text_part
+
+    short = tmp_path / "short.txt"
+    short.write_bytes(b"ab")
+    with pytest.raises(DataFileError, match=r"holds 2 bytes of text, not more than one "
+                       r"sequence \(17\)"):
+        GPTTask().check_data(RunConfig(seq=16, data=file_spec(str(short))))
+    small = tmp_path / "small.txt"
+    small.write_bytes(b"x" * 100)  # 97 bytes to train on, 3 held out
+    GPTTask().check_data(RunConfig(seq=16, data=file_spec(str(small))))
+    with pytest.raises(DataFileError, match=r"holds 3 bytes in its heldout part"):
+        GPTTask().check_data(RunConfig(seq=16, eval_every=5, data=file_spec(str(small))))
+    with pytest.raises(DataSourceError, match="expected URL#sha256="):
+        whole_text_part("http://127.0.0.1:9/uploads/x#sha256=zz", "all", 17)
