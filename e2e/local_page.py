@@ -23,13 +23,13 @@ WEBGPU_FLAGS = [*CHROMIUM_FLAGS, "--enable-unsafe-webgpu"]
 class LocalServer:
     """`python -m server` on 127.0.0.1 with a free port; `url` is its localhost address.
     `env`: variables to set for the server beside this process's own; `port`: a given one
-    (a server started again where the pages look for it)."""
+    (a server started again where the pages look for it); `args`: more flags."""
 
     def __init__(self, data_dir: Path, env: dict[str, str] | None = None,
-                 port: int = 0) -> None:
+                 port: int = 0, args: list[str] | None = None) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port),
-             "--data-dir", str(data_dir), "--log-level", "WARNING"],
+             "--data-dir", str(data_dir), "--log-level", "WARNING", *(args or [])],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, **(env or {})})
         line = self.proc.stdout.readline()

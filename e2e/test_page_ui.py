@@ -445,3 +445,34 @@ def test_a_resume_that_starts_settles_the_refusal_before_it(local_browser, tmp_p
     assert refused.startswith("checkpoint refused: "), refused
     assert s["state"] == "done" and s["step"] == 4, s["error"]
     assert top_after, "the refusal before the resume still showed at the top"
+
+
+def test_the_servers_text_is_marked_unavailable_when_it_cannot_serve_it(local_browser,
+                                                                      tmp_path, console):
+    """A server whose shards are out of reach: "this server's /data" started a run that
+    stopped at its first step, in words of flags the page has not (--data-fallback)."""
+    (tmp_path / "server-data").mkdir()
+    server = LocalServer(tmp_path / "server-data",
+                         args=["--data-url", "http://127.0.0.1:9/none.parquet"])
+    try:
+        page = open_page(local_browser, f"{server.url}/?create=1", console)
+        wait_booted(page)
+        option = page.locator("#config-form [name=data] option[value=server]")
+        page.wait_for_function("() => document.querySelector("
+                               "'#config-form [name=data] option[value=server]')"
+                               ".textContent.includes('unavailable')", timeout=30_000)
+        label, why = option.inner_text(), option.get_attribute("title")
+        for name, value in TINY.items():
+            page.fill(f"#config-form [name={name}]", value)
+        page.select_option("#config-form [name=data]", "server")
+        page.click("#start")
+        page.wait_for_selector("#form-error", state="visible")
+        said = page.inner_text("#form-error")
+        state = status(page)["state"]
+    finally:
+        server.close()
+    assert label == "this server's /data (unavailable now)", label
+    assert "127.0.0.1:9" in why or "none.parquet" in why or "shard" in why, why
+    assert said.startswith("could not start: this server cannot serve its text now ("), said
+    assert said.endswith("): choose the built-in corpus or a file you upload"), said
+    assert state == "ready"

@@ -459,6 +459,12 @@ $("config-form").addEventListener("submit", timed((event) => {
   const config = { task: data.get("task") };
   // The server's /data serves the same bytes to every peer that asks (pynode.datasource).
   if (data.get("data") === "server") config.data = location.origin;
+  const serverText = event.target.elements.data.querySelector("option[value=server]");
+  if (data.get("data") === "server" && serverText.dataset.unavailable) {
+    actionError(`could not start: this server cannot serve its text now ` +
+      `(${serverText.dataset.unavailable}): choose the built-in corpus or a file you upload`);
+    return;
+  }
   for (const [name, parse] of Object.entries(NUMBER_FIELDS)) config[name] = parse(data.get(name));
   const bad = Object.keys(NUMBER_FIELDS).find((name) => Number.isNaN(config[name]));
   if (bad) { // named by its label, with what it holds (the worker would say "got None")
@@ -678,6 +684,26 @@ $("generate-stop").addEventListener("click", timed(() => {
   generator.stop();
 }));
 
+// Whether this server can serve its training text now (a run on "this server's /data"
+// stopped at its first step where it could not, in words of flags the page has not): the
+// option says so. Asked at boot and each time the choice is opened.
+async function probeServerText() {
+  const option = $("config-form").elements.data.querySelector("option[value=server]");
+  let why = "";
+  try {
+    const reply = await fetch("/data?seed=1&step=1&index=0&bytes=64&fallback=0",
+      { cache: "no-store" });
+    if (!reply.ok) why = (await reply.json().catch(() => ({}))).message || `HTTP ${reply.status}`;
+  } catch {
+    return; // the server is away: the page says so elsewhere
+  }
+  option.textContent = why ? "this server's /data (unavailable now)" : "this server's /data";
+  option.title = why;
+  if (why) option.dataset.unavailable = why;
+  else delete option.dataset.unavailable;
+}
+$("config-form").elements.data.addEventListener("focus", () => probeServerText());
+
 // A page that trains a run alone holds its only copy: closing or reloading it ends the run
 // (a reload came back "ready", the run and its state gone without a word). The browser
 // asks first. A run of several peers goes on without this page, which may join it again.
@@ -694,5 +720,6 @@ window.addEventListener("pagehide", () => {
   node.signaling.close();
 });
 addSliders();
+probeServerText();
 node.boot();
 render();

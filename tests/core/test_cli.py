@@ -327,7 +327,11 @@ def test_ctrl_c_while_the_command_line_loads_says_interrupted_without_a_tracebac
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert "Traceback" not in err, err[-2000:]
-    assert proc.returncode == 130 and err.rstrip().endswith("interrupted"), err[-2000:]
+    # 130, or the SIGINT itself (a shell reports 130 for both): where the interrupt met code
+    # that an extension module runs through PyRun_String, CPython notes it as unhandled and
+    # ends the process by SIGINT after our exit, whatever it exits with (3 in 40 tries)
+    assert proc.returncode in (130, -signal.SIGINT), (proc.returncode, err[-2000:])
+    assert err.rstrip().endswith("interrupted"), err[-2000:]
 
 
 # A command whose second task is running when SIGTERM comes, in a background job of a
