@@ -165,6 +165,9 @@ class ServerConfig:
             kind = str(f.type).removesuffix(" | None")
             if value is None and str(f.type).endswith("| None"):
                 continue
+            if kind == "int" and isinstance(value, float) and value.is_integer():
+                value = int(value)  # JSON's 1e6 (and 1000000.0) is a whole number
+                object.__setattr__(self, f.name, value)
             wanted = FIELD_KINDS.get(kind)
             if wanted is not None and not wanted[1](value):
                 raise ServerConfigError(f"{f.name} must be {wanted[0]}, got {value!r}")

@@ -224,6 +224,12 @@ def test_config_fields_of_the_wrong_kind_and_a_missing_file_are_one_named_line(
         given.write_text(json.dumps(values))
         assert main(["--config", str(given)]) == 2
         assert capsys.readouterr().err == f"error: {said}\n"
+    whole = ServerConfig.from_dict({"rate_burst": 1e6, "port": 8000.0})  # JSON's 1e6
+    assert (whole.rate_burst, whole.port) == (1_000_000, 8000)
+    assert isinstance(whole.rate_burst, int) and isinstance(whole.port, int)
+    given.write_text(json.dumps({"port": 80.5}))
+    assert main(["--config", str(given)]) == 2
+    assert capsys.readouterr().err == "error: port must be an integer, got 80.5\n"
     missing = tmp_path / "nothing.json"
     assert main(["--config", str(missing)]) == 2
     assert capsys.readouterr().err == f"error: --config {missing}: No such file or directory\n"
