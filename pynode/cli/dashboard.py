@@ -28,6 +28,7 @@ from typing import Any
 
 from pynode import platform
 from pynode.core.errors import DaisyError
+from pynode.run.room import thinned as thin_curve
 from pynode.run.trainer import StepResult, Trainer
 
 log = logging.getLogger("pynode.dashboard")
@@ -306,7 +307,7 @@ class StatusReporter:
 
 def thinned(points: list[list]) -> list[list]:
     """`points` as the server keeps them: every other one of the past dropped when full."""
-    return points[:-1:2] + points[-1:] if len(points) > MAX_POINTS else points
+    return thin_curve(points, MAX_POINTS)
 
 
 def finite(value: float | None) -> float | None:

@@ -22,9 +22,16 @@ from pynode.run.trainer import Trainer
 TrainerFactory = Callable[[RunConfig, Any, "checkpoint.CheckpointState | None"], Trainer]
 # report(kind, fields): "run", "step", "done", "failed", "event" (see RoomPeer)
 Reporter = Callable[[str, dict], None]
-# The steps of a run's loss curve a peer keeps for those synced in later (~25 bytes each in
-# a sync message, beside a state of ~1.5 MB at the default model)
+# The points of a run's loss curve a peer keeps for those synced in later (~25 bytes each
+# in a sync message, beside a state of ~1.5 MB at the default model)
 CURVE_KEPT = 10_000
+
+
+def thinned(points: list[list], most: int) -> list[list]:
+    """`points` with every other one of the past dropped once there are more than `most`,
+    the newest kept: a whole run's curve in bounded room, its first steps included (as the
+    dashboard's server keeps its curves, server/runs.py)."""
+    return points[:-1:2] + points[-1:] if len(points) > most else points
 
 
 def read_curve(value: Any) -> list[list]:
@@ -41,7 +48,7 @@ def read_curve(value: Any) -> list[list]:
                 or (curve and step <= curve[-1][0])):
             return []
         curve.append([step, float(loss), None if heldout is None else float(heldout)])
-    return curve[-CURVE_KEPT:]
+    return thinned(curve, CURVE_KEPT)
 
 
 @dataclass
@@ -57,14 +64,14 @@ class Run:
     joins: dict[str, set[str]] = field(default_factory=dict)  # leader: joiner -> peers it reaches
     agreed: list[Agreed] = field(default_factory=list)  # the last failover.KEEP boundaries
     words: list[list] = field(default_factory=list)  # [boundary, change, pause] received since
-    # [step, loss, held-out loss or None] of the run's steps, the newest CURVE_KEPT: a peer
+    # [step, loss, held-out loss or None] of the run's steps, thinned to CURVE_KEPT: a peer
     # synced in later draws the run's loss from its start, not from the step it joined at
     curve: list[list] = field(default_factory=list)
 
     def record(self, step: int, loss: float, heldout: float | None) -> None:
         """A step of the run, for the curve a later joiner is sent."""
         self.curve.append([step, loss, heldout])
-        del self.curve[:-CURVE_KEPT]
+        self.curve = thinned(self.curve, CURVE_KEPT)
 
     def hear(self, step: int, ctl: dict[str, Any]) -> None:
         """A control word at boundary `step`, for a failover (a pause's repeats once)."""

@@ -867,3 +867,17 @@ def test_a_syncs_curve_is_read_as_sent_or_left_out(sent, kept):
     from pynode.run.room import read_curve
 
     assert read_curve(sent) == kept
+
+
+def test_a_long_runs_curve_is_thinned_and_keeps_its_first_steps():
+    """A joiner of a long run draws it from its first step: past CURVE_KEPT points every
+    other one of the past is dropped (as the dashboard's server keeps a curve), not the
+    oldest ones."""
+    from pynode.run.room import CURVE_KEPT, Run
+
+    run = Run("r", "tab0", None, None, None)
+    for step in range(1, 3 * CURVE_KEPT + 1):
+        run.record(step, 2.0, None)
+    steps = [point[0] for point in run.curve]
+    assert len(steps) <= CURVE_KEPT and steps[0] == 1 and steps[-1] == 3 * CURVE_KEPT
+    assert steps == sorted(set(steps))
