@@ -126,6 +126,10 @@ def explicit_config(args: argparse.Namespace) -> dict:
     return values
 
 
+# The files a run writes: (flag, its argparse name)
+OUTPUT_FLAGS = (("--save", "save"), ("--log", "log"), ("--summary", "summary"))
+
+
 def check_output_flags(args: argparse.Namespace, writes: bool = True,
                        lock_log: bool = True) -> None:
     """Before anything runs: OutputError for an output file (--save, --log, --summary) that
@@ -134,8 +138,7 @@ def check_output_flags(args: argparse.Namespace, writes: bool = True,
     process writes them (a cluster's other ranks only pass them on). `lock_log`: this
     process appends to --log itself (hold_log); not torchrun's launcher, whose rank 0 does,
     nor a rank its agent restarts (the last attempt's may not have let go yet)."""
-    outputs = [(flag, getattr(args, name, None)) for flag, name in
-               (("--save", "save"), ("--log", "log"), ("--summary", "summary"))]
+    outputs = [(flag, getattr(args, name, None)) for flag, name in OUTPUT_FLAGS]
     outputs = [(flag, path) for flag, path in outputs if path is not None and writes]
     for flag, path in outputs:
         check_writable(flag, path, append=flag == "--log")

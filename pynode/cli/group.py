@@ -25,6 +25,7 @@ from pynode.cli.elastic import ElasticRank, check_elastic_flags, launch
 from pynode.cli.faults import install_fault
 from pynode.cli.flags import (
     CONFIG_FLAGS,
+    OUTPUT_FLAGS,
     capacity_note,
     check_output_flags,
     explicit_config,
@@ -252,8 +253,7 @@ def ignored_flags_note(rank: int, args: argparse.Namespace, cfg: RunConfig,
               if n != "data" and getattr(cfg, n) != v]
     if getattr(args, "resume", None) and resumed_from == 0:  # rank 0 did not resume a run
         differ.append(f"--resume {args.resume}")
-    outputs = [f"{flag} {getattr(args, name)}" for flag, name in
-               (("--save", "save"), ("--log", "log"), ("--summary", "summary"))
+    outputs = [f"{flag} {getattr(args, name)}" for flag, name in OUTPUT_FLAGS
                if getattr(args, name, None)]
     lines = []
     if differ:
