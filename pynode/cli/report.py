@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pynode.cli.signals import terminated
+from pynode.config import RunConfig
 from pynode.core.errors import DaisyError
 from pynode.run.assemble import write_atomically
 from pynode.run.trainer import StepResult, Trainer
@@ -76,7 +77,20 @@ def run_header(trainer: Trainer) -> str:
              + ("  (no cross-peer checks: not yet in outer steps)" if cfg.cross_check else "")
              if cfg.outer else "")
     return (f"task {cfg.task}  backend {gemm_summary(trainer.gemm)}  "
-            f"params {params:,}  from step {trainer.state.step}{outer}")
+            f"params {params:,}  from step {trainer.state.step}{outer}{warmup_note(cfg)}")
+
+
+DEFAULT_WARMUP = RunConfig().warmup
+
+
+def warmup_note(cfg: RunConfig) -> str:
+    """For the header: a --warmup longer than the run, which is legal but rarely meant (the
+    learning rate never reaches --lr). The default warm-up in a short trial run is not
+    said: `train --steps 5` is a common first command, and its rate is not what it is for."""
+    if cfg.warmup <= cfg.steps or cfg.warmup == DEFAULT_WARMUP:
+        return ""
+    return (f"  (--warmup {cfg.warmup} is longer than the run's {cfg.steps} steps: the "
+            f"learning rate rises to {cfg.steps / cfg.warmup:.0%} of --lr, never to it)")
 
 
 def stop_reason(exc: BaseException) -> str:

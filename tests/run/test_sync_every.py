@@ -496,3 +496,19 @@ def test_the_first_line_says_when_sync_every_outlasts_the_run(checks):
     assert run_header(trainer).endswith("(one outer step: the run has 1 step left)")
     exact = checks.make_trainer(RunConfig.from_dict({**long, "sync_every": 7}), None, None)
     assert run_header(exact).endswith("sync every 7 steps over 4 replicas")
+
+
+def test_the_first_line_says_when_a_given_warmup_outlasts_the_run(checks):
+    """--warmup 40 on a 7-step run: the rate rises all the way and never reaches --lr, said
+    in the header; the default warm-up of a short trial run is not."""
+    from pynode.cli.report import run_header
+
+    per_step = {**CONFIG, "sync_every": 1, "replicas": 1, "cross_check": 0}
+    long = checks.make_trainer(RunConfig.from_dict({**per_step, "warmup": 40}), None, None)
+    assert run_header(long).endswith("from step 0  (--warmup 40 is longer than the run's 7 "
+                                     "steps: the learning rate rises to 18% of --lr, never "
+                                     "to it)")
+    trial = checks.make_trainer(RunConfig.from_dict(per_step), None, None)  # warm-up 10
+    assert run_header(trial).endswith("from step 0")
+    fits = checks.make_trainer(RunConfig.from_dict({**per_step, "warmup": 7}), None, None)
+    assert run_header(fits).endswith("from step 0")
