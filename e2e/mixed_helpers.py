@@ -49,7 +49,11 @@ class NativeJoin:
         argv = [*join_argv(), "--server", server_url, "--log", str(self.log_path),
                 "--no-progress", *args]
         with open(self.err_path, "w") as err, open(self.out_path, "w") as out:
-            self.proc = net.popen(argv, cwd=REPO, stdout=out, stderr=err, env=environ)
+            # Ctrl-C reaches it as a user's would, even under a runner that ignores SIGINT
+            # (a background job's children inherit that)
+            self.proc = net.popen(argv, cwd=REPO, stdout=out, stderr=err, env=environ,
+                                  preexec_fn=lambda: signal.signal(signal.SIGINT,
+                                                                   signal.SIG_DFL))
 
     def messages(self) -> str:
         return self.err_path.read_text(errors="replace")

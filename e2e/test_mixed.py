@@ -56,6 +56,25 @@ def test_two_native_peers_alone_train_the_reference_hashes(natives, native_refer
     assert "(member, pending)" in member.messages(), "it joined unapproved, then was approved"
 
 
+def test_a_member_stopped_by_ctrl_c_left_the_room_it_was_not_lost(natives, native_reference):
+    """A member's Ctrl-C: it says `bye` before its links close, so the leader says the
+    peer left (not "lost peer"); the run goes on without it to the reference hashes."""
+    config = {**SMALL, "seed": 22, "steps": 10}
+    host = natives("host", "--create", "--start", "--min-peers", "3", *config_flags(config))
+    code = host.wait_for(r"\?room=(\S+)").group(1)
+    leaving, other = natives("leaving", "--room", code), natives("other", "--room", code)
+    leaving_id = leaving.peer_id
+    host.wait_step(3, 180)
+    leaving.proc.send_signal(signal.SIGINT)
+    assert leaving.finish(60) == 130, leaving.messages()
+    host.wait_for(rf"peer {leaving_id} left at step \d+; its microbatches were re-planned", 60)
+    assert host.finish(240) == 0, host.messages()
+    assert other.finish(60) == 0, other.messages()
+    expected = hashes(native_reference(config))
+    assert host.hashes() == expected == other.hashes()
+    assert "lost peer" not in host.messages() + other.messages()
+
+
 def test_a_gloo_cluster_joins_through_one_rank_and_changes_no_bit(natives, native_reference):
     """Two processes form a gloo cluster (`join --cluster`); rank 0 joins the room for both
     and reduces the cluster's sum with a native leader over WebRTC."""
@@ -170,8 +189,10 @@ def test_faults_across_the_mesh_cost_time_not_bits(tabs, natives, native_referen
     assert leader.hashes() == expected
     assert history_hashes(host) == expected
     assert stalled.proc.poll() is None and max(stalled.hashes()) == 2
+    # the closed tab said goodbye (it left), the others were lost
     lost = {peer: int(step) for peer, step in
-            re.findall(r"lost peer (\S+) at step (\d+)", leader.messages())}
+            re.findall(r"(?:lost )?peer (\S+) (?:left )?at step (\d+)", leader.messages())}
+    assert f"peer {tab_id} left at step" in leader.messages()
     assert set(lost) == {killed.peer_id, stalled.peer_id, tab_id}, leader.messages()
     assert lost[killed.peer_id] == lost[stalled.peer_id] == 3 and lost[tab_id] >= 5
 

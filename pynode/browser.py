@@ -34,7 +34,7 @@ import numpy as np
 from pynode.comm.mesh import Mesh
 from pynode.config import RunConfig
 from pynode.core.errors import DaisyError, GateError
-from pynode.run.protocol import RoomPeer
+from pynode.run.protocol import RoomPeer, goodbye
 from pynode.run.trainer import Trainer
 from pynode.verify import CheckRow, product_check_row
 
@@ -321,6 +321,14 @@ def kit_html(buffer: Any) -> str:
 
 class HeapTooLarge(DaisyError):
     """The page's Python heap grew past what Pyodide copies buffers out of exactly."""
+
+
+def goodbye_bytes() -> Any:
+    """The message a closing tab's main thread sends every peer as it goes (pagehide, when
+    this worker may not run again): the others say it left, not that it was lost."""
+    from pyodide.ffi import to_js  # only in the page
+
+    return to_js(memoryview(goodbye()))
 
 
 def copies_are_exact() -> None:

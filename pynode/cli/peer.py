@@ -267,6 +267,8 @@ class NativePeer:
 
     async def close(self) -> None:
         if self.room is not None:
+            if self.mesh is not None:  # sent before the links close: "left", not "lost"
+                self.room.say_goodbye()
             self.serving.cancel()
             self.room.router.stop()
         if self.mesh is not None:

@@ -27,6 +27,8 @@ broadcast before each step; the step's hash and probe check stops any peer that 
                                     each survivor it takes: rewind to `step`, go on
     decline   {run, leader}         -> a survivor: not taking over; `leader` (or null) leads
                                     the run now: ask it to join, else try the next member
+    bye     {}                      a peer that leaves on purpose, before its links close:
+                                    the others say it left, not that they lost it
 
 When the leader vanishes mid-run, the survivors go on without it (RoomPeer.fail_over): the
 next member in rank order takes over from the last step boundary they all agreed on, with
@@ -76,6 +78,14 @@ RESUME_WAIT_S = 10.0  # a resumed run waits this long for the ready peers to ask
 def encode(kind: str, blob: bytes = b"", **fields: Any) -> bytes:
     """A run message of `kind` (without a carrier's tag)."""
     return pack_message({"t": kind, **fields}, blob)
+
+
+def goodbye() -> bytes:
+    """What a peer that leaves on purpose (Ctrl-C, a closed tab) sends every other peer
+    before its links close, carrier tag and all: they then say it left, not that it was
+    lost. A page's main thread sends these bytes itself as the tab goes (the worker's Python
+    may not get to run), so they are the same for every receiver."""
+    return TAG + encode("bye")
 
 
 def decode(data: bytes | memoryview) -> tuple[dict[str, Any], bytes]:
@@ -167,6 +177,7 @@ class RoomPeer(Takeover, Steering):
         self.stopping = False
         self.left: str | None = None  # why the host removed or declined this peer (`leave`)
         self.finished: set[str] = set()  # runs this peer trained to their last step
+        self.departed: set[str] = set()  # peers that said they leave (`bye`), not lost
         # Failover: survivors' reports to this peer as the next leader (run -> peer -> report)
         # and the answer of the member this peer reported to (run -> (peer, message)).
         self.survivors: dict[str, dict[str, dict[str, Any]]] = {}
@@ -241,11 +252,19 @@ class RoomPeer(Takeover, Steering):
         for peer in self.chan.peers:
             self.send(peer, "hello", **self.hello())
 
+    def say_goodbye(self) -> None:
+        """Tell every peer this one leaves on purpose (before its links close)."""
+        for peer in self.chan.peers:
+            self.chan.send(peer, goodbye())
+
     async def handle(self, peer: str, head: dict[str, Any], blob: bytes) -> None:
         kind, run_id = head["t"], head.get("run")
         if self.left is not None:  # out of the room for good: no run, no proposal, no sync
             return
-        if kind == "hello":
+        if kind == "bye":
+            self.departed.add(peer)
+        elif kind == "hello":
+            self.departed.discard(peer)
             self.hellos[peer] = head
             self.report_peers()
             self.maybe_join()
@@ -560,8 +579,10 @@ class RoomPeer(Takeover, Steering):
     def report_step(self, run: Run, result: StepResult, before: set[str]) -> set[str]:
         now = set(run.coll.member_ids())
         for peer in sorted(before - now):
-            self.report("event", {"level": "warn", "text": f"lost peer {peer} at step "
-                                  f"{result.step}; its microbatches were re-planned"})
+            gone = (("info", f"peer {peer} left at step") if peer in self.departed
+                    else ("warn", f"lost peer {peer} at step"))
+            self.report("event", {"level": gone[0], "text": f"{gone[1]} {result.step}; its "
+                                  "microbatches were re-planned"})
         run.record(result.step, result.loss, result.heldout)
         trainer, cfg = run.trainer, run.cfg
         mine = len(result.plan.get(trainer.rank(), [])) // trainer.options.share[1]

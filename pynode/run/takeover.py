@@ -44,6 +44,7 @@ class Takeover:
     report: Reporter
     survivors: dict[str, dict[str, dict[str, Any]]]
     takeovers: dict[str, tuple[str, dict[str, Any]]]
+    departed: set[str]
 
     async def fail_over(self, run: Run, lost: PeerLost) -> bool:
         """After `lost`: if it lost the leader, find the member that leads now (the next in
@@ -56,8 +57,9 @@ class Takeover:
         gone, step = run.leader, run.trainer.state.step
         order = [coll.ranks[r] for r in sorted(coll.members) if r != 0]
         await coll.close()
-        self.report("event", {"level": "warn", "text": f"lost the leader {gone} after step "
-                                                       f"{step}: failing over"})
+        what = (f"the leader {gone} left after step" if gone in self.departed
+                else f"lost the leader {gone} after step")
+        self.report("event", {"level": "warn", "text": f"{what} {step}: failing over"})
         tried: set[str] = set()
         while True:
             leader = failover.next_leader(order, self.id, self.chan.peers, tried)

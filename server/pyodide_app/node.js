@@ -64,6 +64,7 @@ export class PageNode extends EventTarget {
     this.signaling = new Signaling(target);
     this.mesh = null;
     this.left = false; // declined or removed by the host: out of the room for good
+    this.goodbye = null; // the run protocol's `bye`, from the worker (sayGoodbye)
     this.signalingDown = false; // the signaling socket is lost and being reconnected
     this.worker = new Worker("/app/worker.js");
     this.worker.onmessage = (e) => this.onWorker(e.data);
@@ -187,6 +188,15 @@ export class PageNode extends EventTarget {
     if (this.mesh) this.mesh.close();
   }
 
+  // This tab goes (pagehide): each peer's link is handed the run protocol's `bye` (the
+  // worker gave its bytes at boot; it may not run again now), so the others say the page
+  // left, not that they lost it. A link still sending a large message gets it too late:
+  // those peers say it was lost, as before.
+  sayGoodbye() {
+    if (!this.goodbye || !this.mesh) return;
+    for (const peer of this.mesh.openPeers()) this.mesh.send(peer, this.goodbye);
+  }
+
   onRoster(m) {
     const waiting = new Set([...this.roster.values()].filter((p) => !p.approved).map((p) => p.id));
     this.roster = new Map(m.peers.map((p) => [p.id, {
@@ -285,7 +295,9 @@ export class PageNode extends EventTarget {
   // ------------------------------------------------------------------ worker
   onWorker(msg) {
     const s = this.state;
-    if (msg.type === "send") {
+    if (msg.type === "goodbye") {
+      this.goodbye = new Uint8Array(msg.data);
+    } else if (msg.type === "send") {
       s.bytes_sent += msg.data.byteLength;
       if (this.mesh) this.mesh.send(msg.peer, msg.data);
     } else if (msg.type === "state") {

@@ -81,6 +81,8 @@ async function boot(flags) {
   pyodide.runPython(`import sys\nsys.path.insert(0, ${JSON.stringify(BUNDLE_DIR)})`);
   post({ type: "state", state: "verifying", bundle: digest });
   browser = pyodide.pyimport("pynode.browser");
+  const bye = browser.goodbye_bytes();
+  post({ type: "goodbye", data: bye.buffer }, [bye.buffer]);
   // Awaited as a coroutine: its stack may then suspend on WebGPU's promises (JSPI).
   checks = await browser.run_checks_async(Boolean(flags.break_gate), flags.backend || null);
   const result = JSON.parse(checks.to_json());

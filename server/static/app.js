@@ -716,6 +716,7 @@ window.addEventListener("beforeunload", (event) => {
 });
 
 window.addEventListener("pagehide", () => {
+  node.sayGoodbye();
   node.mesh?.close();
   node.signaling.close();
 });

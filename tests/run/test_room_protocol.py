@@ -284,6 +284,30 @@ def test_a_vanished_member_costs_time_not_bits(checks, reference, caplog):
     assert "dropping rank" not in caplog.text
 
 
+def test_a_peer_that_says_goodbye_left_it_was_not_lost(checks, reference):
+    """A peer that leaves on purpose (Ctrl-C, a closed tab) says `bye` before its links
+    close: the others say it left (an info line, not "lost peer"), and a leader's leave is
+    a failover in those words; the bits are the same as after a loss."""
+    async def body():
+        net = MemoryNetwork()
+        pages = await room_run(checks, 3, 8, net)
+        await wait_for_step(pages[2], 2)
+        pages[2].peer.say_goodbye()
+        net.cut("tab2")
+        await wait_for_step(pages[1], 4)
+        pages[0].peer.say_goodbye()
+        net.cut("tab0")
+        await settle(pages[1:2])
+        events = pages[1].kinds("event")
+        left = [e for e in events if "tab2" in e["text"]]
+        assert [e["level"] for e in left] == ["info"], events
+        assert left[0]["text"].startswith("peer tab2 left at step ")
+        assert any(e["text"].startswith("the leader tab0 left after step ") for e in events)
+        assert not any("lost" in e["text"] for e in events), events
+        assert pages[1].hashes() == {s + 1: h for s, h in enumerate(reference[:8])}
+    run(body())
+
+
 @pytest.mark.parametrize("links_first", [False, True])
 def test_a_removed_member_stops_where_it_stands_and_the_others_go_on(checks, reference,
                                                                      links_first):
