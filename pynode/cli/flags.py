@@ -140,10 +140,6 @@ def check_output_flags(args: argparse.Namespace, writes: bool = True,
     nor a rank its agent restarts (the last attempt's may not have let go yet)."""
     outputs = [(flag, getattr(args, name, None)) for flag, name in OUTPUT_FLAGS]
     outputs = [(flag, path) for flag, path in outputs if path is not None and writes]
-    for flag, path in outputs:
-        check_writable(flag, path, append=flag == "--log")
-        if flag == "--log" and lock_log:
-            hold_log(path)
     named = outputs + ([("--resume", args.resume)] if getattr(args, "resume", None) else [])
     seen: dict[Path, str] = {}
     for flag, path in named:
@@ -152,6 +148,11 @@ def check_output_flags(args: argparse.Namespace, writes: bool = True,
             raise ConfigError(f"{seen[key]} and {flag} name the same file {path}: give each "
                               "its own")
         seen.setdefault(key, flag)
+    for flag, path in outputs:
+        check_writable(flag, path, append=flag == "--log")
+        check_replaceable(flag, path)
+        if flag == "--log" and lock_log:
+            hold_log(path)
     if args.save_every is not None and (args.save_every < 1 or not args.save):
         raise ConfigError("--save-every needs --save and a positive number of steps")
 
@@ -194,6 +195,38 @@ def release_logs() -> None:
             if made and os.fstat(log.fileno()).st_size == 0:
                 os.unlink(path)
         log.close()
+
+
+# What an output flag writes, as the start of a file of that kind reads: a file already
+# there is replaced (or, for --log, appended to) only when it is one, or empty. A file of
+# another kind named by mistake (`--save train.py`, `-o notes.txt`) is refused and kept.
+OUTPUT_KINDS = {
+    "--save": ("a DaisyChain checkpoint", lambda head: head.startswith(b"PK\x03\x04")
+               and b"DAISYCHAIN-CKPT" in head),
+    "--summary": ("a run's --summary", lambda head: head.startswith(b'{"')),
+    "--log": ("a run's --log", lambda head: head.startswith(b'{"')),
+    "-o": ("a DaisyChain inference kit", lambda head: b"<title>DaisyChain inference kit"
+           in head),
+}
+HEAD_BYTES = 4096
+
+
+def check_replaceable(flag: str, path: str) -> None:
+    """OutputError if `path` is a file with something in it that `flag` would replace or
+    append to and that is not what `flag` writes (OUTPUT_KINDS); nothing is changed."""
+    what, is_kind = OUTPUT_KINDS[flag]
+    target = Path(path)
+    try:
+        if not target.is_file() or target.stat().st_size == 0:
+            return  # new, empty, or no plain file (/dev/null, a terminal, a pipe)
+        with target.open("rb") as file:
+            head = file.read(HEAD_BYTES)
+    except OSError:
+        return  # check_writable names what is wrong with it
+    if not is_kind(head):
+        verb = "add to" if flag == "--log" else "replace"
+        raise OutputError(f"{flag} {path}: that file is there and is not {what}; this run "
+                          f"would {verb} it. Give another name, or move it away first")
 
 
 def check_writable(flag: str, path: str, append: bool = False) -> None:

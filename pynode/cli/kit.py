@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pynode.cli.flags import check_writable
+from pynode.cli.flags import check_replaceable, check_writable
 from pynode.run.assemble import checkpoint_bytes, checkpoint_named, write_atomically
 from pynode.run.errors import OutputError
 from pynode.run.kit import build_kit
@@ -19,6 +19,7 @@ def add_kit_parser(sub) -> None:
 
 def kit_command(args: argparse.Namespace) -> int:
     check_writable("-o", args.output)
+    check_replaceable("-o", args.output)
     if Path(args.output).resolve() == Path(args.checkpoint).resolve():
         raise OutputError(f"-o {args.output} is the checkpoint the kit is made of: give the "
                           "page its own file name")

@@ -69,6 +69,35 @@ def test_outputs_that_cannot_be_written_are_refused_before_training(tmp_path, ca
     assert err == "error: OutputError: --save needs a file name, got an empty one\n", err
 
 
+def test_a_file_of_another_kind_is_not_replaced_by_an_output(tmp_path, capsys):
+    """`--save train.py`, `--log notes.txt`, `kit -o report.html`: a file with something in
+    it that the flag does not write is refused by name and kept; one of its own kind (a
+    checkpoint saved over, a log appended to, a kit made again), an empty one and
+    /dev/null are taken."""
+    from pynode.cli.flags import check_replaceable
+    from pynode.run.errors import OutputError
+
+    script = tmp_path / "train.py"
+    script.write_text("print('mine')\n")
+    for flag in ("--save", "--log", "--summary"):
+        err = refused(["train", flag, str(script), "--steps", "1"], capsys)
+        assert f"OutputError: {flag} {script}: that file is there and is not " in err, err
+        assert "task " not in err  # before the run
+    err = refused(["kit", checkpoint_at(1, tmp_path / "one.pt"), "-o", str(script)], capsys)
+    assert f"-o {script}: that file is there and is not a DaisyChain inference kit" in err
+    assert script.read_text() == "print('mine')\n"
+    saved = checkpoint_at(1, tmp_path / "saved.pt")
+    assert main(["kit", saved, "-o", str(tmp_path / "kit.html")]) == 0
+    (tmp_path / "empty").write_bytes(b"")
+    (tmp_path / "run.jsonl").write_text('{"step": 1}\n')
+    for flag, path in (("--save", saved), ("-o", str(tmp_path / "kit.html")),
+                       ("--log", str(tmp_path / "run.jsonl")), ("--save", "/dev/null"),
+                       ("--summary", str(tmp_path / "empty")), ("--save", str(tmp_path / "new"))):
+        check_replaceable(flag, path)
+    with pytest.raises(OutputError, match="not a run's --summary"):
+        check_replaceable("--summary", saved)  # a checkpoint is no summary
+
+
 def test_a_log_that_exists_is_checked_by_appending_to_it(tmp_path):
     """--log /dev/stdout (no file can be made beside it) and a log that exists are fine."""
     from pynode.cli.flags import check_writable
