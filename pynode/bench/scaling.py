@@ -50,6 +50,7 @@ def run_peers(peers: int, cfg: RunConfig, folder: Path) -> dict:
     """One `train --peers N` run: its timed steps by kind (group_steps), and its final
     hash, traffic and phases."""
     log, summary = folder / f"log{peers}.jsonl", folder / f"summary{peers}.json"
+    log.unlink(missing_ok=True)  # --log appends: this run's rows only, not the last round's
     flags = []
     for key, value in json.loads(cfg.to_json()).items():
         flags += ["--" + key.replace("_", "-"), str(value)]
