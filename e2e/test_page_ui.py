@@ -292,6 +292,43 @@ def test_the_host_removes_an_approved_peer_with_its_rows_button(local_browser, t
     assert saved > 1000, saved
 
 
+def test_a_removed_page_says_removed_everywhere_and_offers_nothing_of_a_member(
+        local_browser, tmp_path, console):
+    """A page the host removed said "removed by the host" in its room panel while its own
+    row still said "approved", its badge "member (pending)", and its "Resume from a
+    checkpoint" stayed open, answering that the page "may lead a run once approved"."""
+    server = local_server(tmp_path)
+    try:
+        host, member = host_and_member(local_browser, server, console)
+        member_id = status(member)["peerId"]
+        approve(host, member)
+        wait_booted(member)
+        host.wait_for_selector(f'button[data-remove="{member_id}"]', timeout=30_000)
+        host.click(f'button[data-remove="{member_id}"]')
+        member.wait_for_selector("#room-problem", state="visible", timeout=30_000)
+        member.wait_for_timeout(500)  # a render after the last message
+        own = status(member)
+        own_row = next(p for p in own["peers"] if p["self"])
+        row_text = " ".join(member.inner_text(f'tr[data-peer="{member_id}"]').split())
+        badge = member.inner_text("#role-badge")
+        banner = member.inner_text("#readiness")
+        closed = {name: member.is_disabled(name) for name in ("#start", "#upload")}
+        others = [p["id"] for p in own["peers"] if not p["self"]]
+        refused = member.evaluate(
+            "async () => { try { await daisychain.resume(new ArrayBuffer(8)); return null; }"
+            " catch (e) { return e.message; } }")
+    finally:
+        server.close()
+    assert (own["approved"], own_row["approved"]) == (False, False), own_row
+    assert "approved" not in row_text and "removed" in row_text, row_text
+    assert badge == "member (removed)", badge
+    assert "removed by the host" in banner, banner
+    assert closed == {"#start": True, "#upload": True}, closed
+    assert others == [], "the roster it saw before it was removed is kept up to date no more"
+    assert refused and "removed by the host" in refused and "once approved" not in refused, \
+        refused
+
+
 def test_copy_copies_the_share_link_where_the_page_has_no_clipboard_api(local_browser,
                                                                         tmp_path, console):
     """A host at http://LAN-ADDRESS (not a secure origin: no navigator.clipboard) clicked

@@ -51,6 +51,9 @@ export class PageNode extends EventTarget {
       // many it took in the run (each replica it computes takes each inner step once)
       inner: null, innerSteps: 0,
       roomProblem: null, // why this page is in no room (bad code, nobody approved it)
+      // out of the room for good, as its own row says: "removed" or "refused" by the host,
+      // or "left" (a duplicate took its place, nobody approved it); null while in it
+      outOfRoom: null,
       linkProblems: {}, // peer id -> why no data channel to it could open
     };
     this.approvalTimer = null;
@@ -105,10 +108,10 @@ export class PageNode extends EventTarget {
   // Its Python stops the run it is in first: with its links closed it would fail over to
   // itself and train on alone (the worker takes messages in order, so before the links'
   // `gone`).
-  leave(text) {
+  leave(text, how) {
     this.left = true;
     this.state.approved = false;
-    this.outOfRoom(text);
+    this.outOfRoom(text, how);
     this.fail(text);
   }
 
@@ -135,8 +138,10 @@ export class PageNode extends EventTarget {
       if (entry) entry.status = m;
       this.changed();
     });
-    on("denied", (m) => this.leave(`this page leaves the room: ${m.reason || "the host declined"}`));
-    on("removed", (m) => this.leave(`this page leaves the room: ${m.reason || "removed by the host"}`));
+    on("denied", (m) => this.leave(`this page leaves the room: ${m.reason || "the host declined"}`,
+      "refused"));
+    on("removed", (m) => this.leave(`this page leaves the room: ${m.reason || "removed by the host"}`,
+      "removed"));
     on("error", (m) => {
       if (m.code === "replaced") { // another page holds this id or took the host role
         this.giveUp(`this page left the room: ${m.message}`);
@@ -176,13 +181,15 @@ export class PageNode extends EventTarget {
   // This page leaves signaling for good and says why next to the room's controls. A run it
   // is in stops (a duplicate of this tab took its place: it must not train on alone).
   giveUp(text) {
-    this.outOfRoom(text);
+    this.outOfRoom(text, "left");
     this.say("error", text);
   }
 
-  // Out of the room for good, `text` saying why: its Python first, then its links.
-  outOfRoom(text) {
+  // Out of the room for good, `text` saying why (`how`: see state.outOfRoom): its Python
+  // first, then its links.
+  outOfRoom(text, how) {
     this.state.roomProblem = text;
+    this.state.outOfRoom = how;
     this.worker.postMessage({ type: "leave", reason: text });
     this.signaling.close();
     if (this.mesh) this.mesh.close();
@@ -198,6 +205,7 @@ export class PageNode extends EventTarget {
   }
 
   onRoster(m) {
+    if (this.state.outOfRoom) return; // one sent before the server let this page go
     const waiting = new Set([...this.roster.values()].filter((p) => !p.approved).map((p) => p.id));
     this.roster = new Map(m.peers.map((p) => [p.id, {
       id: p.id, role: p.role, approved: p.state === "approved", status: p.status || null,
@@ -431,6 +439,10 @@ export class PageNode extends EventTarget {
 
   // Why this page may not lead a run yet (its Start button is off then too): null if it may.
   notApproved() {
+    if (this.state.outOfRoom) {
+      return new Error(`RoomError: ${this.state.roomProblem}; a page out of the room leads ` +
+        "no run (reload it to ask to join again, or make a new private room)");
+    }
     return this.state.approved ? null
       : new Error("RoomError: this page waits for the host of this room to approve it; it "
         + "may lead a run once approved");
@@ -525,8 +537,9 @@ export class PageNode extends EventTarget {
 
   status() {
     const s = this.state;
-    const rows = [...this.roster.values()];
-    if (s.peerId && !this.roster.has(s.peerId)) {
+    // Out of the room, the roster it last heard is nobody's now: its own row only.
+    const rows = [...this.roster.values()].filter((p) => !s.outOfRoom || p.id === s.peerId);
+    if (s.peerId && !rows.some((p) => p.id === s.peerId)) {
       rows.unshift({ id: s.peerId, role: s.role, approved: s.approved, status: null });
     }
     const peers = rows.map((p) => {
@@ -539,7 +552,10 @@ export class PageNode extends EventTarget {
         state = "connecting";
       }
       return {
-        id: p.id, self: p.id === s.peerId, role: p.role, approved: p.approved,
+        id: p.id, self: p.id === s.peerId, role: p.role,
+        approved: p.id === s.peerId ? s.approved : p.approved, // the roster's is stale once out
+        approval: p.id === s.peerId && s.outOfRoom ? s.outOfRoom
+          : p.approved ? "approved" : "pending",
         connected: p.id === s.peerId || Boolean(this.mesh && this.mesh.openPeers().includes(p.id)),
         // a page waiting to join another run cannot be in a new one
         state, trainable: p.id === s.peerId ? s.state === "ready"

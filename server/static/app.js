@@ -91,7 +91,8 @@ node.addEventListener("joined", (e) => {
 function renderRoom(s) {
   $("state-badge").textContent = s.state;
   $("state-badge").className = `badge state-${s.state}`;
-  $("role-badge").textContent = s.peerId ? `${s.role}${s.approved ? "" : " (pending)"}` : "joining…";
+  $("role-badge").textContent = !s.peerId ? "joining…"
+    : `${s.role}${s.outOfRoom ? ` (${s.outOfRoom})` : s.approved ? "" : " (pending)"}`;
   $("room-line").textContent = !s.peerId ? "Connecting to the server…"
     : s.private ? `Private room, you are ${s.peerId}.` : `Automatic room of this network, you are ${s.peerId}.`;
   $("share-line").hidden = !(s.private && s.role === "host");
@@ -148,8 +149,11 @@ function renderForm(s) {
   const training = s.state === "training";
   for (const name of FORM_FIELDS) form.elements[name].disabled = training;
   form.elements.data_file.disabled = training;
-  $("upload").disabled = training; // a resume is refused while this page is in a run
-  $("upload").title = training ? "available when this page is not in a run" : "";
+  // A resume is refused while this page is in a run, and where it may lead none (as Start)
+  $("upload").disabled = training || !s.approved;
+  $("upload").title = training ? "available when this page is not in a run"
+    : s.outOfRoom ? "this page is out of the room" : !s.approved
+      ? "available once the host of this room approved this page" : "";
   for (const name of Object.keys(SLIDERS)) {
     const slider = form.elements[`${name}-slider`];
     slider.disabled = training;
@@ -250,11 +254,13 @@ function renderPeers(s) {
   $("link-problems").hidden = !problems.length;
   $("link-problems").innerHTML = problems.map((text) => `<li>${escape(text)}</li>`).join("");
   $("peers").tBodies[0].innerHTML = s.peers.map((p) => {
-    const approval = p.approved
-      ? (host && !p.self ? `approved <button data-remove="${escape(p.id)}">Remove</button>` : "approved")
-      : host
-        ? `pending <button data-approve="${escape(p.id)}">Approve</button> <button data-deny="${escape(p.id)}">Refuse</button>`
-        : "pending";
+    // this page's own row says it left the room ("removed", "refused"): status().outOfRoom
+    const approval = p.approval !== "approved" && p.approval !== "pending" ? escape(p.approval)
+      : p.approved
+        ? (host && !p.self ? `approved <button data-remove="${escape(p.id)}">Remove</button>` : "approved")
+        : host
+          ? `pending <button data-approve="${escape(p.id)}">Approve</button> <button data-deny="${escape(p.id)}">Refuse</button>`
+          : "pending";
     const forked = p.hash && s.hash && p.step === s.step && p.hash !== s.hash ? " forked" : "";
     const gemm = p.gemm ? `${p.gemm}${p.kernels ? ` / ${p.kernels}` : ""}` : "–";
     return `<tr class="${p.self ? "self" : ""}${forked}" data-peer="${escape(p.id)}"><td>${escape(p.id)}${p.self ? " (you)" : ""}</td>
