@@ -329,6 +329,43 @@ def test_a_removed_page_says_removed_everywhere_and_offers_nothing_of_a_member(
         refused
 
 
+def test_the_peers_table_is_whole_at_1280_px(local_browser, tmp_path, console):
+    """At 1280 x 800 the peers table (17 columns) was wider than its panel: the last
+    columns (state hash, probe) sat behind a scroll bar. Measured with every column filled
+    (a finished run) and a pending peer's Approve / Refuse buttons."""
+    server = local_server(tmp_path)
+    try:
+        context = local_browser.new_context(viewport={"width": 1280, "height": 800})
+        host = context.new_page()
+        host.on("pageerror", lambda e: console.append(f"page error: {e}"))
+        host.goto(f"{server.url}/?create=1")
+        host.wait_for_function("() => window.daisychain && daisychain.status().room",
+                               timeout=30_000)
+        open_page(local_browser, f"{server.url}/?room={status(host)['room']}", console)
+        wait(host, "s => s.peers.length === 2", 30_000)
+        wait_booted(host)
+        host.evaluate("(c) => daisychain.start(c)", {**LONG_RUN, "steps": 2})
+        wait(host, "s => s.state === 'done'", 120_000)
+        host.wait_for_function("() => document.querySelector('#peers tbody tr.self td:last-child"
+                               " code')", timeout=10_000)  # the probe, the last column
+        sizes = host.evaluate("""() => {
+            const panel = document.getElementById('peers-panel');
+            const table = document.getElementById('peers').getBoundingClientRect();
+            const inner = panel.getBoundingClientRect().right
+                - parseFloat(getComputedStyle(panel).paddingRight);
+            return {table: table.right, panel: inner, scroll: panel.scrollWidth,
+                    box: panel.clientWidth, page: document.documentElement.scrollWidth,
+                    view: window.innerWidth}; }""")
+        tabs_shot = host.screenshot(full_page=True)
+        (REPO / "artifacts" / "e2e").mkdir(parents=True, exist_ok=True)
+        (REPO / "artifacts" / "e2e" / "peers-table-1280.png").write_bytes(tabs_shot)
+    finally:
+        server.close()
+    assert sizes["table"] <= sizes["panel"] + 0.5, sizes
+    assert sizes["scroll"] <= sizes["box"], sizes
+    assert sizes["page"] <= sizes["view"], sizes
+
+
 def test_copy_copies_the_share_link_where_the_page_has_no_clipboard_api(local_browser,
                                                                         tmp_path, console):
     """A host at http://LAN-ADDRESS (not a secure origin: no navigator.clipboard) clicked

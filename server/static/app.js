@@ -65,7 +65,9 @@ window.daisychain = {
 
 const escape = (text) => String(text ?? "").replace(/[&<>"']/g,
   (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
-const short = (hash) => (hash ? `<code title="${escape(hash)}">${escape(hash.slice(0, 12))}</code>` : "–");
+// A hash's first `digits` hex digits (the whole one on hover)
+const short = (hash, digits = 12) => (hash
+  ? `<code title="${escape(hash)}">${escape(hash.slice(0, digits))}</code>` : "–");
 const fmtLoss = (loss) => (Number.isFinite(loss) ? loss.toFixed(4) : "–");
 
 // A UI action's delay between the input event and the end of its handler: the page must
@@ -271,7 +273,7 @@ function renderPeers(s) {
       <td class="microbatch">${fmtMs(p.microbatch_seconds)}</td><td class="share">${fmtShare(p.share)}</td>
       <td class="tokens">${fmtRate(p.tokens_per_s)}</td><td>${fmtMB(p.bytes_sent)}</td>
       <td>${fmtMB(p.bytes_received)}</td><td>${p.step}</td>
-      <td>${fmtLoss(p.loss)}</td><td>${short(p.hash)}</td><td>${short(p.probe)}</td></tr>`;
+      <td>${fmtLoss(p.loss)}</td><td>${short(p.hash, 8)}</td><td>${short(p.probe, 8)}</td></tr>`;
   }).join("");
   // The pool: what the approved, connected peers bring together.
   const pool = s.peers.filter((p) => p.approved && p.connected);
