@@ -170,6 +170,46 @@ def test_errors_show_next_to_the_action_and_download_waits_for_a_run(
     assert name == "daisychain-step2.pt" and saved[:2] == b"PK"  # a torch zip archive
 
 
+def test_a_value_the_browser_blocks_clears_the_refusal_before_it(local_browser, tmp_path,
+                                                                 console):
+    """A refused start, then a value out of its field's range (layers 0): the browser's
+    own bubble stopped the submit, and the page still showed the old refusal beside the
+    button and at the top, about values no longer there. Likewise a refused generation,
+    then bytes -1."""
+    server = local_server(tmp_path)
+    try:
+        page = open_page(local_browser, f"{server.url}/?create=1", console)
+        wait_booted(page)
+        page.fill("#config-form [name=width]", "30")  # 4 heads do not divide 30
+        page.click("#start")
+        page.wait_for_selector("#alert", state="visible")
+        before = (page.inner_text("#form-error"), page.inner_text("#alert-text"))
+        page.fill("#config-form [name=width]", "32")
+        page.fill("#config-form [name=layers]", "0")
+        page.click("#start")
+        page.wait_for_timeout(300)
+        blocked = page.evaluate("() => !document.querySelector('#config-form').checkValidity()")
+        after = {"beside": page.is_hidden("#form-error"), "top": page.is_hidden("#alert")}
+
+        page.select_option("#generate-form [name=source]", "file")  # and no file chosen
+        page.click("#generate")
+        page.wait_for_selector("#generate-error", state="visible")
+        generate_before = page.inner_text("#generate-error")
+        page.fill("#generate-form [name=tokens]", "-1")
+        page.click("#generate")
+        page.wait_for_timeout(300)
+        generate_after = page.is_hidden("#generate-error")
+        state = status(page)["state"]
+    finally:
+        server.close()
+    assert before == ("could not start: ConfigError: heads (4) must divide width (30)",) * 2
+    assert blocked, "layers 0 is out of the field's range: the browser stops the submit"
+    assert after == {"beside": True, "top": True}, after
+    assert generate_before == "could not generate: choose a .pt file to generate from"
+    assert generate_after, "the refusal of the last try stayed beside Generate"
+    assert state == "ready"
+
+
 def open_bare(browser: Any, url: str, console: list[str]) -> Any:
     """A page in a fresh context that may never get a peer id (a bad room code)."""
     page = browser.new_context().new_page()

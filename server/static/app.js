@@ -456,9 +456,19 @@ $("peers").addEventListener("click", timed((event) => {
   }
 }));
 
-// The browser's own check of a field (its bubble) stops the submit: the last start's
-// error beside the button is about other values by then.
-$("config-form").addEventListener("invalid", () => actionError(""), true);
+// The browser's own check of a field (its bubble) stops a submit: the refusal of the try
+// before is about other values by then, beside the buttons and at the top alike.
+function settleRefusal(box) {
+  const text = box.textContent;
+  box.textContent = "";
+  box.hidden = true;
+  const last = node.status().messages.findLast((m) => m.level === "error");
+  if (text && last?.text === text) dismissedError = `${last.at} ${last.text}`;
+  renderAlert(node.status());
+}
+$("config-form").addEventListener("invalid", () => settleRefusal($("form-error")), true);
+$("steer").addEventListener("invalid", () => settleRefusal($("form-error")), true);
+$("generate-form").addEventListener("invalid", () => settleRefusal($("generate-error")), true);
 
 $("config-form").addEventListener("submit", timed((event) => {
   event.preventDefault();
