@@ -210,6 +210,48 @@ def test_a_value_the_browser_blocks_clears_the_refusal_before_it(local_browser, 
     assert state == "ready"
 
 
+def test_absurd_run_lengths_are_refused_in_the_pages_words(local_browser, tmp_path, console):
+    """steps 1e12 started a run of a trillion steps (and steering took it too); a seed of
+    1e30 reached Python as a float, which its random keys refuse (RngArgumentError). The
+    form and the steering refuse them before anything starts, naming the field and its
+    bound."""
+    server = local_server(tmp_path)
+    try:
+        page = open_page(local_browser, f"{server.url}/?create=1", console)
+        wait_booted(page)
+        for name, value in {**TINY, "steps": "1e12"}.items():
+            page.fill(f"#config-form [name={name}]", value)
+        page.click("#start")
+        page.wait_for_selector("#form-error", state="visible")
+        steps_said = page.inner_text("#form-error")
+        page.fill("#config-form [name=steps]", "5000")
+        page.fill("#config-form [name=seed]", "1e30")
+        page.click("#start")
+        page.wait_for_function("() => document.querySelector('#form-error').textContent"
+                               ".includes('seed')")
+        seed_said = page.inner_text("#form-error")
+        before_run = status(page)
+        page.fill("#config-form [name=seed]", "5")
+        page.click("#start")
+        wait(page, "s => s.state === 'training' && s.step >= 1", 120_000)
+        page.fill("#steer-steps", "1e12")
+        page.click("#apply-change")
+        page.wait_for_selector("#form-error", state="visible")
+        steer_said = page.inner_text("#form-error")
+        steps_then = status(page)["steps"]
+        page.evaluate("(request) => daisychain.steer(request)", {"stop": True})
+        wait(page, "s => ['done', 'failed'].includes(s.state)", 60_000)
+    finally:
+        server.close()
+    assert steps_said == 'could not start: steps must be at most 10,000,000, got "1e12"', \
+        steps_said
+    assert seed_said == ('could not start: seed must be at most 9,007,199,254,740,991, got '
+                         '"1e30"'), seed_said
+    assert (before_run["state"], before_run["run"]) == ("ready", None), before_run
+    assert steer_said == 'not applied: steps must be at most 10,000,000, got "1e12"', steer_said
+    assert steps_then == 5000
+
+
 def open_bare(browser: Any, url: str, console: list[str]) -> Any:
     """A page in a fresh context that may never get a peer id (a bad room code)."""
     page = browser.new_context().new_page()

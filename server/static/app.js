@@ -29,6 +29,27 @@ const real = (text) => (Number.isFinite(given(text)) ? given(text) : NaN);
 const NUMBER_FIELDS = { width: whole, layers: whole, heads: whole, seq: whole,
   microbatch_size: whole, microbatches: whole, steps: whole, lr: real, seed: whole,
   sync_every: whole, replicas: whole };
+// The most steps a run (or its outer step) the page starts or steers may have. pynode has
+// no bound; this one catches a slip (1e12) before it starts: 10,000,000 steps are weeks of
+// a tab at 0.1 s a step. Any other whole number stops at what a page holds exactly (a seed
+// of 1e30 reached Python as a float).
+const MAX_STEPS = 10_000_000;
+const MOST = { steps: MAX_STEPS, sync_every: MAX_STEPS };
+
+// A form field's label, as the page names the field in its messages.
+const labelOf = (field) => field.closest("label").firstChild.textContent.trim();
+
+// Why `text`, the field `label` of run setting `name`, holds no value for it (as
+// `parse` reads it), in the page's words, or null.
+function numberProblem(name, label, text, parse) {
+  const value = parse(text);
+  if (Number.isNaN(value)) {
+    return `${label} must be ${parse === whole ? "a whole number" : "a number"}, got "${text}"`;
+  }
+  const most = parse === whole ? MOST[name] ?? Number.MAX_SAFE_INTEGER : Infinity;
+  return value > most ? `${label} must be at most ${most.toLocaleString("en")}, got "${text}"`
+    : null;
+}
 // A per-step run's config leaves out the fields of --sync-every (pynode/config.py to_json).
 const OUTER_DEFAULTS = { sync_every: 1, replicas: 1, outer_lr: 0.7, outer_momentum: 0.9 };
 const FORM_FIELDS = ["task", ...Object.keys(NUMBER_FIELDS), "data"]; // data_file: not a setting
@@ -484,11 +505,12 @@ $("config-form").addEventListener("submit", timed((event) => {
     return;
   }
   for (const [name, parse] of Object.entries(NUMBER_FIELDS)) config[name] = parse(data.get(name));
-  const bad = Object.keys(NUMBER_FIELDS).find((name) => Number.isNaN(config[name]));
-  if (bad) { // named by its label, with what it holds (the worker would say "got None")
-    const label = event.target.elements[bad].closest("label").firstChild.textContent.trim();
-    const kind = NUMBER_FIELDS[bad] === whole ? "a whole number" : "a number";
-    actionError(`could not start: ${label} must be ${kind}, got "${data.get(bad)}"`);
+  // named by its label, with what it holds (the worker would say "got None")
+  const [bad, problem] = Object.entries(NUMBER_FIELDS).map(([name, parse]) => [name,
+    numberProblem(name, labelOf(event.target.elements[name]), data.get(name), parse)])
+    .find(([, said]) => said) ?? [];
+  if (bad) {
+    actionError(`could not start: ${problem}`);
     event.target.elements[bad].focus();
     return;
   }
@@ -523,7 +545,14 @@ $("steer").addEventListener("submit", timed((event) => {
   event.preventDefault();
   const request = {};
   if ($("steer-lr").value) request.lr = given($("steer-lr").value);
-  if ($("steer-steps").value) request.steps = given($("steer-steps").value);
+  if ($("steer-steps").value) {
+    const problem = numberProblem("steps", "steps", $("steer-steps").value, whole);
+    if (problem) {
+      actionError(`not applied: ${problem}`);
+      return;
+    }
+    request.steps = given($("steer-steps").value);
+  }
   if (!Object.keys(request).length) { // it did nothing and said nothing
     actionError("not applied: give a learning rate or a number of steps to change");
     return;
@@ -612,7 +641,10 @@ $("upload").addEventListener("change", async (event) => {
   if (!file) return;
   actionError("");
   try {
-    const steps = whole($("config-form").elements.steps.value); // "1e3" is 1000, as the field
+    const text = $("config-form").elements.steps.value;
+    const tooMany = whole(text) > MAX_STEPS && numberProblem("steps", "steps", text, whole);
+    if (tooMany) throw new Error(tooMany); // a run the file finished would go on to it
+    const steps = whole(text); // "1e3" is 1000, as the field
     const answer = await node.resume(await file.arrayBuffer(), steps >= 1 ? steps : null);
     // a resume that starts settles the refusal before it (a wrong file), as a start does
     const last = node.status().messages.findLast((m) => m.level === "error");
