@@ -275,3 +275,27 @@ def test_the_page_continues_a_finished_runs_checkpoint_to_the_forms_steps(
     page.set_input_files("#upload", str(saved))
     wait(page, "s => s.state === 'done' || s.state === 'failed'", 120_000)
     assert (status(page)["step"], status(page)["hash"]) == (4, want), status(page)["error"]
+
+
+def test_an_empty_prompt_or_byte_count_is_named_in_the_pages_words(local_browser,
+                                                                    server: LocalServer):
+    """Generate with the bytes field empty said "GenerateError: tokens must be an integer
+    from 0 to ..., got None" (the page sent JSON's null for it); an empty prompt came back
+    from the generation worker. The page names the field, or says the prompt is empty,
+    before it asks the worker."""
+    page = open_page(local_browser, f"{server.url}/?create=1", [])
+    wait_booted(page)
+    assert page.evaluate(START_OR_REASON, {**RUN, "steps": 2}) is None
+    wait(page, "s => s.state === 'done'", 120_000)
+    said = {}
+    for name, prompt, tokens in (("bytes", "The ", ""), ("prompt", "", "5")):
+        page.fill("#generate-form [name=prompt]", prompt)
+        page.fill("#generate-form [name=tokens]", tokens)
+        page.evaluate("() => { document.querySelector('#generate-error').hidden = true; }")
+        page.click("#generate")
+        page.wait_for_selector("#generate-error", state="visible", timeout=120_000)
+        said[name] = page.inner_text("#generate-error")
+    assert said == {
+        "bytes": 'could not generate: bytes must be a whole number, got ""',
+        "prompt": "could not generate: the prompt is empty: write at least one character "
+                  "for the model to continue"}, said

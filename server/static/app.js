@@ -697,7 +697,18 @@ $("download-kit").addEventListener("click", async () => {
 $("generate-form").addEventListener("submit", timed((event) => {
   event.preventDefault();
   const form = new FormData(event.target);
-  // the numbers the fields show, refused by pynode's Sampling in its words if they do not do
+  // the numbers the fields show, refused by pynode's Sampling in its words if they do not do;
+  // an empty field is named here (JSON sends it as null: Sampling said "got None")
+  const fields = { tokens: whole, temperature: real, top_k: whole, seed: whole };
+  const empty = Object.keys(fields).find((name) => form.get(name).trim() === "");
+  const problem = form.get("prompt") === ""
+    ? "the prompt is empty: write at least one character for the model to continue"
+    : empty ? numberProblem(empty, labelOf(event.target.elements[empty]), "", fields[empty])
+      : null;
+  if (problem) {
+    showGenerateError(`could not generate: ${problem}`);
+    return;
+  }
   const request = { prompt: form.get("prompt"), tokens: given(form.get("tokens")),
     temperature: given(form.get("temperature")), top_k: given(form.get("top_k")),
     seed: given(form.get("seed")) };
