@@ -603,6 +603,42 @@ def test_a_resume_that_starts_settles_the_refusal_before_it(local_browser, tmp_p
     assert top_after, "the refusal before the resume still showed at the top"
 
 
+def test_a_resumed_run_shows_the_checkpoints_schedule(local_browser, tmp_path, console):
+    """A checkpoint of a steered run holds its changes (config["schedule"]); resumed in the
+    page, the run showed none: no record of them, and Download schedule saved []."""
+    import json
+    import subprocess
+    import sys
+
+    changes = [{"step": 1, "lr": 0.002}, {"step": 2, "steps": 6}]
+    schedule = tmp_path / "schedule.json"
+    schedule.write_text(json.dumps(changes))
+    saved = tmp_path / "steered.pt"
+    made = subprocess.run(
+        [sys.executable, "-m", "pynode", "train", "--steps", "4", "--width", "32", "--layers",
+         "1", "--heads", "2", "--seq", "16", "--microbatch-size", "2", "--microbatches", "2",
+         "--schedule", str(schedule), "--no-progress", "--save", str(saved)], cwd=REPO,
+        capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+    server = local_server(tmp_path)
+    try:
+        page = open_page(local_browser, f"{server.url}/?create=1", console)
+        wait_booted(page)
+        page.fill("#config-form [name=steps]", "8")  # the file's run ended at its step 6
+        page.set_input_files("#upload", str(saved))
+        wait(page, "s => ['done', 'failed'].includes(s.state)", 120_000)
+        s = status(page)
+        page.wait_for_selector("#download-schedule", state="visible")
+        with page.expect_download() as download:
+            page.click("#download-schedule")
+        downloaded = json.loads(Path(download.value.path()).read_text())
+    finally:
+        server.close()
+    assert s["state"] == "done" and s["step"] == 8, s["error"]
+    assert s["schedule"] == changes, s["schedule"]
+    assert downloaded == changes, downloaded
+
+
 def test_the_servers_text_is_marked_unavailable_when_it_cannot_serve_it(local_browser,
                                                                       tmp_path, console):
     """A server whose shards are out of reach: "this server's /data" started a run that

@@ -512,7 +512,9 @@ class RoomPeer(Takeover, Steering):
                             # only where they led to this state (a resume of its own run)
                             "step": run.trainer.state.step, "hash": run.trainer.state.hash(),
                             # the run's loss before this peer joined it, for its chart
-                            "curve": list(run.curve)})
+                            "curve": list(run.curve),
+                            # its changes so far: a resumed checkpoint's, or a sync's
+                            "schedule": list(run.trainer.schedule)})
         self.announce()
         self.task = asyncio.ensure_future(self.train(run, skip_control=joined))
 

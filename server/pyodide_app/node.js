@@ -363,7 +363,8 @@ export class PageNode extends EventTarget {
       // the step and hash it goes on from, not the last run's until its first step is done
       Object.assign(s, { state: "training", joining: null, run: f.run, leader: f.leader,
         step: f.step, hash: f.hash, loss: null, probe: null, steps: f.config.steps,
-        config: f.config, error: null, heldout: null, schedule: [], paused: false,
+        // the changes the run made before (a resumed checkpoint's, or those a sync brings)
+        config: f.config, error: null, heldout: null, schedule: f.schedule || [], paused: false,
         inner: null, innerSteps: 0, members: f.ranks });
       this.say("info", f.joined_at === null ? `training started by ${f.leader}`
         : `joined the run of ${f.leader} at step ${f.joined_at}; state verified by hash`);

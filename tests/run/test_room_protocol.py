@@ -213,6 +213,36 @@ def test_a_resumed_start_says_who_joins_at_its_first_step(checks, reference):
     assert fresh["hash"] == initial.state.hash()
 
 
+def test_a_resumed_runs_report_carries_the_checkpoints_schedule(checks):
+    """A checkpoint holds its run's changes (config["schedule"]), and the trainer resumed
+    from it has them, but the run report a page shows the run from had none: a resumed
+    run's page listed no change and its Download schedule saved []. The leader's report
+    and the joiner's (synced from the leader's state) carry them."""
+    from pynode.config import RunConfig
+    from pynode.run.assemble import read_resume
+    from pynode.run.schedule import Change
+
+    alone = checks.make_trainer(RunConfig.from_dict({**CONFIG, "steps": 6}), None, None)
+    run(steps_of(alone, 1))
+    alone.apply_change(Change(step=1, lr=0.001))
+    run(steps_of(alone, 1))
+    cfg, saved = read_resume(alone.state_bytes(), {})  # as the page's resume reads it
+    assert saved.config["schedule"] == [{"step": 1, "lr": 0.001}]
+
+    async def body():
+        net = MemoryNetwork()
+        pages = [Page(net, f"tab{i}", checks) for i in range(2)]
+        await asyncio.sleep(0.05)
+        await pages[0].peer.start_resumed(cfg, saved, 10)
+        await settle(pages)
+        return pages
+
+    pages = run(body())
+    for page in pages:
+        assert page.kinds("run")[0]["schedule"] == [{"step": 1, "lr": 0.001}], page.reports
+        assert not page.kinds("failed"), page.kinds("failed")
+
+
 def test_a_peer_that_refuses_the_run_it_accepted_leaves_at_once(checks, reference):
     """A peer whose trainer refuses the run after it accepted (its memory, its data) kept
     its link to the run's collective: the others waited for it until their deadline (30 s)
