@@ -207,7 +207,7 @@ def test_a_text_source_the_page_cannot_read_fails_the_run_with_the_reason(local_
     wait(page, "s => ['done', 'failed'].includes(s.state)", 120_000)
     final = status(page)
     assert final["state"] == "failed", final
-    assert "DataSourceError: data server http://127.0.0.1:1 gave no usable text" in \
+    assert "DataSourceError: data server http://127.0.0.1:1 cannot be reached" in \
         final["error"], final["error"]
     page.context.close()
     page = open_page(local_browser, f"{server.url}/?create=1", console)

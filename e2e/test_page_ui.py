@@ -155,8 +155,8 @@ def test_errors_show_next_to_the_action_and_download_waits_for_a_run(
         name = download.value.suggested_filename
     finally:
         server.close()
-    assert re.fullmatch(r"could not start: MemoryRefusal: this config needs about 15\d{3}\.\d "
-                        r"MiB, only \d+\.\d MiB a tab can hold; choose a smaller one \(width, "
+    assert re.fullmatch(r"could not start: MemoryRefusal: this config needs about 1[45]\.\d "
+                        r"GiB, only \d+\.\d [MG]iB a tab can hold; choose a smaller one \(width, "
                         r"layers, sequence, microbatch size\)", too_big[0]), too_big[0]
     assert too_big[1] < 15, f"refused after {too_big[1]:.0f} s"
     assert refused == "could not start: ConfigError: heads (4) must divide width (30)"

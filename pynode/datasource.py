@@ -129,7 +129,15 @@ def server_text(data: str, query: dict, fallback: str) -> bytes:
         if exc.code != 503:
             raise DataSourceError(f"data server {data} answered {exc.code} for {url}") from exc
         reply = error_body(exc)
-    except (OSError, ValueError) as exc:
+    except OSError as exc:  # urllib's URLError wraps what the connection met: say that
+        reason = getattr(exc, "reason", exc)
+        what = ("nothing listens there (connection refused): is the server running, on that "
+                "address and port?" if isinstance(reason, ConnectionRefusedError)
+                else f"{reason}")
+        raise DataSourceError(f"data server {data} cannot be reached: {what} (`python -m "
+                              "server` serves /data; --data builtin trains on the built-in "
+                              "corpus)") from exc
+    except ValueError as exc:
         raise DataSourceError(f"data server {data} gave no usable text for {url}: {exc}") from exc
     if isinstance(reply, dict) and reply.get("error") == "source_unavailable":
         raise DataSourceError(

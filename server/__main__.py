@@ -71,15 +71,28 @@ def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
         if not isinstance(values, dict):
             raise ValueError(f"--config {args.config}: not a JSON object of settings (it holds "
                              f"a {type(values).__name__})")
-    overrides = {
-        "host": args.host, "port": args.port, "trust_proxy_header": args.trust_proxy_header,
-        "proxy_hops": args.proxy_hops, "data_urls": args.data_url, "data_dir": args.data_dir,
-        "allowed_origins": args.allowed_origin, "ice_servers": args.ice_server,
-        "turn_secret": args.turn_secret, "turn_ttl_s": args.turn_ttl,
-        "ice_relay_only": args.ice_relay_only,
-    }
+    overrides = {field: getattr(args, flag[2:].replace("-", "_"))
+                 for field, flag in FLAG_OF.items()}
     values.update({k: v for k, v in overrides.items() if v is not None})
     return values
+
+
+# The command line's flag of each ServerConfig field it sets (the rest: --config only)
+FLAG_OF = {"host": "--host", "port": "--port", "trust_proxy_header": "--trust-proxy-header",
+           "proxy_hops": "--proxy-hops", "data_urls": "--data-url", "data_dir": "--data-dir",
+           "allowed_origins": "--allowed-origin", "ice_servers": "--ice-server",
+           "turn_secret": "--turn-secret", "turn_ttl_s": "--turn-ttl",
+           "ice_relay_only": "--ice-relay-only"}
+
+
+def named_as_given(text: str, args: argparse.Namespace) -> str:
+    """A ServerConfig refusal (`port must be ...`) in the words the value was given in: its
+    flag, or the --config file that holds it."""
+    field = text.split(" ", 1)[0]
+    flag = FLAG_OF.get(field)
+    if flag is not None and getattr(args, flag[2:].replace("-", "_")) is not None:
+        return flag + text[len(field):]
+    return f"--config {args.config}: {text}" if args.config and field.isidentifier() else text
 
 
 def reach_line(host: str, port: int) -> str | None:
@@ -163,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     except MissingExtraError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from server.config import ServerConfig  # imports neither Flask nor sockets
+    from server.config import ServerConfig, ServerConfigError  # no Flask, no sockets
 
     try:
         cfg = ServerConfig.from_dict(config_from_args(args))
@@ -177,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         if unreadable:  # it was found only when a run asked for text, and stopped it
             print(f"error: data shard {unreadable}", file=sys.stderr)
             return 2
+    except ServerConfigError as exc:
+        print(f"error: {named_as_given(str(exc), args)}", file=sys.stderr)
+        return 2
     except (DaisyError, OSError, ValueError) as exc:  # bad input: exit 2, as a missing shard
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -201,12 +217,20 @@ def main(argv: list[str] | None = None) -> int:
             httpd = make_server(app, cfg)
             port = httpd.server_port
     except OSError as exc:
-        if exc.errno != errno.EADDRINUSE:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
-        print(f"error: port {cfg.port} on {cfg.host} is in use (another server, or this one "
-              "still running): stop it, or choose another --port (--port 0 takes a free one)",
-              file=sys.stderr)
+        if exc.errno == errno.EADDRINUSE:
+            print(f"error: port {cfg.port} on {cfg.host} is in use (another server, or this "
+                  "one still running): stop it, or choose another --port (--port 0 takes a "
+                  "free one)", file=sys.stderr)
+        elif exc.errno == errno.EADDRNOTAVAIL:  # it read "[Errno 99] Cannot assign ..."
+            print(f"error: --host {cfg.host} is no address of this machine: give one of its "
+                  "own (`ip -brief address` lists them), 0.0.0.0 for all of them, or leave "
+                  "--host out for 127.0.0.1 (this machine only)", file=sys.stderr)
+        elif exc.errno == errno.EACCES:
+            print(f"error: port {cfg.port} on {cfg.host}: {exc.strerror} (ports below 1024 "
+                  "need root on most systems: choose --port 8000 or above)", file=sys.stderr)
+        else:
+            print(f"error: cannot listen on {cfg.host} port {cfg.port}: "
+                  f"{exc.strerror or exc}", file=sys.stderr)
         return 1
     except (DaisyError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

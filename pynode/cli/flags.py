@@ -22,6 +22,26 @@ CONFIG_FLAGS = {f.name: f for f in fields(RunConfig)}
 
 # What a flag's "(default ...)" does not say by itself.
 CONFIG_HELP = {
+    "task": "what to train: gpt (a byte-level transformer), mlp (a small test classifier), "
+            "float (the gpt in torch float32, not bit-reproducible), or module:Class "
+            "(docs/CUSTOM_TASK.md) ",
+    "steps": "optimizer steps of the run ",
+    "seed": "keys the initial weights, the data's order and the stochastic rounding ",
+    "width": "model width (embedding size) ",
+    "layers": "transformer blocks ",
+    "heads": "attention heads; must divide --width ",
+    "seq": "context length in bytes ",
+    "microbatch_size": "sequences per microbatch ",
+    "microbatches": "microbatches per step (the global batch, split among the peers) ",
+    "lr": "peak learning rate (AdamW) ",
+    "warmup": "steps of linear warm-up before the cosine decay to lr/10 at the last step ",
+    "weight_decay": "decoupled (AdamW) weight decay ",
+    "clip": "global gradient-norm clip; 0: none ",
+    "frac_bits": "fraction bits of the exact int64 fixed-point gradient sum (16..40) ",
+    "eval_every": "held-out loss every N steps and at the last (the text's last 1/32 is held "
+                  "out); 0: never ",
+    "cross_check": "in a group, each microbatch is recomputed by another peer with chance "
+                   "1/N; 0: never ",
     "data": "the text: builtin, a DaisyChain server http://HOST:PORT, or a text or parquet "
             "file ",
     "data_fallback": "what a --data server that cannot read its shards may send instead: none "
@@ -148,9 +168,14 @@ def check_output_flags(args: argparse.Namespace, writes: bool = True,
             raise ConfigError(f"{seen[key]} and {flag} name the same file {path}: give each "
                               "its own")
         seen.setdefault(key, flag)
+    resumed = seen.get(Path(args.resume).resolve()) if getattr(args, "resume", None) else None
     for flag, path in outputs:
         check_writable(flag, path, append=flag == "--log")
         check_replaceable(flag, path)
+        # a new run saving over a checkpoint: not the one it continues, nor (--elastic) its
+        # own from an attempt before
+        if flag == "--save" and resumed != "--save" and not getattr(args, "elastic", None):
+            check_no_checkpoint(path)
         if flag == "--log" and lock_log:
             hold_log(path)
     if args.save_every is not None and (args.save_every < 1 or not args.save):
@@ -229,6 +254,24 @@ def check_replaceable(flag: str, path: str) -> None:
                           f"would {verb} it. Give another name, or move it away first")
 
 
+def check_no_checkpoint(path: str) -> None:
+    """OutputError if --save names a checkpoint a new run would replace (a command line run
+    again from the shell's history, then Ctrl-C: the earlier run's model was gone)."""
+    target = Path(path)
+    try:
+        if not target.is_file() or target.stat().st_size == 0:
+            return
+        with target.open("rb") as file:
+            head = file.read(HEAD_BYTES)
+    except OSError:
+        return
+    if OUTPUT_KINDS["--save"][1](head):
+        raise OutputError(f"--save {path}: a checkpoint is there, and this new run would "
+                          f"replace it. To continue that run: --resume {path} (with --save "
+                          f"{path} to keep the result there); else give another name, or move "
+                          "it away first")
+
+
 def check_writable(flag: str, path: str, append: bool = False) -> None:
     """OutputError unless a file can be written at `path`, nothing changed: `append` (as
     --log is) to an existing file by opening it to add; else by creating and removing a file
@@ -285,14 +328,26 @@ def resume_notes(stored: dict, step: int, given: dict) -> list[str]:
             continue
         flag = "--" + name.replace("_", "-")
         if name == "steps":
+            # a finished checkpoint has no run of its own left to continue
+            own = ("; without --steps the resume is the checkpoint's own run, bit for bit"
+                   if isinstance(old, int) and old > step else "")
             notes.append(f"note: --steps {value} (the checkpoint's run has {old}): from step "
-                         f"{step} the learning rate follows the schedule of a {value}-step run; "
-                         "without --steps the resume is the checkpoint's own run, bit for bit")
+                         f"{step} the learning rate follows the schedule of a {value}-step "
+                         f"run{own}")
         else:
             notes.append(f"note: {flag} {value} replaces the checkpoint's {old!r}: from step "
                          f"{step} this is another run than the checkpoint's (drop {flag} to "
                          "continue it bit for bit)")
     return notes
+
+
+def unsaved_note(args: argparse.Namespace) -> str | None:
+    """A resume without --save: the state it trains to would be dropped at its end (what a
+    user who continues a run rarely means), said before it starts."""
+    if not getattr(args, "resume", None) or getattr(args, "save", None):
+        return None
+    return (f"note: no --save: the state this run reaches is not kept (--save {args.resume} "
+            "writes it back over the checkpoint)")
 
 
 def replicas_note(cfg: RunConfig, capacities: dict[int, float] | None,

@@ -10,6 +10,7 @@ from pynode.cli.flags import add_arithmetic_flags
 from pynode.config import ConfigError, RunConfig
 from pynode.run.assemble import checkpoint_bytes, checkpoint_named
 from pynode.run.generate import (
+    GenerateError,
     Generator,
     Sampling,
     load_generator,
@@ -93,10 +94,21 @@ def print_train_sample(args: argparse.Namespace, trainer: Trainer) -> None:
     stream_text(generator, data, sampling, sys.stderr)
 
 
+SAMPLING_FLAGS = {"tokens": "--tokens", "temperature": "--temperature", "top_k": "--top-k",
+                  "seed": "--seed"}
+
+
 def generate_command(args: argparse.Namespace) -> int:
-    sampling = Sampling(tokens=args.tokens, temperature=args.temperature, top_k=args.top_k,
-                        seed=args.seed)
+    try:
+        sampling = Sampling(tokens=args.tokens, temperature=args.temperature,
+                            top_k=args.top_k, seed=args.seed)
+    except GenerateError as exc:  # in the words of the command line: `--top-k must be ...`
+        name, _, rest = str(exc).partition(" ")
+        raise ConfigError(f"{SAMPLING_FLAGS.get(name, name)} {rest}") from None
     prompt = prompt_bytes(args)
+    if not prompt:  # said before the model loads (and before an empty line of output)
+        given = "--prompt" if args.prompt is not None else f"--prompt-file {args.prompt_file}"
+        raise ConfigError(f"{given} is empty: give at least one byte to continue")
     data = checkpoint_bytes(args.checkpoint, "--checkpoint")
     with checkpoint_named(f"--checkpoint {args.checkpoint}"):
         generator = load_generator(data, backend=args.backend, kernels=args.kernels,

@@ -30,6 +30,7 @@ from pynode.cli.flags import (
     explicit_config,
     resume_notes,
     train_options,
+    unsaved_note,
 )
 from pynode.cli.peer import NativePeer
 from pynode.cli.report import StepReporter, say, stop_reason
@@ -89,17 +90,20 @@ def start_plan(args: argparse.Namespace) -> tuple[RunConfig | None, Any]:
     """The run this peer leads (config, resumed checkpoint or None), checked before joining."""
     given = explicit_config(args)
     if not args.start:
-        if given or args.resume:
-            raise ConfigError("config flags and --resume need --start: the leader's config "
-                              "and state reach every other peer")
+        if given or args.resume:  # named as typed: `--steps 5 needs --start`
+            named = [f"--{name.replace('_', '-')}" for name in given]
+            named += ["--resume"] if args.resume else []
+            raise ConfigError(f"{' and '.join(named)} need{'s' if len(named) == 1 else ''} "
+                              "--start: the leader's config and state reach every other peer")
         return None, None
     if args.min_peers < 1 or args.wait <= 0:
         raise ConfigError("--min-peers must be >= 1 and --wait positive")
     ckpt = None
     if args.resume:
         cfg, ckpt = load_resume(args.resume, given)
-        for note in resume_notes(ckpt.config, ckpt.step, given):
-            say(note)
+        for note in [*resume_notes(ckpt.config, ckpt.step, given), unsaved_note(args)]:
+            if note:
+                say(note)
     else:
         cfg = config_from_args(args)
     if is_file_spec(cfg.data):

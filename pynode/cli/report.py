@@ -90,7 +90,7 @@ def warmup_note(cfg: RunConfig) -> str:
     if cfg.warmup <= cfg.steps or cfg.warmup == DEFAULT_WARMUP:
         return ""
     return (f"  (--warmup {cfg.warmup} is longer than the run's {cfg.steps} steps: the "
-            f"learning rate rises to {cfg.steps / cfg.warmup:.0%} of --lr, never to it)")
+            f"learning rate rises to {100 * cfg.steps / cfg.warmup:.2g}% of --lr, never to it)")
 
 
 def stop_reason(exc: BaseException) -> str:
@@ -228,6 +228,10 @@ class Saver:
         """After a stop (an error, an interrupt): write the last agreed state and say so;
         whether it was written. A write that fails says why, and leaves the stop's own
         error to be told."""
+        if self.path and self.agreed is None:  # the docs promise a stop says where --save is
+            print(f"no step was agreed before the stop: nothing saved to {self.path}",
+                  file=sys.stderr)
+            return False
         written = False
         try:
             saved = self.last_agreed()

@@ -15,6 +15,7 @@ from pynode.cli.flags import (
     explicit_config,
     parse_capacity,
     resume_notes,
+    unsaved_note,
 )
 from pynode.cli.generate import check_train_sample_flags, print_train_sample
 from pynode.cli.report import (
@@ -66,8 +67,9 @@ def run_config(args: argparse.Namespace) -> tuple[RunConfig, CheckpointState | N
         return config_from_values(given), None, b""
     data = checkpoint_bytes(args.resume, "--resume")
     cfg, resume = read_resume(data, given, source=f"--resume {args.resume}")
-    for note in resume_notes(resume.config, resume.step, given):
-        print(note, file=sys.stderr)
+    for note in [*resume_notes(resume.config, resume.step, given), unsaved_note(args)]:
+        if note:
+            print(note, file=sys.stderr)
     return cfg, resume, data
 
 

@@ -415,10 +415,18 @@ async def connect(
     MASTER_PORT. gloo picks its network interface from GLOO_SOCKET_IFNAME when set.
     Raises PeerLost naming the ranks that did not join within `timeout`.
     """
+    # named as the user gave them: the environment's names where they came from there
+    size_name = "world_size" if world_size is not None else "WORLD_SIZE"
     world_size = world_size if world_size is not None else _env_int("WORLD_SIZE")
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise CollectiveUsageError(f"world_size must be a positive int, got {world_size!r}")
-    rank = check_rank(rank if rank is not None else _env_int("RANK"), world_size)
+        raise CollectiveUsageError(f"{size_name} must be a positive int, got {world_size!r}")
+    if rank is None:
+        rank = _env_int("RANK")
+        if not 0 <= rank < world_size:
+            raise CollectiveUsageError(f"RANK {rank} is outside 0..{world_size - 1} (WORLD_SIZE "
+                                       f"{world_size}): give each process of the cluster its "
+                                       "own RANK, 0 on the machine of MASTER_ADDR")
+    rank = check_rank(rank, world_size)
     master_addr = master_addr or _env("MASTER_ADDR")
     master_port = master_port if master_port is not None else _env_int("MASTER_PORT")
     if not 0 < master_port < 65536:

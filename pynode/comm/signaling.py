@@ -99,10 +99,14 @@ WAITING_HINTS = {
 
 def unreachable_hint(exc: BaseException, url: str = "") -> str:
     """What a refused or unnamed server address most often means, for its error line."""
-    host = urlsplit(url).hostname or ""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
     if isinstance(exc, OSError) and only_this_machine(host):
-        return (f" (nothing answers at {host}, this machine itself; a link copied from a "
-                "page opened at localhost on another machine names that machine only there: "
+        # most often the server was never started here; the copied link comes second
+        port = f" --port {parts.port}" if parts.port else ""
+        return (f" (nothing answers at {host}, this machine itself: is the server running "
+                f"here? `python -m server{port}` starts it. Or a link copied from a page "
+                "opened at localhost on another machine: it names that machine only there; "
                 "ask for the link of the page opened at its network address)")
     if isinstance(exc, ConnectionRefusedError):
         return (" (nothing listens there: is the server running, on that port and address? "
@@ -233,7 +237,9 @@ class SignalingClient:
                                open_timeout=OPEN_TIMEOUT_S, max_size=2**20)
         except (OSError, UnicodeError, InvalidHandshake, asyncio.TimeoutError) as exc:
             self._waiting = ""
-            self._last_failure = f"{type(exc).__name__}: {exc}{unreachable_hint(exc, self.url)}"
+            what = ("connection refused" if isinstance(exc, ConnectionRefusedError)
+                    else f"{type(exc).__name__}: {exc}")  # not "Connect call failed (...)"
+            self._last_failure = f"{what}{unreachable_hint(exc, self.url)}"
             return None, self._last_failure
         self._waiting = "join"
         self._outbox = asyncio.Queue()

@@ -93,8 +93,18 @@ def check_memory(cfg: RunConfig, task: Any, rank: int | None = None) -> None:
         smaller = ("width, layers, sequence, microbatch size" if platform.IN_PYODIDE
                    else "--width, --layers, --seq, --microbatch-size")
         here = ("a tab can hold" if platform.IN_PYODIDE else "available here")
-        raise MemoryRefusal(f"{who}this config needs about {need / 2**20:.1f} MiB, only "
-                            f"{available / 2**20:.1f} MiB {here}; {ask} ({smaller})")
+        raise MemoryRefusal(f"{who}this config needs about {size_text(need)}, only "
+                            f"{size_text(available)} {here}; {ask} ({smaller})")
+
+
+def size_text(count: float) -> str:
+    """Bytes as a person reads them: 812.3 MiB, 14.0 TiB (not 14657961.6 MiB)."""
+    value, unit = count / 2**20, "MiB"
+    for bigger in ("GiB", "TiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{value:.1f} {unit}"
 
 
 def preflight(cfg: RunConfig) -> None:

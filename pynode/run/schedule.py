@@ -72,7 +72,9 @@ def read_schedule(path: str) -> list[Change]:
     """The changes of a --schedule FILE, in step order (one step at most once)."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except OSError as exc:  # not "[Errno 2] No such file or directory: 'x.json'"
+        raise ScheduleError(f"--schedule {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
         raise ScheduleError(f"--schedule {path}: {exc}") from None
     if not isinstance(data, list):
         raise ScheduleError(f"--schedule {path}: a JSON list of changes, got {type(data).__name__}")

@@ -277,3 +277,20 @@ def test_a_master_port_held_by_another_program_is_named_in_bounded_time() -> Non
         listener.close()
         for conn in held:
             conn.close()
+
+
+def test_a_cluster_environment_that_cannot_be_is_named_by_its_variables(monkeypatch):
+    """WORLD_SIZE=0 read "world_size must be ...", RANK=2 of two "rank 2 is outside 0..1":
+    neither named what a user sets."""
+    from pynode.comm import gloo
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    for size, rank, said in (("0", "0", "WORLD_SIZE must be a positive int, got 0"),
+                             ("2", "2", "RANK 2 is outside 0..1 (WORLD_SIZE 2): give each "
+                                        "process of the cluster its own RANK")):
+        monkeypatch.setenv("WORLD_SIZE", size)
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(CollectiveUsageError, match=said.replace("(", r"\(").replace(
+                ")", r"\)").replace(".", r"\.")):
+            asyncio.run(gloo.connect(timeout=5))

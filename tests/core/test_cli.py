@@ -206,7 +206,7 @@ def bad_checkpoint_plans(folder: Path) -> dict[str, tuple[list[str], Path, Path,
     for name, (corrupt, extra, _) in BAD_CHECKPOINTS.items():
         ckpt, target = folder / f"bad-{name}.pt", folder / f"target-{name}.pt"
         ckpt.write_bytes(corrupt(good))
-        target.write_bytes(good)  # an earlier checkpoint the user keeps
+        target.write_bytes(b"")  # a file the refused run must not write into
         args = ["train", "--resume", str(ckpt), "--steps", "4", "--save", str(target), *extra]
         plans[f"refuse-{name}"] = (args, ckpt, target, sha256(ckpt), sha256(target))
     ckpt, fresh = folder / "bad-flipped.pt", folder / "never-written.pt"

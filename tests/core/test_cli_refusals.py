@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -98,6 +99,30 @@ def test_a_file_of_another_kind_is_not_replaced_by_an_output(tmp_path, capsys):
         check_replaceable("--summary", saved)  # a checkpoint is no summary
 
 
+def test_a_new_run_does_not_replace_a_checkpoint(tmp_path, capsys):
+    """A command line run again (the shell's history) with --save over a finished run's
+    checkpoint, then Ctrl-C, had replaced that model with a few steps of a new run. Saving
+    over the --resume file is what continuing a run is; --elastic's ranks resume from
+    theirs (checked once by its launcher, not by each attempt)."""
+    from pynode.cli.flags import check_output_flags
+
+    saved = checkpoint_at(2, tmp_path / "run.pt")
+    kept = (tmp_path / "run.pt").read_bytes()
+    err = refused(["train", "--save", saved, "--steps", "3"], capsys)
+    assert f"OutputError: --save {saved}: a checkpoint is there, and this new run would " \
+           f"replace it. To continue that run: --resume {saved} (with --save {saved}" in err
+    other = checkpoint_at(1, tmp_path / "other.pt")
+    err = refused(["train", "--resume", other, "--save", saved, "--steps", "3"], capsys)
+    assert f"--save {saved}: a checkpoint is there" in err
+    assert (tmp_path / "run.pt").read_bytes() == kept
+    assert main(["train", "--resume", saved, "--save", saved, "--steps", "3", "--no-progress",
+                 "--kernels", "numpy"]) == 0
+    assert (tmp_path / "run.pt").read_bytes() != kept
+    elastic = argparse.Namespace(save=saved, log=None, summary=None, resume=None,
+                                 save_every=1, elastic="1:2")
+    check_output_flags(elastic, lock_log=False)
+
+
 def test_a_log_that_exists_is_checked_by_appending_to_it(tmp_path):
     """--log /dev/stdout (no file can be made beside it) and a log that exists are fine."""
     from pynode.cli.flags import check_writable
@@ -172,13 +197,17 @@ def test_a_resume_with_other_config_flags_says_what_changes(tmp_path, capsys):
     err = trained(["train", "--resume", saved, "--lr", "0.001", "--seed", "7", "--steps", "5",
                    *quick], capsys)
     notes = [line for line in err.splitlines() if line.startswith("note: ")]
-    assert len(notes) == 3, err
+    assert len(notes) == 4, err
+    # without --save its result is dropped: said first (QUICKSTART's resume line had none)
+    assert f"note: no --save: the state this run reaches is not kept (--save {saved} " \
+           "writes it back over the checkpoint)" in notes
     assert any("--lr 0.001 replaces the checkpoint's 0.003: from step 3" in n for n in notes)
     assert any("--seed 7 replaces the checkpoint's 1" in n for n in notes)
     assert any("--steps 5 (the checkpoint's run has 4): from step 3 the learning rate "
                "follows the schedule of a 5-step run" in n for n in notes)
     assert "step 5  loss" in err
-    err = trained(["train", "--resume", saved, "--seed", "1", "--width", "32", *quick], capsys)
+    err = trained(["train", "--resume", saved, "--seed", "1", "--width", "32", "--save", saved,
+                   *quick], capsys)
     assert "note:" not in err and "step 4  loss" in err
 
 
@@ -434,3 +463,29 @@ def test_config_refusals_name_the_flags_a_user_typed(capsys, flags, said):
     `microbatch_size must be a positive integer`, a key the user never typed."""
     err = refused(["train", "--steps", "2", "--no-progress", *flags], capsys)
     assert f"error: ConfigError: {said}" in err and "Traceback" not in err
+
+
+def test_a_finished_checkpoints_resume_note_offers_no_run_to_continue():
+    """`--steps 6` over a finished 4-step run: its note said a resume without --steps is
+    the checkpoint's own run, which is refused (nothing to train)."""
+    from pynode.cli.flags import resume_notes
+
+    (finished,) = resume_notes({"steps": 4}, 4, {"steps": 6})
+    assert finished.endswith("follows the schedule of a 6-step run"), finished
+    (halfway,) = resume_notes({"steps": 4}, 2, {"steps": 6})
+    assert halfway.endswith("without --steps the resume is the checkpoint's own run, bit for "
+                            "bit"), halfway
+
+
+def test_a_stop_before_any_agreed_step_says_nothing_was_saved(tmp_path, capsys):
+    """A Ctrl-C before the first step said only `interrupted`, where the docs promise that
+    a stop says what it wrote to --save."""
+    from pynode.cli.report import Saver
+
+    target = tmp_path / "run.pt"
+    assert Saver(str(target), None).tell_last_agreed() is False
+    assert capsys.readouterr().err == ("no step was agreed before the stop: nothing saved to "
+                                       f"{target}\n")
+    assert not target.exists()
+    assert Saver(None, None).tell_last_agreed() is False
+    assert capsys.readouterr().err == ""

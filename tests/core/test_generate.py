@@ -249,8 +249,8 @@ def test_the_prompt_comes_from_a_file_or_stdin_as_its_bytes(tmp_path, capsys, ch
     assert f"ConfigError: --prompt-file {missing}: No such file or directory" in err
     empty = tmp_path / "empty.txt"
     empty.write_bytes(b"")
-    assert "GenerateError: the prompt is empty" in refused([*base, "--prompt-file",
-                                                            str(empty)], capsys)
+    assert f"ConfigError: --prompt-file {empty} is empty: give at least one byte" in \
+        refused([*base, "--prompt-file", str(empty)], capsys)
 
 
 def refused(argv: list[str], capsys) -> str:
@@ -273,14 +273,19 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, checkpoint):
     want = ("GenerateError: text generation needs a checkpoint of the gpt task; this one "
             "trains 'mlp'")
     assert want in refused([*base, str(mlp)], capsys)
-    for flag, value, what in (("--temperature", "-1", "temperature"), ("--top-k", "-2", "top_k"),
-                              ("--tokens", "-5", "tokens"), ("--temperature", "nan", "temper"),
+    # named by their flags (they read `top_k must be ...`)
+    for flag, value, what in (("--temperature", "-1", "--temperature must be"),
+                              ("--top-k", "-2", "--top-k must be"),
+                              ("--tokens", "-5", "--tokens must be"),
+                              ("--temperature", "nan", "--temperature must be"),
                               # the kit (JavaScript numbers) could not take it: refused alike
-                              ("--seed", str(2**53), "seed must be an integer from 0 to "
+                              ("--seed", str(2**53), "--seed must be an integer from 0 to "
                                "9007199254740991, got 9007199254740992")):
-        assert f"GenerateError: {what}" in refused([*base, str(good), flag, value], capsys)
-    err = refused(["generate", "--checkpoint", str(good), "--prompt", ""], capsys)
-    assert "GenerateError: the prompt is empty" in err
+        assert f"ConfigError: {what}" in refused([*base, str(good), flag, value], capsys)
+    assert main(["generate", "--checkpoint", str(good), "--prompt", ""]) == 2
+    said = capsys.readouterr()
+    assert "ConfigError: --prompt is empty: give at least one byte" in said.err
+    assert said.out == ""  # no empty line of text before it
 
 
 def test_read_model_gives_the_saved_weights(checkpoint):

@@ -510,5 +510,7 @@ def test_the_first_line_says_when_a_given_warmup_outlasts_the_run(checks):
                                      "to it)")
     trial = checks.make_trainer(RunConfig.from_dict(per_step), None, None)  # warm-up 10
     assert run_header(trial).endswith("from step 0")
+    far = checks.make_trainer(RunConfig.from_dict({**per_step, "warmup": 1000}), None, None)
+    assert run_header(far).endswith("rises to 0.7% of --lr, never to it)")  # not "0%"
     fits = checks.make_trainer(RunConfig.from_dict({**per_step, "warmup": 7}), None, None)
     assert run_header(fits).endswith("from step 0")

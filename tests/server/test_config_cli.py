@@ -223,13 +223,17 @@ def test_config_fields_of_the_wrong_kind_and_a_missing_file_are_one_named_line(
         given = tmp_path / "server.json"
         given.write_text(json.dumps(values))
         assert main(["--config", str(given)]) == 2
-        assert capsys.readouterr().err == f"error: {said}\n"
+        assert capsys.readouterr().err == f"error: --config {given}: {said}\n"
     whole = ServerConfig.from_dict({"rate_burst": 1e6, "port": 8000.0})  # JSON's 1e6
     assert (whole.rate_burst, whole.port) == (1_000_000, 8000)
     assert isinstance(whole.rate_burst, int) and isinstance(whole.port, int)
     given.write_text(json.dumps({"port": 80.5}))
     assert main(["--config", str(given)]) == 2
-    assert capsys.readouterr().err == "error: port must be an integer, got 80.5\n"
+    assert capsys.readouterr().err == f"error: --config {given}: port must be an integer, got " \
+                                      "80.5\n"
+    # a flag's value is named by its flag (it read "port must be ...")
+    assert main(["--port", "70000", "--data-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == "error: --port must be in 0..65535, got 70000\n"
     missing = tmp_path / "nothing.json"
     assert main(["--config", str(missing)]) == 2
     assert capsys.readouterr().err == f"error: --config {missing}: No such file or directory\n"
@@ -252,6 +256,20 @@ def test_a_port_in_use_is_said_with_what_to_do(tmp_path: Path) -> None:
     assert done.returncode == 1 and done.stderr.endswith(
         f"error: port {port} on 127.0.0.1 is in use (another server, or this one still "
         "running): stop it, or choose another --port (--port 0 takes a free one)\n"), done.stderr
+
+
+def test_a_host_that_is_no_address_here_names_the_flag(tmp_path) -> None:
+    """--host of another machine (192.0.2.1: a documentation address, bound to nothing
+    here; the bind fails before any packet) said `[Errno 99] Cannot assign requested
+    address`, naming no flag."""
+    done = subprocess.run(
+        [sys.executable, "-m", "server", "--host", "192.0.2.1", "--port", "0", "--data-dir",
+         str(tmp_path)], capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=tmp_path, timeout=60)
+    assert done.returncode == 1 and done.stderr.endswith(
+        "error: --host 192.0.2.1 is no address of this machine: give one of its own (`ip "
+        "-brief address` lists them), 0.0.0.0 for all of them, or leave --host out for "
+        "127.0.0.1 (this machine only)\n"), done.stderr
 
 
 def test_the_server_says_who_can_reach_it(monkeypatch) -> None:

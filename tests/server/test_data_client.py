@@ -96,3 +96,21 @@ def test_the_server_refuses_a_local_shard_that_is_not_there(tmp_path, capsys):
     assert main(["--port", "0", "--data-dir", str(tmp_path), "--data-url", str(missing)]) == 2
     err = capsys.readouterr().err
     assert f"error: data shard {missing}: no such file" in err
+
+
+def test_a_data_server_nobody_runs_is_said_as_such(capsys):
+    """--data at a port where nothing listens: the run is refused saying so and what to do
+    (it showed urllib's `<urlopen error [Errno 111] ...>` after an internal /data URL)."""
+    import socket
+
+    from pynode.cli.main import main
+
+    closed = socket.create_server(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    assert main(["train", "--data", f"http://127.0.0.1:{port}", "--steps", "1",
+                 "--kernels", "numpy", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"data server http://127.0.0.1:{port} cannot be reached: nothing listens there " \
+           "(connection refused): is the server running" in err, err
+    assert "urlopen" not in err and "/data?" not in err and "Traceback" not in err
