@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -33,6 +34,7 @@ from pynode.cli.flags import (
     replicas_note,
     resume_notes,
     train_options,
+    unsaved_note,
 )
 from pynode.cli.report import (
     Saver,
@@ -46,7 +48,7 @@ from pynode.cli.report import (
     stop_reason,
     write_summary,
 )
-from pynode.cli.signals import settle
+from pynode.cli.signals import settle, terminated
 from pynode.comm import CommError, PeerLost, make_collective
 from pynode.config import ConfigError, RunConfig
 from pynode.core.errors import DaisyError
@@ -83,8 +85,9 @@ async def lead(args: argparse.Namespace, cfg: RunConfig | None, collective, capa
         given = explicit_config(args)  # --data FILE: its sha256
         cfg, ckpt = read_resume(resume, given, source="" if elastic is not None
                                 else f"--resume {args.resume}")
-        for note in resume_notes(ckpt.config, ckpt.step, given):
-            print(note, file=sys.stderr)
+        for note in [*resume_notes(ckpt.config, ckpt.step, given), unsaved_note(args)]:
+            if note:
+                print(note, file=sys.stderr)
     resume = resume if resume is not None else resumed
     note = replicas_note(cfg, capacities, collective.world_size) if cfg.outer else \
         capacity_note(cfg.microbatches, capacities)
@@ -312,10 +315,25 @@ async def train_local_peers(args, cfg: RunConfig, capacities, resumed: bytes | N
                 return await lead(args, cfg, collective, capacities, dashboard,
                                   followers=lambda: asyncio.to_thread(wait_for, children),
                                   resumed=resumed)
+            except (KeyboardInterrupt, asyncio.CancelledError):
+                pass_on_interrupt(children)
+                raise
             finally:
                 await collective.close()
         finally:
             wait_for(children)
+
+
+def pass_on_interrupt(children: list[subprocess.Popen]) -> None:
+    """Rank 0 was interrupted: its local peers are too, before its collective closes. A
+    signal for this process alone (`kill -INT`, an IDE's stop button, a supervisor) left
+    them to find the hub gone and say `stopped: PeerLost: lost the hub`, as if something
+    had broken. A terminal's Ctrl-C reached them already (the process group): one more is
+    what a user's second Ctrl-C is to them, an interrupt all the same."""
+    signum = terminated() or signal.SIGINT
+    for child in children:
+        if child.poll() is None:
+            child.send_signal(signum)
 
 
 def wait_for(children: list[subprocess.Popen]) -> None:

@@ -171,6 +171,11 @@ def runs(tmp_path_factory, full_suite) -> dict:
             folder, "rank1_int",
             [*death_args[:-4], "--save", str(folder / "I.pt"), "--capacity", "1,1"],
             fault="1:3:int")
+        # Rank 0 of three local peers alone gets SIGINT at step 3 (kill -INT, an IDE's stop
+        # button): not the terminal's Ctrl-C, which reaches every process of the group.
+        started["lead_int"] = Launched(folder, "lead_int", [*TRAIN, *QUICK, "--peers", "3",
+                                                            "--capacity", "1,1,1"],
+                                       {"PYNODE_FAULT": "0:3:int"})
         # Rank 2 of three: its own Ctrl-C at step 3; the other two must not wait --timeout.
         pairs["int3"] = gloo_pair(
             folder, "int3", [*TRAIN[1:], *QUICK, "--timeout", str(LONG_TIMEOUT_S), "--save",
@@ -496,6 +501,19 @@ def test_a_group_of_three_stops_at_once_when_a_rank_is_interrupted(runs, referen
     assert stopped_after < LONG_TIMEOUT_S / 2, f"rank 0 took {stopped_after:.1f} s to stop"
     assert "saved the last agreed state (step 2)" in rank0.err
     assert runs["int3-rank1"].rc == 3, runs["int3-rank1"].err[-2000:]
+
+
+@pytest.mark.full
+def test_local_peers_are_interrupted_with_their_leader(runs):
+    """SIGINT to `train --peers 3`'s own process alone: it passes the interrupt on to its
+    local peers before its hub closes. They said `stopped: PeerLost: lost the hub (...
+    BrokenPipeError)`, as if something had broken."""
+    done = runs["lead_int"]
+    assert done.rc == 130, done.err[-2000:]
+    lines = done.err.strip().splitlines()
+    assert {"rank 1: interrupted", "rank 2: interrupted"} <= set(lines), done.err[-2000:]
+    assert lines[-1] == "interrupted" and "PeerLost" not in done.err, done.err[-2000:]
+    assert "Traceback" not in done.err
 
 
 @pytest.mark.full
