@@ -268,11 +268,13 @@ def test_the_page_continues_a_finished_runs_checkpoint_to_the_forms_steps(
     wait_booted(page)
     page.fill("#config-form [name=steps]", "2")
     page.set_input_files("#upload", str(saved))
-    page.wait_for_selector("#form-error", state="visible", timeout=60_000)
-    said = page.inner_text("#form-error")
+    page.wait_for_selector("#resume-preview", state="visible", timeout=60_000)
+    said = page.inner_text("#resume-preview tr[data-field=resume] td")
     assert "nothing to train (set steps in the form above 2 to continue it)" in said, said
-    page.fill("#config-form [name=steps]", "4")
-    page.set_input_files("#upload", str(saved))
+    assert page.is_disabled("#resume-confirm")
+    page.fill("#config-form [name=steps]", "4")  # the preview reads the file again
+    page.wait_for_selector("#resume-confirm:enabled", timeout=60_000)
+    page.click("#resume-confirm")
     wait(page, "s => s.state === 'done' || s.state === 'failed'", 120_000)
     assert (status(page)["step"], status(page)["hash"]) == (4, want), status(page)["error"]
 

@@ -592,6 +592,7 @@ def test_a_resume_that_starts_settles_the_refusal_before_it(local_browser, tmp_p
         page.wait_for_selector("#alert", state="visible")
         refused = page.inner_text("#alert-text")
         page.set_input_files("#upload", str(good))
+        page.click("#resume-confirm")  # once its preview is read (e2e/test_page_resume.py)
         wait(page, "s => ['done', 'failed'].includes(s.state)", 120_000)
         s = status(page)
         page.wait_for_timeout(500)  # a render after the end
@@ -626,6 +627,7 @@ def test_a_resumed_run_shows_the_checkpoints_schedule(local_browser, tmp_path, c
         wait_booted(page)
         page.fill("#config-form [name=steps]", "8")  # the file's run ended at its step 6
         page.set_input_files("#upload", str(saved))
+        page.click("#resume-confirm")
         wait(page, "s => ['done', 'failed'].includes(s.state)", 120_000)
         s = status(page)
         page.wait_for_selector("#download-schedule", state="visible")

@@ -23,6 +23,7 @@ datasource.py microbatch text: built-in corpus, a server's /data or a file
 datafile.py   --data FILE: a local text or parquet file, named with its sha256
 extras.py     optional dependencies: the extra that brings each, one line when missing
 browser.py    the page's Python side (JS bridge mesh, start-up checks)
+browser_resume.py how the page reads a .pt to resume it, and its preview of the file
 webgpu_gemm.py the page's WebGPU GEMM backend (waits on the GPU through Pyodide's run_sync)
 browser_gemm.py, wasm/   the page's exact GEMM in WebAssembly SIMD (wasm_simd)
 browser_kernels.py the same hot kernels in WebAssembly SIMD for the page (wasm/kernels.wat)

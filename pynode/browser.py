@@ -7,6 +7,8 @@ server/pyodide_app/worker.js calls, in order:
     peer.opened(id) / peer.deliver(id, ArrayBuffer) / peer.gone(id)     mesh events
     await peer.start(config_json)               this tab leads a run (a Promise in JS)
     await peer.bench(size, repeats)             this tab leads an all-reduce benchmark
+    preview_checkpoint(buffer, steps)           what a resume of a .pt would continue
+                                                (pynode/browser_resume.py), before any run
 
 `bridge` is a JS object: `send(peer, Uint8Array)` hands a message to the main thread (which
 fragments it onto the peer's data channel), `post(kind, json)` reports to the page. Each
@@ -31,6 +33,10 @@ from typing import Any
 
 import numpy as np
 
+from pynode.browser_resume import buffer_bytes, read_page_resume
+
+# the worker calls it as pynode.browser's, beside the rest of the page's Python
+from pynode.browser_resume import preview_checkpoint as preview_checkpoint
 from pynode.comm.mesh import Mesh
 from pynode.config import RunConfig
 from pynode.core.errors import DaisyError, GateError
@@ -437,18 +443,10 @@ class BrowserPeer:
         (magic, version, dims, vocab, finiteness, hash), then broadcast to every ready peer
         as their sync. A run the checkpoint finished continues to `steps` (the form's), as
         `train --resume --steps` does. JSON {ok, ranks} or {ok: false, error}; a bad file
-        changes nothing."""
-        from pynode.run.assemble import NothingToTrainError, read_resume
-
-        more = "set steps in the form above {step} to continue it"
+        changes nothing. The page's preview (`preview_checkpoint`) read the file the same
+        way; it is read again here, whatever the preview said."""
         try:
-            data = buffer.to_bytes() if hasattr(buffer, "to_bytes") else bytes(buffer)
-            try:
-                cfg, ckpt = read_resume(data, {}, more)
-            except NothingToTrainError:
-                if steps is None:
-                    raise
-                cfg, ckpt = read_resume(data, {"steps": steps}, more)
+            cfg, ckpt = read_page_resume(buffer_bytes(buffer), steps)
             ranks = await self.room.start_resumed(cfg, ckpt)
         except (DaisyError, ValueError, TypeError) as exc:
             return json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"})

@@ -456,6 +456,13 @@ export class PageNode extends EventTarget {
     return refused ? Promise.reject(refused) : this.request({ type: "resume", data, steps });
   }
 
+  // What resume(data, steps) would continue, read with its checks; starts nothing. Resolves
+  // to {task, width, ..., step, steps, hash, schedule, refused} (pynode/browser_resume.py)
+  // or rejects with why the file is no checkpoint the page can resume.
+  previewCheckpoint(data, steps = null) {
+    return this.request({ type: "preview", data, steps });
+  }
+
   // Resolves to the current state as .pt bytes (an ArrayBuffer).
   async checkpoint() {
     return (await this.request({ type: "checkpoint" })).data;

@@ -7,7 +7,8 @@
 //                 message {peer, data: ArrayBuffer (transferred)}, start {id, config},
 //                 bench {id, size, repeats}, gemm {id, cases},
 //                 generate {id, data: .pt ArrayBuffer, request: {prompt, tokens, ...}},
-//                 kit {id, data: .pt ArrayBuffer}, stop {ids: generations to end}
+//                 kit {id, data: .pt ArrayBuffer}, stop {ids: generations to end},
+//                 preview {id, data: .pt ArrayBuffer, steps}
 // worker -> main: state {state, error}, checks {ready, rows}, send {peer, data (transferred)},
 //                 report {kind, fields}, started {id, ok, ranks | error}
 //
@@ -139,6 +140,14 @@ async function gemmCases(cases) {
   return JSON.stringify({ ok: true, results: JSON.parse(results) });
 }
 
+// What a resume of a .pt would continue, read with the resume's own checks; it starts
+// nothing, so it needs no peer (only Python): {type: "started", ok, ...summary | error}.
+function preview(msg) {
+  const answer = browser ? browser.preview_checkpoint(msg.data, msg.steps ?? null)
+    : JSON.stringify({ ok: false, error: "this tab's Python is still loading" });
+  post({ type: "started", id: msg.id, ...JSON.parse(answer) });
+}
+
 // The state as a .pt file, transferred to the page without a copy: {type: "started", data}.
 function checkpoint(msg) {
   const answer = peer ? peer.checkpoint() : JSON.stringify({ ok: false, error: "not ready" });
@@ -165,6 +174,8 @@ self.onmessage = (event) => {
     if (peer) peer.leave(msg.reason);
   } else if (msg.type === "checkpoint") {
     checkpoint(msg);
+  } else if (msg.type === "preview") {
+    preview(msg);
   } else if (msg.type === "kit") {
     post({ type: "started", id: msg.id, ...JSON.parse(browser.kit_html(msg.data)) });
   } else if (msg.type === "stop") {

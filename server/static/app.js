@@ -455,6 +455,7 @@ function render() {
     renderPeers(s);
     renderLinks(s);
     renderForm(s);
+    renderResumePreview(s);
     renderEstimate(s);
     renderProgress(s);
     renderChecks(s);
@@ -636,25 +637,142 @@ $("download").addEventListener("click", async () => {
   }
 });
 
-$("upload").addEventListener("change", async (event) => {
-  const file = event.target.files[0];
-  if (!file) return;
+// "Resume from a checkpoint": choosing a .pt shows what it is (read by the worker with the
+// resume's own checks) and starts nothing; only "Resume this run" resumes it. A person who
+// picked the wrong file had started a run before seeing which.
+let resumeChoice = null; // {file, steps, stepsProblem, summary} of the preview shown
+let previewsAsked = 0; // an answer to an older preview (another file, other steps) is dropped
+let previewing = false; // the latest preview is not back: its button waits for it
+let resuming = false; // from "Resume this run" until that resume is settled
+
+// The form's steps for a resume (they count only where the file's run is finished) and why
+// they cannot be its end, or null.
+function resumeSteps() {
+  const text = $("config-form").elements.steps.value;
+  const problem = whole(text) > MAX_STEPS ? numberProblem("steps", "steps", text, whole) : null;
+  return { steps: !problem && whole(text) >= 1 ? whole(text) : null, problem };
+}
+
+// A resume that reads or starts settles the "checkpoint refused" of the file before it at the
+// top, as a start settles a failed start.
+function settleResumeRefusal() {
+  const last = node.status().messages.findLast((m) => m.level === "error");
+  if (last?.text.startsWith("checkpoint refused")) dismissedError = `${last.at} ${last.text}`;
+}
+
+async function previewResume(file) {
+  const asked = ++previewsAsked;
+  if (resumeChoice?.file !== file) resumeChoice = null; // another file's rows go at once
+  previewing = Boolean(file);
   actionError("");
+  render();
+  if (!file) return;
+  const { steps, problem } = resumeSteps();
   try {
-    const text = $("config-form").elements.steps.value;
-    const tooMany = whole(text) > MAX_STEPS && numberProblem("steps", "steps", text, whole);
-    if (tooMany) throw new Error(tooMany); // a run the file finished would go on to it
-    const steps = whole(text); // "1e3" is 1000, as the field
-    const answer = await node.resume(await file.arrayBuffer(), steps >= 1 ? steps : null);
-    // a resume that starts settles the refusal before it (a wrong file), as a start does
-    const last = node.status().messages.findLast((m) => m.level === "error");
-    if (last?.text.startsWith("checkpoint refused")) dismissedError = `${last.at} ${last.text}`;
-    node.say("info", `resumed ${file.name} at step ${answer.step} with ${answer.ranks.length} peer(s)`);
+    const summary = await node.previewCheckpoint(await file.arrayBuffer(), steps);
+    if (asked !== previewsAsked) return;
+    resumeChoice = { file, steps, stepsProblem: problem, summary };
+    settleResumeRefusal();
   } catch (err) {
-    actionError(`checkpoint refused: ${err.message}`);
+    if (asked !== previewsAsked) return;
+    resumeChoice = null;
+    $("upload").value = ""; // nothing to resume: the same file may be chosen again
+    actionError(`checkpoint refused: ${file.name} ${err.message.startsWith("CheckpointError")
+      ? "is not a valid DaisyChain checkpoint" : "cannot be resumed"} (${err.message})`);
+  } finally {
+    if (asked === previewsAsked) previewing = false;
+    render();
   }
-  event.target.value = "";
+}
+
+function closeResumePreview() {
+  previewsAsked++;
+  resumeChoice = null;
+  previewing = false;
+  $("upload").value = "";
+  render();
+}
+
+$("upload").addEventListener("change", (event) => previewResume(event.target.files[0]));
+// the preview says where the resume ends, which the form's steps decide for a finished run
+$("config-form").elements.steps.addEventListener("input", () => {
+  if (resumeChoice && !resuming) previewResume(resumeChoice.file);
 });
+$("resume-cancel").addEventListener("click", timed(() => closeResumePreview()));
+$("resume-confirm").addEventListener("click", timed(() => {
+  const choice = resumeChoice;
+  if (!choice || resuming || previewing) return;
+  resuming = true;
+  actionError("");
+  render();
+  (async () => node.resume(await choice.file.arrayBuffer(), choice.steps))().then((answer) => {
+    settleResumeRefusal();
+    node.say("info", `resumed ${choice.file.name} at step ${answer.step} with ` +
+      `${answer.ranks.length} peer(s)`);
+    closeResumePreview();
+  }, (err) => actionError(`checkpoint refused: ${err.message}`))
+    .finally(() => { resuming = false; render(); });
+}));
+
+const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
+
+// One change of the checkpoint's run as the preview lists it.
+function changeText(change) {
+  if (change.steps === change.step) return `stopped at step ${change.step}`;
+  const parts = [];
+  if (change.lr !== undefined) parts.push(`learning rate ${change.lr}`);
+  if (change.steps !== undefined) parts.push(`steps ${change.steps}`);
+  return `${parts.join(", ")} after step ${change.step}`;
+}
+
+// The preview's rows: [field, label, html] of what the chosen checkpoint holds and where its
+// resume would go; the loss where this page trained that very state (a .pt holds none).
+function previewRows(choice, s) {
+  const c = choice.summary;
+  const outer = outerSettings(c);
+  const text = c.data === "builtin" ? "the built-in corpus"
+    : String(c.data).includes("#sha256=") ? "an uploaded file" : c.data;
+  const known = s.history.find((h) => h.hash === c.hash && Number.isFinite(h.loss));
+  const resume = c.refused ? (choice.stepsProblem ?? c.refused)
+    : c.steps > c.run_steps ? `continues to step ${c.steps}, the form's steps (its own run ` +
+        `ended at step ${c.run_steps})`
+      : `continues to step ${c.steps}, where its run ends`;
+  return [
+    ["model", "model", escape(`${c.task}: width ${c.width}, ${plural(c.layers, "layer")}, ` +
+      `${plural(c.heads, "head")}, sequence ${c.seq} (${c.parameters.toLocaleString("en")} ` +
+      `parameters)${outer ? `; syncs every ${outer.sync_every} steps, ${outer.replicas} ` +
+        "replicas" : ""}`)],
+    ["step", "step", escape(`saved at step ${c.step} of its run's ${c.run_steps} steps`)],
+    ["settings", "settings", escape(`learning rate ${c.lr}, text: ${text}`)],
+    ["loss", "loss", known ? escape(`${fmtLoss(known.loss)} (this page trained that step)`)
+      : "not in the file (a checkpoint holds no loss; the resumed run reports its next step's)"],
+    ["hash", "state hash", short(c.hash, 16)],
+    ["changes", "changes", escape(c.schedule.length ? c.schedule.map(changeText).join("; ")
+      : "none")],
+    ["resume", "resume", c.refused ? `<span class="error">${escape(resume)}</span>`
+      : escape(resume)],
+  ];
+}
+
+let shownChoice = null; // the preview whose rows the page shows
+function renderResumePreview(s) {
+  const choice = resumeChoice;
+  $("resume-preview").hidden = !choice;
+  if (!choice) return;
+  if (choice !== shownChoice) {
+    shownChoice = choice;
+    $("resume-name").textContent = choice.file.name;
+    $("resume-rows").innerHTML = previewRows(choice, s).map(([field, label, html]) =>
+      `<tr data-field="${field}"><th>${label}</th><td>${html}</td></tr>`).join("");
+  }
+  const training = s.state === "training";
+  const button = $("resume-confirm");
+  button.disabled = training || !s.approved || previewing || resuming
+    || Boolean(choice.summary.refused);
+  button.title = training ? "available when this page is not in a run"
+    : !s.approved ? $("upload").title : choice.summary.refused ? "nothing to train (see above)"
+      : "";
+}
 
 // The model of this page's state now (a copy, as a download) or of `data`: text streams to
 // `onText`; resolves to {bytes, text, step, ...} (generate.js).

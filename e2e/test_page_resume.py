@@ -1,0 +1,127 @@
+"""Resume from a checkpoint, as a person does it: the page shows what the chosen .pt is
+before anything starts, and only "Resume this run" starts it. One tab on a server at
+127.0.0.1 (no namespace).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from browser_helpers import (
+    CHROMIUM_FLAGS,
+    REPO,
+    missing_browser_parts,
+    status,
+    unavailable,
+    wait,
+    wait_booted,
+)
+from local_page import LocalServer, open_page
+
+from pynode.core.checkpoint import load_checkpoint
+
+pytestmark = [pytest.mark.slow]
+
+CHANGES = [{"step": 1, "lr": 0.002}]
+# What the preview's rows say about the checkpoint native_checkpoint() writes.
+MODEL = "gpt: width 32, 1 layer, 2 heads, sequence 16"
+
+
+@pytest.fixture(scope="module")
+def local_browser() -> Iterator[Any]:
+    reason = missing_browser_parts()
+    if reason:
+        unavailable(reason)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=shutil.which("chromium"),
+                                     args=CHROMIUM_FLAGS)
+        yield browser
+        browser.close()
+
+
+def native_checkpoint(path: Path, tmp_path: Path) -> Path:
+    """A 3-step run of `python -m pynode train` with one change of its learning rate, saved."""
+    schedule = tmp_path / "schedule.json"
+    schedule.write_text(json.dumps(CHANGES))
+    made = subprocess.run(
+        [sys.executable, "-m", "pynode", "train", "--steps", "3", "--width", "32", "--layers",
+         "1", "--heads", "2", "--seq", "16", "--microbatch-size", "2", "--microbatches", "2",
+         "--schedule", str(schedule), "--no-progress", "--save", str(path)], cwd=REPO,
+        capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+    return path
+
+
+def preview_rows(page: Any) -> dict[str, str]:
+    return page.evaluate("() => Object.fromEntries([...document.querySelectorAll("
+                         "'#resume-preview tr[data-field]')].map(r => [r.dataset.field, "
+                         "r.cells[1].textContent.trim()]))")
+
+
+def test_choosing_a_checkpoint_shows_it_and_only_the_button_resumes(local_browser, tmp_path,
+                                                                    console):
+    """Choosing a .pt started the resumed run at once: a person who picked the wrong file
+    had already started a run. Now the page reads the file with the resume's own checks and
+    shows what it is; a file that is no checkpoint is refused there, Cancel leaves the page
+    as it was, and only "Resume this run" starts the run."""
+    good = native_checkpoint(tmp_path / "run.pt", tmp_path)
+    junk = tmp_path / "notes.pt"
+    junk.write_bytes(b"not a checkpoint")
+    (tmp_path / "server-data").mkdir()
+    server = LocalServer(tmp_path / "server-data")
+    try:
+        page = open_page(local_browser, f"{server.url}/?create=1", console)
+        wait_booted(page)
+        page.fill("#config-form [name=steps]", "5")  # the file's run ended at its step 3
+        page.set_input_files("#upload", str(junk))
+        page.wait_for_selector("#form-error", state="visible", timeout=60_000)
+        refused = (page.inner_text("#form-error"), page.is_hidden("#resume-preview"))
+
+        page.set_input_files("#upload", str(good))
+        page.wait_for_selector("#resume-preview", state="visible", timeout=60_000)
+        rows = preview_rows(page)
+        page.wait_for_timeout(1500)  # time enough for a run that was started anyway
+        after_choice = (status(page)["state"], status(page)["run"], page.is_hidden("#form-error"))
+
+        page.click("#resume-cancel")
+        page.wait_for_timeout(500)
+        after_cancel = (status(page)["state"], page.is_hidden("#resume-preview"),
+                        page.evaluate("() => document.querySelector('#upload').files.length"))
+
+        page.set_input_files("#upload", str(good))
+        page.wait_for_selector("#resume-confirm:enabled", timeout=60_000)
+        button = page.inner_text("#resume-confirm")
+        page.click("#resume-confirm")
+        wait(page, "s => ['done', 'failed'].includes(s.state)", 120_000)
+        s = status(page)
+        page.wait_for_timeout(500)  # a render after the end
+        preview_after_run = page.is_hidden("#resume-preview")
+    finally:
+        server.close()
+    state_hash = load_checkpoint(good.read_bytes()).state_hash
+    assert refused[0] == ("checkpoint refused: notes.pt is not a valid DaisyChain checkpoint "
+                          "(CheckpointError: not a readable .pt archive (truncated or "
+                          "damaged?): File is not a zip file)"), refused
+    assert refused[1], "a file that is no checkpoint has no preview"
+    assert rows["model"].startswith(MODEL), rows
+    assert rows["step"] == "saved at step 3 of its run's 3 steps", rows
+    assert rows["hash"] == state_hash[:16], (rows, state_hash)
+    assert rows["changes"] == "learning rate 0.002 after step 1", rows
+    assert rows["loss"].startswith("not in the file"), rows
+    assert rows["resume"] == ("continues to step 5, the form's steps (its own run ended "
+                              "at step 3)"), rows
+    assert after_choice == ("ready", None, True), "choosing the file started nothing"
+    assert after_cancel == ("ready", True, 0), after_cancel
+    assert button == "Resume this run"
+    assert s["state"] == "done" and s["step"] == 5, s["error"]
+    assert s["schedule"] == CHANGES, s["schedule"]
+    assert preview_after_run, "the preview of a file already resumed stayed"
