@@ -1,5 +1,6 @@
 """A member's form shows the config of the run it trains, the leader's, not its own defaults:
-filled in when the run starts, locked while it trains, kept once it is done.
+filled in when the run starts and at each change the leader steers, locked while it trains,
+kept once it is done.
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ def test_a_members_form_shows_the_leaders_run(tabs):
     during, state = member.evaluate(FORM_VALUES), status(member)["state"]
     note = member.inner_text("#run-note")
     tabs.shot(member, "member-form-during-run")
+    # the leader's change reaches the member's form too, with where it was made
+    host.evaluate("(request) => daisychain.steer(request)", {"lr": 0.001})
+    member.wait_for_function("() => document.querySelector('#config-form [name=lr]').value"
+                             " === '0.001'", timeout=60_000)
+    changed_at = status(member)["schedule"][0]["step"]
+    steered = member.inner_text("#config-form label:has([name=lr]) .steered")
     wait(member, "s => ['done', 'failed'].includes(s.state)", 240_000)
     member.wait_for_function("() => !document.querySelector('#config-form [name=width]').disabled")
     after = member.evaluate(FORM_VALUES)
@@ -42,7 +49,9 @@ def test_a_members_form_shows_the_leaders_run(tabs):
     assert {k: during[k]["value"] for k in SHOWN} == {k: str(LEADERS[k]) for k in SHOWN}
     assert all(during[k]["disabled"] for k in SHOWN), "locked while the leader's run trains"
     assert f"led by {leader_id}" in note and "warm-up 10" in note, note
-    assert {k: after[k]["value"] for k in SHOWN} == {k: str(LEADERS[k]) for k in SHOWN}
+    assert steered == f"changed after step {changed_at}", steered
+    assert {k: after[k]["value"] for k in SHOWN} == {k: str(LEADERS[k]) for k in SHOWN} | {
+        "lr": "0.001"}, "kept once done, as the run had them"
     assert status(member)["state"] == "done", status(member)["error"]
 
 

@@ -670,3 +670,53 @@ def test_the_servers_text_is_marked_unavailable_when_it_cannot_serve_it(local_br
     assert said.startswith("could not start: this server cannot serve its text now ("), said
     assert said.endswith("): choose the built-in corpus or a file you upload"), said
     assert state == "ready"
+
+
+def test_the_form_shows_the_values_the_leader_steered_the_run_to(local_browser, tmp_path,
+                                                                console):
+    """The leader changed the learning rate and the steps of its run: the schedule said so,
+    but the form went on showing the values the run started with, during the run and after
+    it. It shows the run's values now, says where steering changed them, and keeps them
+    once the run is over (a new start goes on from what was used last)."""
+    server = local_server(tmp_path)
+    form = "() => Object.fromEntries(['lr', 'steps'].map(n => { " \
+           "const f = document.querySelector(`#config-form [name=${n}]`); " \
+           "return [n, {value: f.value, note: f.closest('label').querySelector('.steered')" \
+           "?.textContent ?? '', title: f.title}]; }))"
+    try:
+        page = open_page(local_browser, f"{server.url}/?create=1", console)
+        wait_booted(page)
+        for name, value in {**TINY, "steps": "5000", "lr": "0.003"}.items():
+            page.fill(f"#config-form [name={name}]", value)
+        page.click("#start")
+        wait(page, "s => s.state === 'training' && s.step >= 1", 120_000)
+        page.fill("#steer-lr", "0.001")
+        page.fill("#steer-steps", "4000")
+        page.click("#apply-change")
+        wait(page, "s => s.schedule.length === 1", 60_000)
+        changed_at = status(page)["schedule"][0]["step"]
+        page.wait_for_timeout(500)  # a render after the change
+        during = page.evaluate(form)
+        page.evaluate("(request) => daisychain.steer(request)", {"stop": True})
+        wait(page, "s => ['done', 'failed'].includes(s.state)", 60_000)
+        s = status(page)
+        page.wait_for_timeout(500)
+        after = page.evaluate(form)
+        page.fill("#config-form [name=steps]", "300")  # the next run's: no longer the leader's
+        page.wait_for_timeout(500)
+        edited = page.evaluate(form)["steps"]
+    finally:
+        server.close()
+    stopped_at = s["schedule"][-1]["step"]
+    assert during == {
+        "lr": {"value": "0.001", "note": f"changed after step {changed_at}",
+               "title": f"changed by the run's leader: 0.001 after step {changed_at}"},
+        "steps": {"value": "4000", "note": f"changed after step {changed_at}",
+                  "title": f"changed by the run's leader: 4000 after step {changed_at}"}}, during
+    assert s["state"] == "done" and s["schedule"][-1] == {"step": stopped_at,
+                                                         "steps": stopped_at}, s
+    assert after == {"lr": during["lr"], "steps": {
+        "value": str(stopped_at), "note": f"changed after step {stopped_at}",
+        "title": f"changed by the run's leader: 4000 after step {changed_at}, {stopped_at} "
+                 f"after step {stopped_at}"}}, after
+    assert edited == {"value": "300", "note": "", "title": ""}, edited

@@ -60,7 +60,9 @@ const OTHER_FIELDS = { warmup: "warm-up", weight_decay: "weight decay", clip: "c
 const SLIDERS = { width: [8, 512, 8], layers: [1, 12, 1], heads: [1, 16, 1], seq: [8, 512, 8],
   microbatch_size: [1, 64, 1], microbatches: [1, 64, 1], steps: [1, 5000, 1],
   lr: [0.0001, 0.02, 0.0001] };
-let filledRun = null; // the run whose config the form shows
+// What a run's leader may change while it trains (pynode/run/schedule.py FIELDS).
+const STEERABLE = ["lr", "steps"];
+let filledRun = null; // the run, and its changes, whose config the form shows
 // True from a click on Start until that start (and its upload) is settled: one start
 // at a time, whatever renders in between.
 let starting = false;
@@ -152,16 +154,28 @@ function actionError(text) {
   renderAlert(node.status());
 }
 
-// The form shows the config of the run this page trains, whoever leads it: filled in when
-// the run starts, locked while it trains, and the start of the next run afterwards.
+// The run's config as it is now: its leader's changes (the schedule) applied in order.
+function steeredConfig(config, schedule) {
+  const now = { ...config };
+  for (const change of schedule) {
+    for (const name of STEERABLE) if (change[name] !== undefined) now[name] = change[name];
+  }
+  return now;
+}
+
+// The form shows the config of the run this page trains, whoever leads it, as the run has it
+// now: filled in when the run starts and again at each change its leader makes, locked while
+// it trains, and the start of the next run afterwards (the values used last).
 function renderForm(s) {
   const form = $("config-form");
-  if (s.config && s.run !== filledRun) {
-    filledRun = s.run;
+  const config = s.config && steeredConfig(s.config, s.schedule);
+  const shown = s.config && `${s.run} ${JSON.stringify(s.schedule)}`;
+  if (config && shown !== filledRun) {
+    filledRun = shown;
     for (const name of FORM_FIELDS) {
-      const value = name === "data" ? (s.config.data === "builtin" ? "builtin"
-        : s.config.data.includes("#sha256=") ? "upload" : "server")
-        : String(s.config[name] ?? OUTER_DEFAULTS[name]);
+      const value = name === "data" ? (config.data === "builtin" ? "builtin"
+        : config.data.includes("#sha256=") ? "upload" : "server")
+        : String(config[name] ?? OUTER_DEFAULTS[name]);
       const field = form.elements[name];
       if (field.tagName === "SELECT" && ![...field.options].some((o) => o.value === value)) {
         field.add(new Option(value)); // a task the form does not list (module:Class)
@@ -169,6 +183,7 @@ function renderForm(s) {
       field.value = value;
     }
   }
+  renderSteeredNotes(form, config, s.config ? s.schedule : []);
   const training = s.state === "training";
   for (const name of FORM_FIELDS) form.elements[name].disabled = training;
   form.elements.data_file.disabled = training;
@@ -193,6 +208,21 @@ function renderForm(s) {
       (outer ? `; syncs every ${outer.sync_every} steps, ${outer.replicas} replicas.` : ".");
   }
   $("download").disabled = !s.run;
+}
+
+// Beside a field the run's leader changed: after which step, while the field still holds
+// the run's value (edited for the next run, it is the person's own).
+function renderSteeredNotes(form, config, schedule) {
+  for (const name of STEERABLE) {
+    const field = form.elements[name];
+    const changes = schedule.filter((c) => c[name] !== undefined);
+    const steered = changes.length > 0 && field.value === String(config[name]);
+    const note = field.closest("label").querySelector(".steered");
+    note.hidden = !steered;
+    note.textContent = steered ? `changed after step ${changes.at(-1).step}` : "";
+    field.title = steered ? "changed by the run's leader: " +
+      changes.map((c) => `${c[name]} after step ${c.step}`).join(", ") : "";
+  }
 }
 
 // The --sync-every settings of `config` (defaults filled in), or null for a per-step run.
@@ -268,6 +298,15 @@ function addSliders() {
     slider.addEventListener("input", timed(follow(slider, field)));
     field.addEventListener("input", follow(field, slider));
     field.after(slider);
+  }
+}
+
+// Under each field a run's leader may change, the note renderSteeredNotes fills in.
+function addSteeredNotes() {
+  for (const name of STEERABLE) {
+    const note = Object.assign(document.createElement("small"), { className: "steered hint" });
+    note.hidden = true;
+    $("config-form").elements[name].closest("label").append(note);
   }
 }
 
@@ -900,6 +939,7 @@ window.addEventListener("pagehide", () => {
   node.signaling.close();
 });
 addSliders();
+addSteeredNotes();
 probeServerText();
 node.boot();
 render();
