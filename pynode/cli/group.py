@@ -297,13 +297,14 @@ async def train_local_peers(args, cfg: RunConfig, capacities, resumed: bytes | N
         raise ConfigError(f"--peers {args.peers} on {cores} core(s): each local peer is a "
                           f"process holding the whole model; at most {most} here (one a "
                           "core is the fastest; more only share the cores)")
+    # train's lines carry no time (join's and a cluster's do: STAMPED_COMMANDS)
     if args.peers > cores:
-        say(f"note: {args.peers} local peers on {cores} core(s) share the cores: the run "
-            "shows the same bits, not more speed")
+        echo(f"note: {args.peers} local peers on {cores} core(s) share the cores: the run "
+             "shows the same bits, not more speed")
     dashboard = register(args.dashboard, f"train --peers {args.peers}", args.peers) \
         if args.dashboard else None
     if dashboard is not None:
-        say(dashboard.card_line())
+        echo(dashboard.card_line())
     with tempfile.TemporaryDirectory(prefix="pynode-") as tmp:
         address = str(Path(tmp) / "hub.sock")
         children = [spawn_peer(rank, args.peers, address, args) for rank in range(1, args.peers)]

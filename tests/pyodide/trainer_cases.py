@@ -48,7 +48,7 @@ def test_a_config_too_big_for_a_tab_is_refused_before_anything_is_allocated():
     try:
         check_memory(cfg, load_task("gpt"))
     except MemoryRefusal as exc:
-        assert "MiB a tab can hold" in str(exc) and "(width, layers" in str(exc), str(exc)
+        assert "GiB a tab can hold" in str(exc) and "(width, layers" in str(exc), str(exc)
     else:
         raise AssertionError("a 15 GiB config was not refused in the page")
     assert platform.heap_bytes() == heap  # nothing of its size was allocated
