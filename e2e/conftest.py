@@ -44,6 +44,22 @@ def net() -> Iterator[PrivateNet]:
         private.close()
 
 
+@pytest.fixture(scope="module")
+def local_browser() -> Iterator[Any]:
+    """One Chromium on this machine, outside any namespace, for a module's pages of a local
+    server on loopback (local_page.py)."""
+    reason = missing_browser_parts()
+    if reason:
+        unavailable(reason)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=shutil.which("chromium"),
+                                     args=CHROMIUM_FLAGS)
+        yield browser
+        browser.close()
+
+
 @pytest.fixture(scope="session")
 def server_url(net: PrivateNet, tmp_path_factory: pytest.TempPathFactory) -> str:
     data_dir = tmp_path_factory.mktemp("server-data")

@@ -58,3 +58,19 @@ def open_page(browser: Any, url: str, console: list[str]) -> Any:
     page.wait_for_function("() => window.daisychain && daisychain.status().peerId",
                            timeout=30_000)
     return page
+
+
+def steered_checkpoint(path: Path, steps: int, changes: list[dict[str, Any]]) -> Path:
+    """`python -m pynode train` of a small model for `steps`, steered by `changes` (its
+    --schedule, written beside `path`), saved to `path`: a checkpoint that holds changes."""
+    import json
+
+    schedule = path.with_suffix(".schedule.json")
+    schedule.write_text(json.dumps(changes))
+    made = subprocess.run(
+        [sys.executable, "-m", "pynode", "train", "--steps", str(steps), "--width", "32",
+         "--layers", "1", "--heads", "2", "--seq", "16", "--microbatch-size", "2",
+         "--microbatches", "2", "--schedule", str(schedule), "--no-progress", "--save",
+         str(path)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+    return path

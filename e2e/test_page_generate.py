@@ -7,14 +7,12 @@ run, from the prompt box and from an uploaded .pt alike; its inference kit is th
 from __future__ import annotations
 
 import asyncio
-import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import pytest
-from browser_helpers import CHROMIUM_FLAGS, missing_browser_parts, status, wait, wait_booted
+from browser_helpers import status, wait, wait_booted
 from local_page import LocalServer, open_page
 
 from pynode.config import RunConfig
@@ -30,20 +28,6 @@ RUN = {"task": "gpt", "width": 32, "layers": 1, "heads": 2, "seq": 16, "microbat
        "microbatches": 2, "steps": 300, "seed": 5}
 DURING = {"prompt": "Th\u00e9 ", "tokens": 24, "temperature": 0.9, "top_k": 0, "seed": 3}
 AFTER = {"prompt": "an ", "tokens": 30, "temperature": 0.6, "top_k": 8, "seed": 1}
-
-
-@pytest.fixture(scope="module")
-def local_browser() -> Iterator[Any]:
-    reason = missing_browser_parts()
-    if reason:
-        pytest.skip(reason)
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=shutil.which("chromium"),
-                                     args=CHROMIUM_FLAGS)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture

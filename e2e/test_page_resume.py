@@ -5,60 +5,23 @@ before anything starts, and only "Resume this run" starts it. One tab on a serve
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from browser_helpers import (
-    CHROMIUM_FLAGS,
-    REPO,
-    missing_browser_parts,
     status,
-    unavailable,
     wait,
     wait_booted,
 )
-from local_page import LocalServer, open_page
+from local_page import LocalServer, open_page, steered_checkpoint
 
 from pynode.core.checkpoint import load_checkpoint
 
 pytestmark = [pytest.mark.slow]
 
 CHANGES = [{"step": 1, "lr": 0.002}]
-# What the preview's rows say about the checkpoint native_checkpoint() writes.
+# What the preview's rows say about the checkpoint steered_checkpoint() writes.
 MODEL = "gpt: width 32, 1 layer, 2 heads, sequence 16"
-
-
-@pytest.fixture(scope="module")
-def local_browser() -> Iterator[Any]:
-    reason = missing_browser_parts()
-    if reason:
-        unavailable(reason)
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=shutil.which("chromium"),
-                                     args=CHROMIUM_FLAGS)
-        yield browser
-        browser.close()
-
-
-def native_checkpoint(path: Path, tmp_path: Path) -> Path:
-    """A 3-step run of `python -m pynode train` with one change of its learning rate, saved."""
-    schedule = tmp_path / "schedule.json"
-    schedule.write_text(json.dumps(CHANGES))
-    made = subprocess.run(
-        [sys.executable, "-m", "pynode", "train", "--steps", "3", "--width", "32", "--layers",
-         "1", "--heads", "2", "--seq", "16", "--microbatch-size", "2", "--microbatches", "2",
-         "--schedule", str(schedule), "--no-progress", "--save", str(path)], cwd=REPO,
-        capture_output=True, text=True, timeout=300)
-    assert made.returncode == 0, made.stderr
-    return path
 
 
 def preview_rows(page: Any) -> dict[str, str]:
@@ -73,7 +36,7 @@ def test_choosing_a_checkpoint_shows_it_and_only_the_button_resumes(local_browse
     had already started a run. Now the page reads the file with the resume's own checks and
     shows what it is; a file that is no checkpoint is refused there, Cancel leaves the page
     as it was, and only "Resume this run" starts the run."""
-    good = native_checkpoint(tmp_path / "run.pt", tmp_path)
+    good = steered_checkpoint(tmp_path / "run.pt", 3, CHANGES)
     junk = tmp_path / "notes.pt"
     junk.write_bytes(b"not a checkpoint")
     (tmp_path / "server-data").mkdir()

@@ -9,25 +9,21 @@ private network's browser of conftest.py is a second one).
 
 from __future__ import annotations
 
+import json
 import re
-import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from browser_helpers import (
-    CHROMIUM_FLAGS,
     REPO,
     approve,
-    missing_browser_parts,
     status,
-    unavailable,
     wait,
     wait_booted,
 )
-from local_page import LocalServer, open_page
+from local_page import LocalServer, open_page, steered_checkpoint
 
 pytestmark = [pytest.mark.slow]
 
@@ -36,20 +32,6 @@ LONG_RUN = {"task": "gpt", "width": 32, "layers": 1, "heads": 2, "seq": 16,
             "microbatch_size": 2, "microbatches": 2, "steps": 100_000, "seed": 7}
 TINY = {"width": "32", "layers": "1", "heads": "2", "seq": "16", "microbatch_size": "2",
         "microbatches": "2", "steps": "2", "seed": "5"}
-
-
-@pytest.fixture(scope="module")
-def local_browser() -> Iterator[Any]:
-    reason = missing_browser_parts()
-    if reason:
-        unavailable(reason)
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=shutil.which("chromium"),
-                                     args=CHROMIUM_FLAGS)
-        yield browser
-        browser.close()
 
 
 def local_server(tmp_path: Path, **env: str) -> LocalServer:
@@ -607,20 +589,8 @@ def test_a_resume_that_starts_settles_the_refusal_before_it(local_browser, tmp_p
 def test_a_resumed_run_shows_the_checkpoints_schedule(local_browser, tmp_path, console):
     """A checkpoint of a steered run holds its changes (config["schedule"]); resumed in the
     page, the run showed none: no record of them, and Download schedule saved []."""
-    import json
-    import subprocess
-    import sys
-
     changes = [{"step": 1, "lr": 0.002}, {"step": 2, "steps": 6}]
-    schedule = tmp_path / "schedule.json"
-    schedule.write_text(json.dumps(changes))
-    saved = tmp_path / "steered.pt"
-    made = subprocess.run(
-        [sys.executable, "-m", "pynode", "train", "--steps", "4", "--width", "32", "--layers",
-         "1", "--heads", "2", "--seq", "16", "--microbatch-size", "2", "--microbatches", "2",
-         "--schedule", str(schedule), "--no-progress", "--save", str(saved)], cwd=REPO,
-        capture_output=True, text=True, timeout=300)
-    assert made.returncode == 0, made.stderr
+    saved = steered_checkpoint(tmp_path / "steered.pt", 4, changes)
     server = local_server(tmp_path)
     try:
         page = open_page(local_browser, f"{server.url}/?create=1", console)

@@ -236,36 +236,36 @@ OUTPUT_KINDS = {
 HEAD_BYTES = 4096
 
 
+def file_head(path: str) -> bytes | None:
+    """The first HEAD_BYTES of the file at `path`; None where there is nothing to lose: no
+    file, an empty one, or no plain file (/dev/null, a terminal, a pipe), or one that
+    cannot be read (check_writable names what is wrong with it)."""
+    target = Path(path)
+    try:
+        if not target.is_file() or target.stat().st_size == 0:
+            return None
+        with target.open("rb") as file:
+            return file.read(HEAD_BYTES)
+    except OSError:
+        return None
+
+
 def check_replaceable(flag: str, path: str) -> None:
     """OutputError if `path` is a file with something in it that `flag` would replace or
     append to and that is not what `flag` writes (OUTPUT_KINDS); nothing is changed."""
     what, is_kind = OUTPUT_KINDS[flag]
-    target = Path(path)
-    try:
-        if not target.is_file() or target.stat().st_size == 0:
-            return  # new, empty, or no plain file (/dev/null, a terminal, a pipe)
-        with target.open("rb") as file:
-            head = file.read(HEAD_BYTES)
-    except OSError:
-        return  # check_writable names what is wrong with it
-    if not is_kind(head):
+    head = file_head(path)
+    if head is not None and not is_kind(head):
         verb = "add to" if flag == "--log" else "replace"
-        raise OutputError(f"{flag} {path}: that file is there and is not {what}; this run "
-                          f"would {verb} it. Give another name, or move it away first")
+        raise OutputError(f"{flag} {path}: that file is there and is not {what}; this "
+                          f"command would {verb} it. Give another name, or move it away first")
 
 
 def check_no_checkpoint(path: str) -> None:
     """OutputError if --save names a checkpoint a new run would replace (a command line run
     again from the shell's history, then Ctrl-C: the earlier run's model was gone)."""
-    target = Path(path)
-    try:
-        if not target.is_file() or target.stat().st_size == 0:
-            return
-        with target.open("rb") as file:
-            head = file.read(HEAD_BYTES)
-    except OSError:
-        return
-    if OUTPUT_KINDS["--save"][1](head):
+    head = file_head(path)
+    if head is not None and OUTPUT_KINDS["--save"][1](head):
         raise OutputError(f"--save {path}: a checkpoint is there, and this new run would "
                           f"replace it. To continue that run: --resume {path} (with --save "
                           f"{path} to keep the result there); else give another name, or move "

@@ -581,9 +581,9 @@ class RoomPeer(Takeover, Steering):
     def report_step(self, run: Run, result: StepResult, before: set[str]) -> set[str]:
         now = set(run.coll.member_ids())
         for peer in sorted(before - now):
-            gone = (("info", f"peer {peer} left at step") if peer in self.departed
-                    else ("warn", f"lost peer {peer} at step"))
-            self.report("event", {"level": gone[0], "text": f"{gone[1]} {result.step}; its "
+            level, gone = (("info", f"peer {peer} left") if peer in self.departed
+                           else ("warn", f"lost peer {peer}"))
+            self.report("event", {"level": level, "text": f"{gone} at step {result.step}; its "
                                   "microbatches were re-planned"})
         run.record(result.step, result.loss, result.heldout)
         trainer, cfg = run.trainer, run.cfg
