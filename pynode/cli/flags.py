@@ -169,12 +169,14 @@ def check_output_flags(args: argparse.Namespace, writes: bool = True,
                               "its own")
         seen.setdefault(key, flag)
     resumed = seen.get(Path(args.resume).resolve()) if getattr(args, "resume", None) else None
+    # A rank under torchrun's agent may be an attempt after the first (a restart, a machine
+    # that joined): its --save is its own run's. `cluster --elastic`'s launcher checks once.
+    under_agent = bool(os.environ.get("TORCHELASTIC_RUN_ID"))
     for flag, path in outputs:
         check_writable(flag, path, append=flag == "--log")
         check_replaceable(flag, path)
-        # a new run saving over a checkpoint: not the one it continues, nor (--elastic) its
-        # own from an attempt before
-        if flag == "--save" and resumed != "--save" and not getattr(args, "elastic", None):
+        # a new run saving over a checkpoint, not the one it continues
+        if flag == "--save" and resumed != "--save" and not under_agent:
             check_no_checkpoint(path)
         if flag == "--log" and lock_log:
             hold_log(path)

@@ -99,12 +99,13 @@ def test_a_file_of_another_kind_is_not_replaced_by_an_output(tmp_path, capsys):
         check_replaceable("--summary", saved)  # a checkpoint is no summary
 
 
-def test_a_new_run_does_not_replace_a_checkpoint(tmp_path, capsys):
+def test_a_new_run_does_not_replace_a_checkpoint(tmp_path, capsys, monkeypatch):
     """A command line run again (the shell's history) with --save over a finished run's
     checkpoint, then Ctrl-C, had replaced that model with a few steps of a new run. Saving
     over the --resume file is what continuing a run is; --elastic's ranks resume from
     theirs (checked once by its launcher, not by each attempt)."""
     from pynode.cli.flags import check_output_flags
+    from pynode.run.errors import OutputError
 
     saved = checkpoint_at(2, tmp_path / "run.pt")
     kept = (tmp_path / "run.pt").read_bytes()
@@ -118,9 +119,14 @@ def test_a_new_run_does_not_replace_a_checkpoint(tmp_path, capsys):
     assert main(["train", "--resume", saved, "--save", saved, "--steps", "3", "--no-progress",
                  "--kernels", "numpy"]) == 0
     assert (tmp_path / "run.pt").read_bytes() != kept
-    elastic = argparse.Namespace(save=saved, log=None, summary=None, resume=None,
-                                 save_every=1, elastic="1:2")
-    check_output_flags(elastic, lock_log=False)
+    launcher = argparse.Namespace(save=saved, log=None, summary=None, resume=None,
+                                  save_every=1, elastic="1:2")
+    with pytest.raises(OutputError, match="a checkpoint is there"):  # a fresh launch
+        check_output_flags(launcher, lock_log=False)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run")  # a rank its agent (re)started
+    rank = argparse.Namespace(save=saved, log=None, summary=None, resume=None, save_every=1,
+                              elastic=None)  # the launcher's flags are not the ranks'
+    check_output_flags(rank, lock_log=False)
 
 
 def test_a_log_that_exists_is_checked_by_appending_to_it(tmp_path):
