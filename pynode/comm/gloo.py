@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import re
@@ -27,6 +28,7 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -360,7 +362,16 @@ class GlooCollective(Collective):
         collectives still meet. If the store is gone, so is its host, rank 0.
         """
         return roll_call(self._store, self._keys + "rollcall/", self.rank, self.world_size,
-                         timeout, left=self._keys + "left/")
+                         timeout, left=self._keys + "left/", checked_in=self._hang_up)
+
+    def _hang_up(self) -> None:
+        """Close this rank's gloo connections (the group is broken for good). A survivor
+        that waits inside gloo on this one, not on the lost, would sit out --timeout there
+        while this one's roll call waits as long for it, and then name it lost too (ranks 0
+        and 1 of three, a second apart, after rank 2's Ctrl-C). A closed connection wakes
+        it: it comes to the roll call and finds this rank checked in."""
+        self._pg = None
+        gc.collect()  # a failed call's traceback may still hold the group's work
 
 
 def _unpack(data: bytes, rank: int, size: int) -> np.ndarray:
@@ -376,11 +387,11 @@ def _unpack(data: bytes, rank: int, size: int) -> np.ndarray:
 
 def roll_call(
     store: Any, prefix: str, rank: int, world_size: int, timeout: float,
-    left: str | None = None,
+    left: str | None = None, checked_in: Callable[[], None] = lambda: None,
 ) -> tuple[int, ...]:
     """Ranks r without key `prefix + r` in the store `timeout` s after this rank set its own.
     A rank with key `left + r` (it closed its collective: a Ctrl-C, an error of its own) is
-    one of them at once, not waited for.
+    one of them at once, not waited for. `checked_in` runs once this rank's key is set.
 
     The store lives in rank 0. If it goes away before rank 0 checked in, rank 0 is the one
     lost; if rank 0 had checked in, it was alive and has left after its own roll call (a
@@ -389,6 +400,7 @@ def roll_call(
     missing: tuple[int, ...] = (0,)
     try:
         store.set(f"{prefix}{rank}", b"1")
+        checked_in()
         deadline = time.monotonic() + timeout
         while True:
             missing = tuple(r for r in range(world_size) if not store.check([f"{prefix}{r}"]))

@@ -25,6 +25,7 @@ from pynode.core.errors import DaisyError  # noqa: E402
 N = 1000  # elements per contribution
 VICTIM = int(os.environ.get("VICTIM", "2"))  # the rank the kill scenarios lose
 KILL_AT = 2  # iteration at which the victim stops answering
+LATE_S = 1.0  # how much later than rank 0 the others reach the `late` scenario's reduce
 
 
 def contribution(rank: int, world: int, iteration: int) -> np.ndarray:
@@ -216,7 +217,27 @@ async def shared(coll, rank: int, world: int, out: Path) -> dict:
             "bytes_sent": coll.bytes_sent}
 
 
-SCENARIOS = {"exact": exact, "kill": kill, "hub_dies": hub_dies, "shared": shared}
+async def late(coll, rank: int, world: int, out: Path) -> dict:
+    """The victim closes its collective (a Ctrl-C) after one reduce; rank 0 comes to the
+    next at once, the others LATE_S later (slower machines)."""
+    await coll.allreduce_int64(contribution(rank, world, 0), timeout=10.0)
+    if rank == VICTIM:
+        await coll.close()
+        (out / "victim_ready").write_text("1")
+        await asyncio.sleep(3600)
+    if rank != 0:
+        await asyncio.sleep(LATE_S)
+    started = time.monotonic()
+    try:
+        await coll.allreduce_int64(contribution(rank, world, 1),
+                                   timeout=float(os.environ.get("PEER_TIMEOUT", 10)))
+        return {"error": None}
+    except DaisyError as exc:
+        return error_record(exc, started)
+
+
+SCENARIOS = {"exact": exact, "kill": kill, "hub_dies": hub_dies, "shared": shared,
+             "late": late}
 
 
 async def main(

@@ -87,6 +87,21 @@ def test_a_pair_whose_other_rank_died_stops_without_waiting_out_the_timeout(
     assert failed["after_s"] < timeout / 3, failed
 
 
+def test_a_rank_waiting_on_rank_0_comes_to_the_roll_call_when_another_is_gone(
+        tmp_path: Path, monkeypatch) -> None:
+    """Rank 2 closed (a Ctrl-C) and ranks 0 and 1 came to the next all-reduce a second
+    apart. One of them met the loss and went to its roll call; the other waited inside gloo
+    on that one, not on rank 2, for the whole --timeout, and was named lost too when the
+    roll call's own --timeout ran out (`lost [1, 2]`, CI on a loaded machine). A rank hangs
+    up once it has checked in, which wakes the other."""
+    timeout = 30.0
+    monkeypatch.setenv("PEER_TIMEOUT", str(timeout))
+    records = run_peers("gloo", 3, f"127.0.0.1:{free_port()}", "late", tmp_path, kill_rank=2)
+    for rank, failed in records.items():
+        assert failed["error"] == "PeerLost" and failed["ranks"] == [2], (rank, failed)
+        assert failed["after_s"] < timeout / 3, (rank, failed)
+
+
 def test_ranks_in_two_network_namespaces(tmp_path: Path) -> None:
     with private_network() as net:
         side = {0: "a", 1: "b"}
