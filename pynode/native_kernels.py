@@ -343,6 +343,9 @@ class NumbaKernels(Kernels):
     """The reference's kernels fused by numba; anything unusual goes to the reference."""
 
     name = "numba"
+    # the product check's A side in float64 where exact (native_check); select_kernels
+    # times both forms at start and keeps the faster
+    check_in_f64 = True
 
     def quantize(self, x, axis, key):
         if not (type(x) is np.ndarray and x.dtype == np.float32 and 2 <= x.ndim <= 3
@@ -434,7 +437,7 @@ class NumbaKernels(Kernels):
                 and 2 <= a.ndim <= 3):
             return super().product_holds(a, b, out, r)
         holds = native_check.product_holds_2d if a.ndim == 2 else native_check.product_holds_3d
-        held = holds(a, b, out, r)
+        held = holds(a, b, out, r, self.check_in_f64)
         if held < 0:
             return super().product_holds(a, b, out, r)
         return held == 1
@@ -503,5 +506,7 @@ def select_kernels(prefer: str | None = None) -> tuple[Kernels, KernelGateReport
         log.warning("numba kernels failed their gate at %s; using the numpy reference",
                     report.failing_case)
         return REFERENCE, report
-    return NumbaKernels(), report
+    kernels = NumbaKernels()
+    kernels.check_in_f64 = native_check.faster_a_side()
+    return kernels, report
 

@@ -166,6 +166,16 @@ def _cases(seed: int = 0x6A7E):
                 if bs == 1:  # a plain matmul's 2-d operands
                     yield (f"product_holds.{name}{how}.2d.{what}", "product_holds",
                            (av[0], bv[0], out[0], r))
+    # B @ r beyond numba's float64 side (sum |B @ r| * 2**7 reaches 2**53): its int64 side
+    a = g.integers(-128, 128, (2, 6, 300), dtype=np.int64).astype(np.int8)
+    b = np.full((2, 300, 200), 127, np.int8)
+    right = np.matmul(a.astype(np.int32), b.astype(np.int32))
+    wrong = right.copy()
+    wrong[1, 5, 199] += 1
+    r = np.full((1, 200), float(2**24))
+    for how, av in {"": a, ".transposed": a.transpose(0, 2, 1).copy().transpose(0, 2, 1)}.items():
+        for what, out in {"right": right, "cell": wrong}.items():
+            yield f"product_holds.heavy{how}.{what}", "product_holds", (av, b, out, r)
 
 
 def _same(a, b) -> bool:

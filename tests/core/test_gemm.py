@@ -635,6 +635,34 @@ def test_numba_product_holds_takes_the_reference_path_for_vectors_beyond_its_int
     assert fast.product_holds(a, b, right, small) and not fast.product_holds(a, b, wrong, small)
 
 
+@pytest.mark.skipif(len(_check_kernels()) < 2, reason="numba not installed")
+@pytest.mark.parametrize("layout", ["rows", "columns"])
+@pytest.mark.parametrize("side", ["float64", "int64", "int64 chosen"])
+def test_numba_product_holds_is_exact_on_both_sides_of_its_a_product(layout, side):
+    """a . (B @ r) runs in float64 while sum |B @ r| * 2**7 stays below 2**53, else in
+    int64 (and in int64 always where select_kernels timed it faster): a cell off by one is
+    found on either side, in row- and column-major A."""
+    from pynode.native_kernels import NumbaKernels
+
+    fast = NumbaKernels()
+    fast.check_in_f64 = side != "int64 chosen"
+    m, k, n = 7, 300, 200
+    a = int8((m, k), 41)
+    if layout == "columns":
+        a = a.T.copy().T
+    b = np.full((k, n), 127, np.int8) if side == "int64" else int8((k, n), 42)
+    r = np.full((1, n), float(2**24 if side == "int64" else 2**19))
+    bound = np.abs(b.astype(np.int64) @ r[0].astype(np.int64)).sum() * 2**7
+    assert (bound >= 2**53) == (side == "int64")
+    right = exact(a, b).astype(np.int32)
+    assert fast.product_holds(a, b, right, r)
+    for i, j in ((0, 0), (m - 1, n - 1), (3, 101)):
+        for delta in (1, -1, 2**20):
+            wrong = right.copy()
+            wrong[i, j] += delta
+            assert not fast.product_holds(a, b, wrong, r), (i, j, delta)
+
+
 def test_the_wrapping_path_for_shapes_beyond_float64():
     from pynode.core.gemm.check import ProductCheck, entry_bits
 
