@@ -5,6 +5,8 @@ before anything starts, and only "Resume this run" starts it. One tab on a serve
 
 from __future__ import annotations
 
+import base64
+import json
 from typing import Any
 
 import pytest
@@ -15,6 +17,7 @@ from browser_helpers import (
 )
 from local_page import LocalServer, open_page, steered_checkpoint
 
+from pynode.browser_resume import preview_checkpoint
 from pynode.core.checkpoint import load_checkpoint
 
 pytestmark = [pytest.mark.slow]
@@ -88,3 +91,50 @@ def test_choosing_a_checkpoint_shows_it_and_only_the_button_resumes(local_browse
     assert s["state"] == "done" and s["step"] == 5, s["error"]
     assert s["schedule"] == CHANGES, s["schedule"]
     assert preview_after_run, "the preview of a file already resumed stayed"
+
+
+# A script's preview: the bytes of a file (base64), then previewResume's answer or refusal.
+SCRIPTED_PREVIEW = """([b64, steps]) => daisychain.previewResume(
+  b64 === null ? null : Uint8Array.from(atob(b64), (c) => c.charCodeAt(0)).buffer, steps)
+  .then((answer) => ({answer}), (err) => ({refused: err.message}))"""
+
+
+def test_a_script_previews_a_resume_as_the_page_does(local_browser, tmp_path, console):
+    """daisychain.resume(data, steps) started a run with no look at the file first, while
+    the page's own button shows what the file is. daisychain.previewResume(data, steps)
+    answers what that resume would continue, read with the resume's checks (the worker's
+    preview_checkpoint), and starts nothing; a file that is no checkpoint, or data that is
+    no ArrayBuffer, is refused with its reason."""
+    good = steered_checkpoint(tmp_path / "run.pt", 3, CHANGES)
+    data = good.read_bytes()
+    encoded = base64.b64encode(data).decode()
+    (tmp_path / "server-data").mkdir()
+    server = LocalServer(tmp_path / "server-data")
+    try:
+        page = open_page(local_browser, f"{server.url}/?create=1", console)
+        wait_booted(page)
+        extended = page.evaluate(SCRIPTED_PREVIEW, [encoded, 5])
+        finished = page.evaluate(SCRIPTED_PREVIEW, [encoded, None])
+        junk = page.evaluate(SCRIPTED_PREVIEW, [base64.b64encode(b"not a checkpoint").decode(),
+                                                5])
+        text = page.evaluate("() => daisychain.previewResume('run.pt', 5)"
+                             ".then(() => null, (err) => err.message)")
+        nothing = page.evaluate(SCRIPTED_PREVIEW, [None, 5])
+        page.wait_for_timeout(1500)  # time enough for a run that was started anyway
+        after = status(page)
+    finally:
+        server.close()
+    assert extended == {"answer": json.loads(preview_checkpoint(data, 5))}, extended
+    assert (extended["answer"]["step"], extended["answer"]["steps"]) == (3, 5), extended
+    assert extended["answer"]["schedule"] == CHANGES, extended
+    assert finished["answer"]["steps"] is None, finished
+    refused = finished["answer"]["refused"]
+    assert refused.startswith("NothingToTrainError: the checkpoint is at step 3 and the run "
+                              "ends at step 3"), refused
+    assert junk == {"refused": "CheckpointError: not a readable .pt archive (truncated or "
+                               "damaged?): File is not a zip file"}, junk
+    said = "TypeError: a checkpoint is the .pt file's bytes, an ArrayBuffer (await " \
+           "file.arrayBuffer()), got {}"
+    assert text == said.format("a string"), text
+    assert nothing == {"refused": said.format("null")}, nothing
+    assert (after["state"], after["run"]) == ("ready", None), "a preview starts nothing"

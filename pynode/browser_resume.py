@@ -1,5 +1,5 @@
 """The page's "Resume from a checkpoint": how a .pt is read to continue it, and what the page
-shows of it before anything starts.
+shows of it before anything starts (a script asks `daisychain.previewResume` for the same).
 
 `preview_checkpoint` and `BrowserPeer.resume` read the file with the same `read_page_resume`
 (pynode.run.assemble.read_resume: magic, version, dims, vocab, finiteness, state hash, the
@@ -21,11 +21,24 @@ from pynode.run.assemble import NothingToTrainError, read_resume
 # How the page asks for more steps (the form's field), where `train` names --steps.
 MORE_STEPS = "set steps in the form above {step} to continue it"
 MODEL_FIELDS = ("width", "layers", "heads", "seq", "sync_every", "replicas")
+# What a script passed instead of a .pt's bytes, in its own words.
+JS_NAMES = {str: "a string", bool: "a boolean", int: "a number", float: "a number"}
 
 
 def buffer_bytes(buffer: Any) -> bytes:
-    """The bytes of a JS ArrayBuffer (a JsProxy under Pyodide) or of bytes (tests)."""
-    return buffer.to_bytes() if hasattr(buffer, "to_bytes") else bytes(buffer)
+    """The bytes of a JS ArrayBuffer or typed array (a JsProxy under Pyodide) or of bytes
+    (tests); TypeError naming what a script passed instead (a string, null, a File)."""
+    if isinstance(buffer, (bytes, bytearray, memoryview)):
+        return bytes(buffer)
+    if hasattr(buffer, "to_bytes") and not isinstance(buffer, int):  # int.to_bytes: 5 -> b"\x05"
+        return buffer.to_bytes()
+    # named as a script sees it: a JS object by its constructor (File, Object); a JS
+    # number, string or null arrives as Python's
+    constructor = getattr(getattr(buffer, "constructor", None), "name", None)
+    given = (f"a JS {constructor}" if constructor else "null" if buffer is None
+             else JS_NAMES.get(type(buffer), type(buffer).__name__))
+    raise TypeError(f"a checkpoint is the .pt file's bytes, an ArrayBuffer (await "
+                    f"file.arrayBuffer()), got {given}")
 
 
 def read_page_resume(

@@ -76,6 +76,9 @@ window.daisychain = {
   gemm: (cases) => node.gemm(cases),
   checkpoint: () => node.checkpoint(),
   resume: (data, steps = null) => node.resume(data, steps),
+  // what resume(data, steps) would continue, as "Resume from a checkpoint" shows it first;
+  // starts nothing
+  previewResume: (data, steps = null) => node.previewCheckpoint(data, steps),
   // {prompt, tokens, temperature, top_k, seed}, from `data` (.pt bytes) or this page's state;
   // `control.stopped = true` (now or later) ends it where it is, as the panel's Stop does
   generate: (request, data = null, control = null) => generate(request, data, () => {}, control),

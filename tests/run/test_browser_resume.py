@@ -74,3 +74,14 @@ def test_a_file_the_resume_refuses_is_refused_by_the_preview_in_its_words(finish
         read_page_resume(bad, 5)
     shown = json.loads(preview_checkpoint(bad, 5))
     assert shown == {"ok": False, "error": f"CheckpointError: {refused.value}"}, shown
+
+
+@pytest.mark.parametrize(("given", "named"), [
+    (None, "null"), ("run.pt", "a string"), (5, "a number"), (True, "a boolean"),
+])
+def test_what_is_no_buffer_is_refused_by_name(given, named):
+    """A script's previewResume or resume of a string, null or a number: 5 read as the one
+    byte 5 (int.to_bytes), the others as Python's words for bytes()."""
+    shown = json.loads(preview_checkpoint(given, 5))
+    assert shown == {"ok": False, "error": "TypeError: a checkpoint is the .pt file's bytes, an "
+                     f"ArrayBuffer (await file.arrayBuffer()), got {named}"}, shown
