@@ -647,7 +647,8 @@ def test_the_form_shows_the_values_the_leader_steered_the_run_to(local_browser, 
     """The leader changed the learning rate and the steps of its run: the schedule said so,
     but the form went on showing the values the run started with, during the run and after
     it. It shows the run's values now, says where steering changed them, and keeps them
-    once the run is over (a new start goes on from what was used last)."""
+    once the run is over (a new start goes on from what was used last). status().config
+    says the same (its steps stayed the run's first)."""
     server = local_server(tmp_path)
     form = "() => Object.fromEntries(['lr', 'steps'].map(n => { " \
            "const f = document.querySelector(`#config-form [name=${n}]`); " \
@@ -667,6 +668,7 @@ def test_the_form_shows_the_values_the_leader_steered_the_run_to(local_browser, 
         changed_at = status(page)["schedule"][0]["step"]
         page.wait_for_timeout(500)  # a render after the change
         during = page.evaluate(form)
+        steered = status(page)
         page.evaluate("(request) => daisychain.steer(request)", {"stop": True})
         wait(page, "s => ['done', 'failed'].includes(s.state)", 60_000)
         s = status(page)
@@ -683,6 +685,10 @@ def test_the_form_shows_the_values_the_leader_steered_the_run_to(local_browser, 
                "title": f"changed by the run's leader: 0.001 after step {changed_at}"},
         "steps": {"value": "4000", "note": f"changed after step {changed_at}",
                   "title": f"changed by the run's leader: 4000 after step {changed_at}"}}, during
+    assert (steered["config"]["lr"], steered["config"]["steps"], steered["steps"]) == (
+        0.001, 4000, 4000), steered["config"]
+    assert (s["config"]["lr"], s["config"]["steps"], s["steps"]) == (
+        0.001, stopped_at, stopped_at), s["config"]
     assert s["state"] == "done" and s["schedule"][-1] == {"step": stopped_at,
                                                          "steps": stopped_at}, s
     assert after == {"lr": during["lr"], "steps": {

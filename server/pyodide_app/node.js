@@ -15,6 +15,19 @@ const KEPT_MESSAGES = 200;
 // (docs/SERVER.md, Rooms), so both end after this same wait: codes cannot be probed.
 const APPROVAL_WAIT_S = 300;
 
+// What a run's leader may change while it trains (pynode/run/schedule.py FIELDS).
+export const STEERABLE = ["lr", "steps"];
+
+// The run's config as it is now: its leader's changes (the schedule) applied in order, as
+// each peer's trainer applies them (a run report carries the config it began from).
+function steeredConfig(config, schedule) {
+  const now = { ...config };
+  for (const change of schedule) {
+    for (const name of STEERABLE) if (change[name] !== undefined) now[name] = change[name];
+  }
+  return now;
+}
+
 // What to do about a pair that cannot connect; pynode/cli/peer.py says the same natively.
 export function linkFailedText(peer) {
   return `no connection to peer ${peer}: no ICE candidate pair works between the two ` +
@@ -32,7 +45,7 @@ export class PageNode extends EventTarget {
       room: null, peerId: null, role: null, approved: false, private: false,
       hostAway: false, // a private room whose host's page is not connected now
       state: "booting", step: 0, loss: null, hash: null, probe: null, leader: null,
-      run: null, steps: null, config: null, members: [], error: null, checks: [], history: [], messages: [],
+      run: null, config: null, members: [], error: null, checks: [], history: [], messages: [],
       failovers: [],
       uiLatencyMs: [], bench: null, verified: false, backend: null, gemm: null, kernels: null,
       webgpu: null,
@@ -362,7 +375,7 @@ export class PageNode extends EventTarget {
       if (before.length) s.history = [...before, ...s.history].sort((a, b) => a.step - b.step);
       // the step and hash it goes on from, not the last run's until its first step is done
       Object.assign(s, { state: "training", joining: null, run: f.run, leader: f.leader,
-        step: f.step, hash: f.hash, loss: null, probe: null, steps: f.config.steps,
+        step: f.step, hash: f.hash, loss: null, probe: null,
         // the changes the run made before (a resumed checkpoint's, or those a sync brings)
         config: f.config, error: null, heldout: null, schedule: f.schedule || [], paused: false,
         inner: null, innerSteps: 0, members: f.ranks });
@@ -409,8 +422,6 @@ export class PageNode extends EventTarget {
       s.paused = f.paused;
       if (f.change) {
         s.schedule.push(f.change);
-        Object.assign(s.config, f.change.lr === undefined ? {} : { lr: f.change.lr });
-        if (f.change.steps !== undefined) Object.assign(s, { steps: f.change.steps });
         const { step: at, ...changed } = f.change;
         this.say("info", Object.keys(changed).length === 1 && changed.steps === at
           ? `the leader stopped the run at step ${at}` // Stop: its total set to the step reached
@@ -578,6 +589,9 @@ export class PageNode extends EventTarget {
         bytes_received: info.bytes_received ?? null,
       };
     });
-    return JSON.parse(JSON.stringify({ ...s, peers, links: this.links() }));
+    // the run as its leader steered it (a failover takes back the changes after its step)
+    const config = s.config && steeredConfig(s.config, s.schedule);
+    return JSON.parse(JSON.stringify({ ...s, config, steps: config?.steps ?? null, peers,
+      links: this.links() }));
   }
 }

@@ -8,7 +8,7 @@
 //   &approval_wait=S  give up waiting for the host's approval after S seconds (default 300)
 
 import { PageGenerator } from "/app/generate.js";
-import { PageNode } from "/app/node.js";
+import { PageNode, STEERABLE } from "/app/node.js";
 import { memoryBytes, paramCount, stepSeconds } from "/static/estimate.js";
 
 const params = new URLSearchParams(location.search);
@@ -60,8 +60,6 @@ const OTHER_FIELDS = { warmup: "warm-up", weight_decay: "weight decay", clip: "c
 const SLIDERS = { width: [8, 512, 8], layers: [1, 12, 1], heads: [1, 16, 1], seq: [8, 512, 8],
   microbatch_size: [1, 64, 1], microbatches: [1, 64, 1], steps: [1, 5000, 1],
   lr: [0.0001, 0.02, 0.0001] };
-// What a run's leader may change while it trains (pynode/run/schedule.py FIELDS).
-const STEERABLE = ["lr", "steps"];
 let filledRun = null; // the run, and its changes, whose config the form shows
 // True from a click on Start until that start (and its upload) is settled: one start
 // at a time, whatever renders in between.
@@ -157,22 +155,13 @@ function actionError(text) {
   renderAlert(node.status());
 }
 
-// The run's config as it is now: its leader's changes (the schedule) applied in order.
-function steeredConfig(config, schedule) {
-  const now = { ...config };
-  for (const change of schedule) {
-    for (const name of STEERABLE) if (change[name] !== undefined) now[name] = change[name];
-  }
-  return now;
-}
-
 // The form shows the config of the run this page trains, whoever leads it, as the run has it
 // now: filled in when the run starts and again at each change its leader makes, locked while
 // it trains, and the start of the next run afterwards (the values used last).
 function renderForm(s) {
   const form = $("config-form");
-  const config = s.config && steeredConfig(s.config, s.schedule);
-  const shown = s.config && `${s.run} ${JSON.stringify(s.schedule)}`;
+  const config = s.config; // with its leader's changes (node.status)
+  const shown = config && `${s.run} ${JSON.stringify(s.schedule)}`;
   if (config && shown !== filledRun) {
     filledRun = shown;
     for (const name of FORM_FIELDS) {
