@@ -26,7 +26,7 @@ from pynode.cli.flags import (
 from pynode.cli.generate import add_generate_parser, add_train_sample_flags
 from pynode.cli.join import add_join_parser
 from pynode.cli.kit import add_kit_parser
-from pynode.cli.report import ReportHandler
+from pynode.cli.report import ReportHandler, say
 from pynode.cli.signals import sigterm_as_interrupt, terminated
 from pynode.config import ConfigError
 from pynode.core.errors import DaisyError
@@ -185,10 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         # a local peer of train --peers says which (the whole group hears a terminal's Ctrl-C)
         who = f"rank {args.rank}: " if args.command == "_peer" else ""
+        # join's lines carry the time (report.say): its last one too
+        tell = say if args.command == "join" else (lambda line: print(line, file=sys.stderr))
         if terminated():
-            print(f"{who}terminated", file=sys.stderr)
+            tell(f"{who}terminated")
             return 128 + terminated()
-        print(f"{who}interrupted", file=sys.stderr)
+        tell(f"{who}interrupted")
         return 130
     except BrokenPipeError:
         if not stdout_gone():

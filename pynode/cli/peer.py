@@ -93,7 +93,7 @@ class NativePeer:
         self.serving: asyncio.Task | None = None
         self.trainer: Trainer | None = None
         self.reporter: StepReporter | None = None
-        self.saver = Saver(args.save, args.save_every)
+        self.saver = Saver(args.save, args.save_every, tell=say)
         self.save_step: Any = None  # the saver's hook for the current trainer
         self.shown: dict[str, Any] = {"state": "ready", "step": 0, "loss": None, "hash": None,
                                       "probe": None, "leader": None, "run": None, "error": None,
@@ -454,7 +454,7 @@ class NativePeer:
         if not getattr(self.args, "stay", False):
             return False
         self.reporter = self.trainer = self.save_step = None
-        self.saver = Saver(self.args.save, self.args.save_every)
+        self.saver = Saver(self.args.save, self.args.save_every, tell=say)
         self.shown.update(state="ready", error=None)
         if self.status is not None:  # its card ended with the run: a new one for the next
             self.status = None

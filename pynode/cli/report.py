@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -184,10 +185,13 @@ class StepReporter:
 
 class Saver:
     """--save and --save-every of one run: keeps the state of the last step every peer
-    agreed on, so a run that stops can still leave it behind."""
+    agreed on, so a run that stops can still leave it behind. `tell` says its lines after
+    a stop: stderr as they are, or `say` for a command whose lines carry the time (join)."""
 
-    def __init__(self, path: str | None, every: int | None) -> None:
+    def __init__(self, path: str | None, every: int | None,
+                 tell: Callable[[str], None] | None = None) -> None:
         self.path, self.every = path, every
+        self.tell = tell or (lambda line: print(line, file=sys.stderr))
         self.agreed: bytes | None = None
         self.agreed_step = 0
 
@@ -229,8 +233,7 @@ class Saver:
         whether it was written. A write that fails says why, and leaves the stop's own
         error to be told."""
         if self.path and self.agreed is None:  # the docs promise a stop says where --save is
-            print(f"no step was agreed before the stop: nothing saved to {self.path}",
-                  file=sys.stderr)
+            self.tell(f"no step was agreed before the stop: nothing saved to {self.path}")
             return False
         written = False
         try:
@@ -239,7 +242,7 @@ class Saver:
         except DaisyError as exc:
             saved = f"the last agreed state (step {self.agreed_step}) was not saved: {exc}"
         if saved:
-            print(saved, file=sys.stderr)
+            self.tell(saved)
         return written
 
 

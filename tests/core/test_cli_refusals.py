@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 import pytest
 
@@ -495,3 +496,29 @@ def test_a_stop_before_any_agreed_step_says_nothing_was_saved(tmp_path, capsys):
     assert not target.exists()
     assert Saver(None, None).tell_last_agreed() is False
     assert capsys.readouterr().err == ""
+
+
+def test_a_joins_stop_lines_carry_the_time_as_its_other_lines(tmp_path, capsys, monkeypatch):
+    """join's lines start with HH:MM:SS (report.say); its "saved ..." and "interrupted"
+    after a Ctrl-C came without it. train's stay as they were, untimed."""
+    import pynode.cli.main as cli_main
+    from pynode.cli.report import Saver, say
+
+    timed = re.compile(r"^\d\d:\d\d:\d\d ")
+    saver = Saver(str(tmp_path / "run.pt"), None, tell=say)  # as NativePeer makes it
+    saver.tell_last_agreed()
+    saver.agreed, saver.agreed_step = b"state", 3
+    saver.tell_last_agreed()
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and all(timed.match(line) for line in lines), lines
+    assert lines[1].endswith(f"saved the last agreed state (step 3) to {tmp_path / 'run.pt'}")
+
+    def interrupt(args, argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_main, "run_command", interrupt)
+    assert main(["join", "--server", "http://127.0.0.1:9"]) == 130
+    (line,) = capsys.readouterr().err.splitlines()
+    assert timed.match(line) and line.endswith(" interrupted"), line
+    assert main(["train", "--no-progress"]) == 130
+    assert capsys.readouterr().err == "interrupted\n"
