@@ -13,6 +13,12 @@ class ConfigError(DaisyError, ValueError):
     """A run configuration that cannot be trained (named field, reason)."""
 
 
+# The smallest learning rate a run takes: float32's smallest normal number (2**-126). AdamW
+# steps in float32 (pynode.core.optim.step_scalars); below it a rate loses its digits, and
+# from about 1.4e-45 it is 0.
+MIN_LR = 2.0**-126
+
+
 @dataclass(frozen=True)
 class RunConfig:
     task: str = "gpt"            # registered task name or module:Class
@@ -58,6 +64,12 @@ class RunConfig:
             raise ConfigError(f"heads ({self.heads}) must divide width ({self.width})")
         if not 0 < self.lr < 1:
             raise ConfigError(f"lr must be in (0, 1), got {self.lr}")
+        if self.lr < MIN_LR:  # 1e-300 passed, and the run trained nothing
+            raise ConfigError(f"lr {self.lr!r} is below {MIN_LR:.3g}, the smallest float32 "
+                              "number of full precision: AdamW steps in float32, where such "
+                              "a rate rounds to 0 or next to it and nothing would train; it "
+                              f"must be at least {MIN_LR:.3g} (the default is "
+                              f"{_DEFAULTS['lr']})")
         self._check_optimizer()
         if is_file_spec(self.data):
             try:

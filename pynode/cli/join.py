@@ -33,7 +33,7 @@ from pynode.cli.flags import (
     unsaved_note,
 )
 from pynode.cli.peer import NativePeer
-from pynode.cli.report import StepReporter, say, stop_reason
+from pynode.cli.report import StepReporter, clip_note, say, stop_reason
 from pynode.comm.signaling import SignalingError, check_room_code, split_link, ws_url
 from pynode.config import ConfigError, RunConfig
 from pynode.datafile import is_file_spec
@@ -110,6 +110,8 @@ def start_plan(args: argparse.Namespace) -> tuple[RunConfig | None, Any]:
         raise ConfigError("--data FILE is read by each peer from its own disk, and a room's "
                           "tabs have none: serve a parquet file with `python -m server "
                           "--data-url FILE` and give --data http://SERVER")
+    if clip_note(cfg):  # train's and a cluster's header says it; this peer leads a room's run
+        say(f"note: {clip_note(cfg)}")
     if ckpt is None:  # load_resume did it for a resume
         preflight(cfg)  # a text this leader cannot read, a config too large: said before joining
     return cfg, ckpt

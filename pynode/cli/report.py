@@ -78,7 +78,8 @@ def run_header(trainer: Trainer) -> str:
              + ("  (no cross-peer checks: not yet in outer steps)" if cfg.cross_check else "")
              if cfg.outer else "")
     return (f"task {cfg.task}  backend {gemm_summary(trainer.gemm)}  "
-            f"params {params:,}  from step {trainer.state.step}{outer}{warmup_note(cfg)}")
+            f"params {params:,}  from step {trainer.state.step}{outer}{warmup_note(cfg)}"
+            + (f"  ({clip_note(cfg)})" if clip_note(cfg) else ""))
 
 
 DEFAULT_WARMUP = RunConfig().warmup
@@ -92,6 +93,14 @@ def warmup_note(cfg: RunConfig) -> str:
         return ""
     return (f"  (--warmup {cfg.warmup} is longer than the run's {cfg.steps} steps: the "
             f"learning rate rises to {100 * cfg.steps / cfg.warmup:.2g}% of --lr, never to it)")
+
+
+def clip_note(cfg: RunConfig) -> str:
+    """For the header: --clip 0, which turns the clip off (legal, and read as a norm of 0 by
+    some: that would stop every step)."""
+    if cfg.clip:
+        return ""
+    return "--clip 0 turns the gradient-norm clip off: the gradients are not clipped at all"
 
 
 def stop_reason(exc: BaseException) -> str:

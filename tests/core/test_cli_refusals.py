@@ -522,3 +522,53 @@ def test_a_joins_stop_lines_carry_the_time_as_its_other_lines(tmp_path, capsys, 
     assert timed.match(line) and line.endswith(" interrupted"), line
     assert main(["train", "--no-progress"]) == 130
     assert capsys.readouterr().err == "interrupted\n"
+
+
+@pytest.mark.parametrize("command", [["train"], ["cluster"],
+                                     ["join", "--server", "http://127.0.0.1:9", "--start"]])
+def test_a_learning_rate_float32_rounds_to_nothing_is_refused(command, capsys):
+    """--lr 1e-300 is in (0, 1) and was taken: AdamW steps in float32, where it is 0, and
+    the run trained nothing. Refused by its flag, with the least rate a run takes."""
+    from pynode.config import MIN_LR
+
+    for lr in ("1e-300", "1e-40"):
+        err = refused([*command, "--lr", lr, "--no-progress"], capsys)
+        assert f"ConfigError: --lr {float(lr)!r} is below 1.18e-38" in err, err
+        assert "nothing would train; it must be at least 1.18e-38" in err, err
+    assert RunConfig(lr=MIN_LR).lr == MIN_LR  # the bound itself, and above, train
+    assert RunConfig(lr=1e-30).lr == 1e-30
+
+
+def test_a_schedule_change_to_a_rate_float32_rounds_to_nothing_is_refused():
+    from pynode.run.schedule import ScheduleError, change_from_dict
+
+    with pytest.raises(ScheduleError, match=r"change at step 3: lr 1e-300 is below 1.18e-38"):
+        change_from_dict({"step": 3, "lr": 1e-300}).apply(RunConfig())
+    assert change_from_dict({"step": 3, "lr": 1e-4}).apply(RunConfig()).lr == 1e-4
+
+
+def test_clip_0_is_said_to_turn_the_clip_off(capsys):
+    """--clip 0 is legal and means no clip (pynode.core.optim.clip_by_global_norm), which a
+    reader may take for a clip to norm 0: the run's first line (train, a cluster's rank 0)
+    and a join leader's notes say which it is; a clip given as a norm says nothing."""
+    from pynode.cli.join import start_plan
+    from pynode.cli.main import build_parser, parse_args
+    from pynode.cli.report import run_header
+
+    def header(clip: float) -> str:
+        cfg = RunConfig(steps=4, seed=1, width=32, layers=1, heads=2, seq=16, clip=clip)
+        return run_header(Trainer(cfg, GPTTask(), None))
+
+    off = "(--clip 0 turns the gradient-norm clip off: the gradients are not clipped at all)"
+    assert header(0.0).endswith(f"from step 0  {off}"), header(0.0)
+    assert header(0.5).endswith("from step 0"), header(0.5)
+
+    def join_notes(*flags: str) -> str:
+        args = parse_args(build_parser(), ["join", "--server", "http://127.0.0.1:9", "--start",
+                                           "--steps", "4", *flags])
+        cfg, _ = start_plan(args)
+        assert cfg.clip == float(flags[-1] if flags else 1.0)
+        return capsys.readouterr().err
+
+    assert join_notes("--clip", "0").endswith(f" note: {off[1:-1]}\n")
+    assert join_notes("--clip", "2") == join_notes() == ""
