@@ -18,6 +18,11 @@ class ConfigError(DaisyError, ValueError):
 # from about 1.4e-45 it is 0.
 MIN_LR = 2.0**-126
 
+# The most steps (and sync_every) a run may be given: 10**30 was taken, a slip that trains
+# forever; 10,000,000 steps are days even at 0.1 s a step. The page has the same bound,
+# MAX_STEPS in server/static/app.js (tests/server/test_pages.py keeps the two equal).
+MAX_STEPS = 10_000_000
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -159,4 +164,17 @@ def check_outer_given(given: dict, cfg: RunConfig) -> None:
         raise ConfigError(f"{' and '.join(named)} set the outer step of a run that syncs every "
                           "H > 1 steps: with sync_every 1 there is none (give sync_every H, "
                           "or leave them out)")
+
+
+def check_run_length(given: dict) -> None:
+    """ConfigError for steps or sync_every given (`given`: the flags or fields set) past
+    MAX_STEPS. Judged where they are given, not in RunConfig itself, so a checkpoint or a
+    room config that already holds more still loads."""
+    for name in ("steps", "sync_every"):
+        value = given.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > MAX_STEPS:
+            raise ConfigError(f"{name} must be at most {MAX_STEPS:,} (days of a run even at "
+                              f"0.1 s a step; the page has the same bound), got {value:,}")
+
+
 _DEFAULTS = {f.name: f.default for f in fields(RunConfig)}

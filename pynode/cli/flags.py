@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pynode import datafile
-from pynode.config import ConfigError, RunConfig, check_outer_given
+from pynode.config import ConfigError, RunConfig, check_outer_given, check_run_length
 from pynode.run.errors import OutputError
 from pynode.run.trainer import TrainOptions
 
@@ -139,6 +139,10 @@ def explicit_config(args: argparse.Namespace) -> dict:
     """Config flags the user actually gave (the rest come from a resumed checkpoint);
     --data FILE becomes file:FILE#sha256=... (pynode.datafile)."""
     values = {n: getattr(args, n) for n in CONFIG_FLAGS if getattr(args, n, None) is not None}
+    try:
+        check_run_length(values)
+    except ConfigError as exc:
+        raise ConfigError(flag_words(str(exc))) from None
     data = values.get("data")
     if data is not None and data != "builtin" and not data.startswith(
             ("http://", "https://", datafile.PREFIX)):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pynode.config import ConfigError, RunConfig
+from pynode.config import ConfigError, RunConfig, check_run_length
 
 FIELDS = ("lr", "steps")
 
@@ -63,6 +63,10 @@ def change_from_dict(data: Any) -> Change:
                               or steps < step):
         raise ScheduleError(f"change at step {step}: steps must be an integer >= {step} "
                             f"(the step reached; equal: stop there), got {steps!r}")
+    try:
+        check_run_length({"steps": steps})
+    except ConfigError as exc:
+        raise ScheduleError(f"change at step {step}: {exc}") from None
     if lr is None and steps is None:
         raise ScheduleError(f"change at step {step} changes nothing (give lr or steps)")
     return Change(step, None if lr is None else float(lr), steps)

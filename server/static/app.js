@@ -29,9 +29,9 @@ const real = (text) => (Number.isFinite(given(text)) ? given(text) : NaN);
 const NUMBER_FIELDS = { width: whole, layers: whole, heads: whole, seq: whole,
   microbatch_size: whole, microbatches: whole, steps: whole, lr: real, seed: whole,
   sync_every: whole, replicas: whole };
-// The most steps a run (or its outer step) the page starts or steers may have. pynode has
-// no bound; this one catches a slip (1e12) before it starts: 10,000,000 steps are weeks of
-// a tab at 0.1 s a step. Any other whole number stops at what a page holds exactly (a seed
+// The most steps a run (or its outer step) the page starts or steers may have, the bound of
+// pynode.config.MAX_STEPS (keep the two equal): it catches a slip (1e12) before it starts,
+// 10,000,000 steps being weeks of a tab at 0.1 s a step. Any other whole number stops at what a page holds exactly (a seed
 // of 1e30 reached Python as a float).
 const MAX_STEPS = 10_000_000;
 const MOST = { steps: MAX_STEPS, sync_every: MAX_STEPS };

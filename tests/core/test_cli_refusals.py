@@ -572,3 +572,34 @@ def test_clip_0_is_said_to_turn_the_clip_off(capsys):
 
     assert join_notes("--clip", "0").endswith(f" note: {off[1:-1]}\n")
     assert join_notes("--clip", "2") == join_notes() == ""
+
+
+@pytest.mark.parametrize("command", [["train"], ["cluster"],
+                                     ["join", "--server", "http://127.0.0.1:9", "--start"]])
+def test_a_run_length_past_the_pages_bound_is_refused_by_its_flag(command, capsys, tmp_path):
+    """--steps 10**30 was taken (a slip that trains forever) where the page refuses more
+    than MAX_STEPS; --sync-every too. So is a resume's --steps and a --schedule change."""
+    from pynode.config import MAX_STEPS
+
+    for flag in ("--steps", "--sync-every"):
+        err = refused([*command, flag, str(10**30), "--no-progress"], capsys)
+        assert f"ConfigError: {flag} must be at most 10,000,000 (" in err, err
+        assert err.rstrip().endswith(f"got {10**30:,}"), err
+    assert MAX_STEPS == 10_000_000
+    if command == ["train"]:
+        saved = checkpoint_at(2, tmp_path / "saved.pt")
+        err = refused(["train", "--resume", saved, "--steps", str(MAX_STEPS + 1)], capsys)
+        assert "--steps must be at most 10,000,000" in err, err
+        schedule = tmp_path / "s.json"
+        schedule.write_text(f'[{{"step": 1, "steps": {MAX_STEPS + 1}}}]')
+        err = refused(["train", "--steps", "3", "--schedule", str(schedule)], capsys)
+        assert "change at step 1: steps must be at most 10,000,000" in err, err
+
+
+def test_a_run_of_max_steps_is_taken():
+    from pynode.cli.flags import config_from_values
+    from pynode.config import MAX_STEPS
+    from pynode.run.schedule import change_from_dict
+
+    assert config_from_values({"steps": MAX_STEPS, "sync_every": MAX_STEPS}).steps == MAX_STEPS
+    assert change_from_dict({"step": 1, "steps": MAX_STEPS}).steps == MAX_STEPS

@@ -166,3 +166,13 @@ def test_default_bundle_is_built_from_the_installed_package(make_config) -> None
 def test_healthz_reveals_counts_only(make_config) -> None:
     body = create_app(make_config()).test_client().get("/healthz").json
     assert body == {"ok": True, "protocol": 1, "rooms": 0, "peers": 0}
+
+
+def test_the_pages_run_length_bound_is_pynodes() -> None:
+    """The page's MAX_STEPS (app.js) and pynode.config.MAX_STEPS are one bound in two
+    languages: a run a native leader may start, the page may start too, and back."""
+    from pynode.config import MAX_STEPS
+
+    app = (static_dir(ServerConfig()) / "app.js").read_text()
+    (page,) = re.findall(r"^const MAX_STEPS = ([\d_]+);$", app, re.MULTILINE)
+    assert int(page.replace("_", "")) == MAX_STEPS
