@@ -178,7 +178,7 @@ def bench_data(steps: int, per_step: int, nbytes: int, rows: int, group_rows: in
         for index in range(per_step):
             before, t0 = _Counter.sent, time.perf_counter()
             body = client.get(f"/data?seed=1&step={step}&index={index}&bytes={nbytes}").json
-            assert body["source"] == "fineweb", body
+            assert body["source"] == "parquet", body
             cost, ms = _Counter.sent - before, 1000 * (time.perf_counter() - t0)
             (first_costs if index == 0 else other_costs).append(cost)
             (cold_ms if index == 0 and cost else warm_ms).append(ms)

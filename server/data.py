@@ -2,8 +2,9 @@
 
 ``/data?seed=S&step=N&index=I&bytes=B`` answers JSON ``{text, nbytes, source, ...}``: a
 slice of at most B UTF-8 bytes (whole characters, at most 3 bytes short) that is a pure
-function of (seed, step, index) and the configured shards. ``source`` is ``"fineweb"``
-(the configured parquet shards) or ``"builtin"`` with a ``reason``. ``fallback=0`` turns
+function of (seed, step, index) and the configured shards. ``source`` is ``"parquet"``
+(the configured parquet shards, FineWeb-Edu's or the operator's own; ``url`` names the
+shard) or ``"builtin"`` with a ``reason``. ``fallback=0`` turns
 the built-in answer into a 503, for peers that would rather wait than train on other text.
 """
 
@@ -97,7 +98,7 @@ class DataService:
         with self._lock:
             self._down.pop(url, None)
         return {"text": window.text, "nbytes": len(window.text.encode("utf-8")),
-                "source": "fineweb", "shard": shard, "url": public_name(url), "row_group": group,
+                "source": "parquet", "shard": shard, "url": public_name(url), "row_group": group,
                 "row": row, "offset": window.start}
 
     def _from_builtin(self, seed: int, step: int, index: int, nbytes: int) -> dict[str, Any]:
@@ -179,6 +180,6 @@ def data_slice() -> ResponseReturnValue:
     response = jsonify(body)
     # A shard slice never changes for a fixed config; a fallback may change once it recovers.
     response.headers["Cache-Control"] = (
-        "public, max-age=86400" if body["source"] == "fineweb" else "no-store"
+        "public, max-age=86400" if body["source"] == "parquet" else "no-store"
     )
     return response

@@ -179,7 +179,7 @@ def test_the_production_server_serves_pages_data_and_signaling(server_process, t
     status, body = http_get(server.url + "/", "127.0.0.7")
     assert status == 200 and b"<html" in body.lower()
     status, body = http_get(server.url + "/data?seed=3&step=4&index=5&bytes=300", "127.0.0.7")
-    assert status == 200 and json.loads(body)["source"] == "fineweb"
+    assert status == 200 and json.loads(body)["source"] == "parquet"
     host, guest = Peer(server.ws_url, source="127.0.0.7"), Peer(server.ws_url, source="127.0.0.8")
     code = host.create()
     guest.join(code)

@@ -47,7 +47,7 @@ def get(app, **params):
 def test_a_slice_costs_the_footer_and_one_text_chunk(data_app, served, shard_dir) -> None:
     app = data_app()
     body = get(app, seed=3, step=5, index=0, bytes=B).json
-    assert body["source"] == "fineweb"
+    assert body["source"] == "parquet"
     path = shard_dir / SHARDS[body["shard"]]
     group = body["row_group"]
     # The issue's bound: footer plus the needed row group, never the whole file...
@@ -127,7 +127,8 @@ def test_redirects_and_local_paths_work(data_app, served, shard_dir) -> None:
     local = data_app(urls=(str(shard_dir / SHARDS[0]),))
     a = get(via_redirect, seed=4, step=4, index=4, bytes=B).json
     b = get(local, seed=4, step=4, index=4, bytes=B).json
-    assert a["source"] == b["source"] == "fineweb"
+    # the shards' kind, not FineWeb's name: an operator's own files are no FineWeb
+    assert a["source"] == b["source"] == "parquet"
     assert a["text"] == b["text"] and a["row"] == b["row"]
     # a file on the server is named, not placed: its folder is the operator's business
     assert a["url"] == f"{served.base}/redirect/{SHARDS[0]}" and b["url"] == SHARDS[0]
@@ -197,7 +198,7 @@ def test_text_stored_as_a_dictionary_is_text(data_app, tmp_path) -> None:
     docs = [f"document {i} " * 20 for i in range(40)]
     pq.write_table(pa.table({"text": pa.array(docs).dictionary_encode()}), path)
     body = get(data_app(urls=(str(path),)), seed=1, step=2, index=3, bytes=B).json
-    assert body["source"] == "fineweb" and body["text"] in "\n\n".join(docs * 2)
+    assert body["source"] == "parquet" and body["text"] in "\n\n".join(docs * 2)
 
 
 def test_a_local_shard_given_as_a_file_url_keeps_its_folder_to_itself(data_app,
