@@ -18,6 +18,7 @@ from urllib.parse import urlencode
 
 import numpy as np
 
+from pynode import platform
 from pynode.core.errors import DaisyError
 from pynode.corpus import builtin_corpus, byte_windows
 from pynode.datafile import DataFileError, file_text, is_file_spec, split_spec
@@ -38,6 +39,25 @@ _warned: set[str] = set()  # servers whose built-in fallback this process has wa
 
 class DataSourceError(DaisyError):
     """The configured data server did not answer with usable text."""
+
+
+# What to do about a data server, in the words of the command line and of the page (whose
+# run form has a "text" field, built-in corpus or this server's /data, and no fallback).
+UNREACHABLE_HINT = {
+    "native": "`python -m server` serves /data; --data builtin trains on the built-in corpus",
+    "page": "a run with text \"built-in corpus\" (the run form) needs no server",
+}
+UNREADABLE_HINT = {
+    "native": "fix the server's --data-url, or give --data-fallback builtin to train on the "
+              "built-in corpus meanwhile",
+    "page": "its operator fixes its shards (--data-url); a run with text \"built-in "
+            "corpus\" (the run form) needs none",
+}
+
+
+def here(hint: dict[str, str]) -> str:
+    """The page's or the command line's words of `hint`, as this process is one or the other."""
+    return hint["page" if platform.IN_PYODIDE else "native"]
 
 
 def microbatch_bytes(
@@ -134,16 +154,14 @@ def server_text(data: str, query: dict, fallback: str) -> bytes:
         what = ("nothing listens there (connection refused): is the server running, on that "
                 "address and port?" if isinstance(reason, ConnectionRefusedError)
                 else f"{reason}")
-        raise DataSourceError(f"data server {data} cannot be reached: {what} (`python -m "
-                              "server` serves /data; --data builtin trains on the built-in "
-                              "corpus)") from exc
+        raise DataSourceError(f"data server {data} cannot be reached: {what} "
+                              f"({here(UNREACHABLE_HINT)})") from exc
     except ValueError as exc:
         raise DataSourceError(f"data server {data} gave no usable text for {url}: {exc}") from exc
     if isinstance(reply, dict) and reply.get("error") == "source_unavailable":
         raise DataSourceError(
             f"data server {data} cannot read its shards ({reply.get('message')}); this run "
-            "trains on no other text in their place: fix the server's --data-url, or give "
-            "--data-fallback builtin to train on the built-in corpus meanwhile")
+            f"trains on no other text in their place: {here(UNREADABLE_HINT)}")
     try:
         raw = reply["text"].encode("utf-8")
     except (KeyError, TypeError, AttributeError) as exc:

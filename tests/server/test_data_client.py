@@ -114,3 +114,38 @@ def test_a_data_server_nobody_runs_is_said_as_such(capsys):
     assert f"data server http://127.0.0.1:{port} cannot be reached: nothing listens there " \
            "(connection refused): is the server running" in err, err
     assert "urlopen" not in err and "/data?" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("in_page", [False, True])
+def test_what_to_do_about_a_data_server_is_said_in_the_words_of_its_runtime(monkeypatch,
+                                                                           in_page):
+    """A server that cannot be reached, or cannot read its shards: the hint named --data
+    builtin and --data-fallback, flags that mean nothing in the page (pynode.browser runs
+    the same code); a tab is told of its run form's text field instead."""
+    import io
+    from urllib.error import HTTPError, URLError
+
+    from pynode import datasource, platform
+
+    monkeypatch.setattr(platform, "IN_PYODIDE", in_page)
+    flags = ("--data builtin", "--data-fallback", "python -m server")
+    page = 'a run with text "built-in corpus" (the run form) needs'
+
+    def refused(*_args):
+        raise URLError(ConnectionRefusedError(111, "Connection refused"))
+
+    def unreadable(url, *_args):
+        body = b'{"error": "source_unavailable", "message": "shard 0 unavailable"}'
+        raise HTTPError(url, 503, "Service Unavailable", None, io.BytesIO(body))  # type: ignore[arg-type]
+
+    for answer, what in ((refused, "cannot be reached: nothing listens there"),
+                         (unreadable, "cannot read its shards (shard 0 unavailable)")):
+        monkeypatch.setattr(datasource, "http_get_text", answer)
+        with pytest.raises(datasource.DataSourceError) as caught:
+            datasource.server_text("http://127.0.0.1:9", {"seed": 1}, "none")
+        said = str(caught.value)
+        assert f"data server http://127.0.0.1:9 {what}" in said, said
+        if in_page:
+            assert page in said and not any(flag in said for flag in flags), said
+        else:
+            assert page not in said and any(flag in said for flag in flags[:2]), said
