@@ -61,7 +61,8 @@ def test_a_failover_at_a_changed_boundary_keeps_the_change_once():
                     leader, control, step(5)])
     assert state["schedule"] == [{"step": 2, "steps": 50}, change], state["schedule"]
     assert [h["step"] for h in state["history"]] == [1, 2, 3, 4, 5]
-    assert state["config"]["lr"] == 0.002 and state["steps"] == 50
+    status = state["status"]  # the run as steered: the change kept once, where it applies
+    assert status["config"]["lr"] == 0.002 and status["steps"] == 50, status["config"]
 
 
 def test_a_page_the_host_declined_stays_out_once_its_checks_pass():
