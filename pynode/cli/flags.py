@@ -181,7 +181,9 @@ def check_output_flags(args: argparse.Namespace, writes: bool = True,
         check_replaceable(flag, path)
         # a new run saving over a checkpoint, not the one it continues
         if flag == "--save" and resumed != "--save" and not under_agent:
-            check_no_checkpoint(path)
+            # join's --resume leads the run, so it needs --start
+            check_no_checkpoint(path, "--resume" if getattr(args, "start", True)
+                                else "--start --resume")
         if flag == "--log" and lock_log:
             hold_log(path)
     if args.save_every is not None and (args.save_every < 1 or not args.save):
@@ -267,13 +269,14 @@ def check_replaceable(flag: str, path: str) -> None:
                           f"command would {verb} it. Give another name, or move it away first")
 
 
-def check_no_checkpoint(path: str) -> None:
+def check_no_checkpoint(path: str, resume: str = "--resume") -> None:
     """OutputError if --save names a checkpoint a new run would replace (a command line run
-    again from the shell's history, then Ctrl-C: the earlier run's model was gone)."""
+    again from the shell's history, then Ctrl-C: the earlier run's model was gone);
+    `resume`: the flags that continue it."""
     head = file_head(path)
     if head is not None and OUTPUT_KINDS["--save"][1](head):
         raise OutputError(f"--save {path}: a checkpoint is there, and this new run would "
-                          f"replace it. To continue that run: --resume {path} (with --save "
+                          f"replace it. To continue that run: {resume} {path} (with --save "
                           f"{path} to keep the result there); else give another name, or move "
                           "it away first")
 

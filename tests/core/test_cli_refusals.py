@@ -130,6 +130,16 @@ def test_a_new_run_does_not_replace_a_checkpoint(tmp_path, capsys, monkeypatch):
     check_output_flags(rank, lock_log=False)
 
 
+def test_a_joining_peer_told_to_resume_is_told_to_lead(tmp_path, capsys):
+    """join's --resume needs --start: a peer that joins a room's run (no --start) was told
+    `--resume PATH`, then refused that with "--resume needs --start"."""
+    pytest.importorskip("aiortc")
+    saved = checkpoint_at(2, tmp_path / "run.pt")
+    err = refused(["join", "--server", "http://127.0.0.1:1", "--room", "a" * 22, "--save",
+                   saved], capsys)
+    assert f"To continue that run: --start --resume {saved} (with --save {saved}" in err
+
+
 def test_a_log_that_exists_is_checked_by_appending_to_it(tmp_path):
     """--log /dev/stdout (no file can be made beside it) and a log that exists are fine."""
     from pynode.cli.flags import check_writable
