@@ -351,10 +351,16 @@ class NativePeer:
             say(f"the run goes on from step {fields['step']} led by {who}, with "
                 f"{len(fields['ranks'])} peer(s)")
         elif kind == "control":
+            at = (fields.get("change") or {}).get("step")
             change = {k: v for k, v in (fields.get("change") or {}).items() if k != "step"}
-            say(f"from step {fields['step']}: " + ", ".join(f"{k} {v}" for k, v in change.items())
-                if change else f"{'paused' if fields['paused'] else 'resumed'} at step "
-                f"{fields['step']} by the leader")
+            if change == {"steps": at}:  # Stop: the run's total set to the step reached
+                say(f"the leader stopped the run at step {at}")
+            elif change:
+                say(f"from step {fields['step']}: "
+                    + ", ".join(f"{k} {v}" for k, v in change.items()))
+            else:
+                say(f"{'paused' if fields['paused'] else 'resumed'} at step {fields['step']} "
+                    "by the leader")
         if kind in ("run", "step", "done", "failed", "leader") and self.mesh is not None:
             self.mesh.show(self.shown)
 

@@ -381,6 +381,22 @@ def test_join_log_rows_carry_the_leaders_change(tmp_path):
     assert "change" not in rows[0] and rows[1]["change"] == {"step": 5, "lr": 0.001}
 
 
+def test_a_stop_by_the_leader_reads_as_one(capsys):
+    """Stop sets the run's steps to the step reached: a native peer said "from step 46:
+    steps 46", where the page says the leader stopped the run."""
+    import types
+
+    from pynode.cli.peer import NativePeer
+
+    peer = types.SimpleNamespace(mesh=None)
+    NativePeer.report(peer, "control", {"step": 46, "paused": False,
+                                        "change": {"step": 46, "steps": 46}})
+    NativePeer.report(peer, "control", {"step": 5, "paused": False,
+                                        "change": {"step": 5, "steps": 300, "lr": 0.002}})
+    said = [line.split(" ", 1)[1] for line in capsys.readouterr().err.splitlines()]
+    assert said == ["the leader stopped the run at step 46", "from step 5: steps 300, lr 0.002"]
+
+
 def test_a_run_without_a_terminal_says_its_progress_in_plain_lines(monkeypatch, capsys):
     """stderr redirected to a file (nohup, a service): no bar, and a run said nothing from
     its first line to its end. Now a plain line every PLAIN_EVERY_S; none with
