@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 import time
 from typing import Any
 
@@ -95,6 +96,7 @@ class NativePeer:
         self.reporter: StepReporter | None = None
         self.saver = Saver(args.save, args.save_every, tell=say)
         self.save_step: Any = None  # the saver's hook for the current trainer
+        self.kept: str | None = None  # --stay: what --save holds of the last run, said
         self.shown: dict[str, Any] = {"state": "ready", "step": 0, "loss": None, "hash": None,
                                       "probe": None, "leader": None, "run": None, "error": None,
                                       "bytes_sent": 0, "bytes_received": 0,  # as a tab's
@@ -142,6 +144,9 @@ class NativePeer:
         first: the line was glued onto it)."""
         if self.reporter is not None:
             self.reporter.close()
+        if self.kept is not None and self.trainer is None:  # --stay, between runs
+            print(self.kept, file=sys.stderr)
+            return
         self.saver.tell_last_agreed()
 
     async def _run(self, cfg: RunConfig | None, resume: Any) -> int:
@@ -486,3 +491,5 @@ class NativePeer:
         line = self.saver.final(self.trainer) if final else self.saver.last_agreed()
         if line:
             say(line)
+            step = self.trainer.state.step if final else self.saver.agreed_step
+            self.kept = f"--save {self.args.save} holds the last run's state (step {step})"

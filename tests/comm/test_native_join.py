@@ -397,6 +397,30 @@ def test_a_stop_by_the_leader_reads_as_one(capsys):
     assert said == ["the leader stopped the run at step 46", "from step 5: steps 300, lr 0.002"]
 
 
+def test_a_stay_peer_stopped_between_runs_says_its_save_holds_the_last_run(tmp_path, capsys):
+    """Ctrl-C of a --stay peer waiting for the room's next run said "no step was agreed
+    before the stop: nothing saved to run.pt", of a file that held the last run's state."""
+    import argparse
+    import types
+
+    from pynode.cli.peer import NativePeer
+    from pynode.cli.report import Saver
+
+    path = str(tmp_path / "run.pt")
+    peer = types.SimpleNamespace(
+        args=argparse.Namespace(save=path, save_every=None, stay=True), saver=Saver(path, None),
+        trainer=types.SimpleNamespace(state=types.SimpleNamespace(step=46),
+                                      state_bytes=lambda: b"state"),
+        reporter=None, status=None, shown={}, kept=None)
+    NativePeer.save(peer, final=True)
+    assert NativePeer.stay_for_next_run(peer)
+    capsys.readouterr()
+    NativePeer.tell_last_agreed(peer)
+    err = capsys.readouterr().err
+    assert err == f"--save {path} holds the last run's state (step 46)\n"
+    assert (tmp_path / "run.pt").read_bytes() == b"state"
+
+
 def test_a_run_without_a_terminal_says_its_progress_in_plain_lines(monkeypatch, capsys):
     """stderr redirected to a file (nohup, a service): no bar, and a run said nothing from
     its first line to its end. Now a plain line every PLAIN_EVERY_S; none with
@@ -748,7 +772,7 @@ def test_an_interrupted_join_saves_the_last_agreed_state(tmp_path, capsys):
     saved = tmp_path / "room.pt"
     saver = Saver(str(saved), None)
     saver.agreed, saver.agreed_step = b"the agreed state", 7
-    peer = SimpleNamespace(_run=interrupted, saver=saver, reporter=None, room=None,
+    peer = SimpleNamespace(_run=interrupted, saver=saver, kept=None, reporter=None, room=None,
                            tell_last_agreed=lambda: NativePeer.tell_last_agreed(peer),
                            run_stopped=lambda cancel: NativePeer.run_stopped(peer, cancel))
     with pytest.raises(KeyboardInterrupt):
@@ -772,7 +796,7 @@ def test_an_interrupted_join_saves_the_last_agreed_state(tmp_path, capsys):
 
         room = SimpleNamespace(task=asyncio.ensure_future(training()))
         log = SimpleNamespace(close=lambda: said.append("log closed"))
-        leader = SimpleNamespace(_run=interrupted, saver=Saver(None, None), reporter=log,
+        leader = SimpleNamespace(_run=interrupted, saver=Saver(None, None), kept=None, reporter=log,
                                  room=room)
         for name in ("run_stopped", "tell_last_agreed"):
             setattr(leader, name, getattr(NativePeer, name).__get__(leader))
@@ -789,7 +813,7 @@ def test_an_interrupted_join_saves_the_last_agreed_state(tmp_path, capsys):
     saved.unlink()
     bar = SimpleNamespace(closed=False)
     bar.close = lambda: setattr(bar, "closed", not saved.exists())  # before the save line
-    peer = SimpleNamespace(_run=removed, saver=saver, reporter=bar, room=None,
+    peer = SimpleNamespace(_run=removed, saver=saver, kept=None, reporter=bar, room=None,
                            tell_last_agreed=lambda: NativePeer.tell_last_agreed(peer),
                            run_stopped=lambda cancel=False: NativePeer.run_stopped(peer))
     assert asyncio.run(NativePeer.run(peer, None, None)) == EXIT_REFUSED
@@ -820,7 +844,7 @@ def test_a_join_removed_mid_run_stops_its_run_before_it_closes_its_log(capsys):
         room = SimpleNamespace(left=None, pending=None, task=asyncio.ensure_future(training()))
         room.leave = lambda reason: RoomPeer.leave(room, reason)
         log = SimpleNamespace(close=lambda: said.append("log closed"))
-        peer = SimpleNamespace(room=room, reporter=log, saver=Saver(None, None),
+        peer = SimpleNamespace(room=room, reporter=log, saver=Saver(None, None), kept=None,
                                finished=asyncio.get_running_loop().create_future())
         for name in ("leave_room", "finish", "run_stopped", "tell_last_agreed"):
             setattr(peer, name, getattr(NativePeer, name).__get__(peer))
