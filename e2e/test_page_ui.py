@@ -490,6 +490,29 @@ def test_the_host_hears_of_each_request_to_join(local_browser, tmp_path, console
     assert told_member == [], told_member  # members approve nobody
 
 
+def test_the_room_hears_of_a_peer_that_left_between_runs(local_browser, tmp_path, console):
+    """A member that left outside a run (a closed tab, a native peer's Ctrl-C) only lost its
+    row: the host's page said nothing of it, where a peer leaving a run is a message."""
+    server = local_server(tmp_path)
+    try:
+        host, member = host_and_member(local_browser, server, console)
+        member_id = status(member)["peerId"]
+        approve(host, member)
+        asking = open_page(local_browser, f"{server.url}/?room={status(host)['room']}", console)
+        asking_id = status(asking)["peerId"]
+        wait(host, "(s, id) => s.peers.some(p => p.id === id)", 30_000, asking_id)
+        member.context.close()
+        asking.context.close()
+        wait(host, "(s, ids) => ids.every(id => !s.peers.some(p => p.id === id))", 30_000,
+             [member_id, asking_id])
+        said = [m["text"] for m in status(host)["messages"] if "left" in m["text"]]
+    finally:
+        server.close()
+    assert sorted(said) == sorted([f"peer {member_id} left the room",
+                                   f"peer {asking_id} left the room before the host approved "
+                                   "it"]), said
+
+
 def test_a_server_restart_is_one_lost_line_and_one_restored_line(local_browser, tmp_path,
                                                                  console):
     """The page said "signaling connection lost; reconnecting" again at each failed retry of

@@ -80,8 +80,10 @@ export class PageNode extends EventTarget {
     this.signaling = new Signaling(target);
     this.mesh = null;
     this.left = false; // declined or removed by the host: out of the room for good
+    this.dismissed = new Set(); // peers this host refused or removed (sayDepartures)
     this.goodbye = null; // the run protocol's `bye`, from the worker (sayGoodbye)
     this.signalingDown = false; // the signaling socket is lost and being reconnected
+    this.rosterRefills = true; // (re)joined signaling: its next roster may lack peers yet
     this.worker = new Worker("/app/worker.js");
     this.worker.onmessage = (e) => this.onWorker(e.data);
     this.computeDown = null; // why the worker answers nothing more (crashed, no Python)
@@ -139,6 +141,7 @@ export class PageNode extends EventTarget {
       if (m.state !== "approved") this.awaitApproval();
       this.ensureMesh(m.peer);
       this.mesh.rejoined();
+      this.rosterRefills = true;
       this.dispatchEvent(new CustomEvent("joined", { detail: m }));
     });
     on("approved", () => {
@@ -220,6 +223,8 @@ export class PageNode extends EventTarget {
   onRoster(m) {
     if (this.state.outOfRoom) return; // one sent before the server let this page go
     const waiting = new Set([...this.roster.values()].filter((p) => !p.approved).map((p) => p.id));
+    const before = this.rosterRefills ? [] : [...this.roster.values()];
+    this.rosterRefills = false;
     this.roster = new Map(m.peers.map((p) => [p.id, {
       id: p.id, role: p.role, approved: p.state === "approved", status: p.status || null,
       resumed: Boolean(p.resumed),
@@ -251,7 +256,23 @@ export class PageNode extends EventTarget {
         }
       }
     }
+    this.sayDepartures(before, m);
     this.changed();
+  }
+
+  // A peer that left the room outside a run (a closed tab, a native peer's Ctrl-C) only
+  // lost its row; one that leaves a run is told by the run ("left at step N"). Those the
+  // host removed or refused are told where the host did it.
+  sayDepartures(before, m) {
+    if (!this.state.approved) return;
+    const removed = new Set(Array.isArray(m.removed) ? m.removed : []);
+    const inRun = new Set(this.state.state === "training" ? this.state.members || [] : []);
+    for (const p of before) {
+      if (this.roster.has(p.id) || p.id === this.state.peerId || removed.has(p.id)
+        || inRun.has(p.id) || this.dismissed.has(p.id)) continue;
+      this.say("info", p.approved ? `peer ${p.id} left the room`
+        : `peer ${p.id} left the room before the host approved it`);
+    }
   }
 
   ensureMesh(selfId) {
@@ -528,6 +549,7 @@ export class PageNode extends EventTarget {
   hostAction(type, peerId) {
     if (this.state.role !== "host") throw new Error(`only the host may ${type}`);
     if (!this.roster.has(peerId)) throw new Error(`no peer ${peerId} in this room`);
+    if (type !== "approve") this.dismissed.add(peerId);
     return this.signaling.send(type, { peer: peerId });
   }
 

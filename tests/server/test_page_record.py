@@ -26,6 +26,7 @@ page.mesh = null;
 page.signaling = { close() { page.state.signalingClosed = true; } };
 page.worker = { postMessage(msg) { (page.state.posted ??= []).push(msg); } };
 page.roster = new Map();
+page.dismissed = new Set();
 page.info = new Map();
 page.trainable = {};
 page.links = () => [];
