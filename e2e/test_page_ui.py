@@ -309,8 +309,9 @@ def test_a_member_is_told_when_the_hosts_page_is_gone(local_browser, tmp_path, c
         server.close()
     assert not shown_with_host
     assert local_link_said, "a loopback page's share link reaches no other machine"
-    assert said == ("The host's page is not connected: nobody can approve or remove peers "
-                    "until it comes back. A run goes on without it."), said
+    assert said == ("The room's host is not connected (its page closed, or its join --create "
+                    "ended): nobody can approve or remove peers until it comes back. A run "
+                    "goes on without it."), said
     assert away["hostAway"] and away["approved"], away
 
 
