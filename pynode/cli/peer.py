@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import time
 from typing import Any
 
@@ -145,7 +144,7 @@ class NativePeer:
         if self.reporter is not None:
             self.reporter.close()
         if self.kept is not None and self.trainer is None:  # --stay, between runs
-            print(self.kept, file=sys.stderr)
+            say(self.kept)
             return
         self.saver.tell_last_agreed()
 

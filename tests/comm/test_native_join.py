@@ -417,7 +417,9 @@ def test_a_stay_peer_stopped_between_runs_says_its_save_holds_the_last_run(tmp_p
     capsys.readouterr()
     NativePeer.tell_last_agreed(peer)
     err = capsys.readouterr().err
-    assert err == f"--save {path} holds the last run's state (step 46)\n"
+    time_of_day, line = err.rstrip("\n").split(" ", 1)  # timed, as join's other lines
+    assert re.fullmatch(r"\d\d:\d\d:\d\d", time_of_day), err
+    assert line == f"--save {path} holds the last run's state (step 46)"
     assert (tmp_path / "run.pt").read_bytes() == b"state"
 
 
