@@ -9,6 +9,8 @@ Legend: B batch, M rows, K reduction length, N columns, V random vectors.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 try:
@@ -157,9 +159,11 @@ if numba is not None:
 _TIMED = ((1, 512, 64, 256, False), (1, 64, 512, 256, True), (32, 64, 64, 16, False))
 
 
+@functools.cache
 def faster_a_side(rounds: int = 15) -> bool:
     """Whether the check's A side runs faster in float64 than in int64 here: each form's
-    best of `rounds` on _TIMED, random operands (a few milliseconds)."""
+    best of `rounds` on _TIMED, random operands (a few milliseconds), timed once a process
+    (select_kernels runs for every trainer: a room's runs, a failover's)."""
     import time
 
     rng = np.random.default_rng(0)  # timing data only

@@ -110,8 +110,8 @@ def start_plan(args: argparse.Namespace) -> tuple[RunConfig | None, Any]:
         raise ConfigError("--data FILE is read by each peer from its own disk, and a room's "
                           "tabs have none: serve a parquet file with `python -m server "
                           "--data-url FILE` and give --data http://SERVER")
-    if clip_note(cfg):  # train's and a cluster's header says it; this peer leads a room's run
-        say(f"note: {clip_note(cfg)}")
+    if note := clip_note(cfg):  # as train's header: this peer leads a room's run
+        say(f"note: {note}")
     if ckpt is None:  # load_resume did it for a resume
         preflight(cfg)  # a text this leader cannot read, a config too large: said before joining
     return cfg, ckpt

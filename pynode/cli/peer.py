@@ -112,6 +112,7 @@ class NativePeer:
         try:
             code = await self._run(cfg, resume)
         except BaseException:  # interrupted (Ctrl-C): keep what the room agreed on, as train does
+            self.say_goodbye()  # before the run's collective says its own BYE: "left", not "lost"
             await self.run_stopped(cancel=True)
             self.tell_last_agreed()
             raise
@@ -271,8 +272,7 @@ class NativePeer:
 
     async def close(self) -> None:
         if self.room is not None:
-            if self.mesh is not None:  # sent before the links close: "left", not "lost"
-                self.room.say_goodbye()
+            self.say_goodbye()
             self.serving.cancel()
             self.room.router.stop()
         if self.mesh is not None:
@@ -285,6 +285,13 @@ class NativePeer:
             self.net.stop()
         if self.reporter is not None:
             self.reporter.close()
+
+    def say_goodbye(self) -> None:
+        """Tell the room this peer leaves on purpose, before its links close (the
+        others then say it left, not that they lost it). On one link, this `bye` goes out
+        ahead of the run's collective BYE, so a leader reads it first."""
+        if self.room is not None and self.mesh is not None:
+            self.room.say_goodbye()
 
     def finish(self, code: int, text: str = "") -> None:
         if text:

@@ -79,7 +79,7 @@ def run_header(trainer: Trainer) -> str:
              if cfg.outer else "")
     return (f"task {cfg.task}  backend {gemm_summary(trainer.gemm)}  "
             f"params {params:,}  from step {trainer.state.step}{outer}{warmup_note(cfg)}"
-            + (f"  ({clip_note(cfg)})" if clip_note(cfg) else ""))
+            + (f"  ({note})" if (note := clip_note(cfg)) else ""))
 
 
 DEFAULT_WARMUP = RunConfig().warmup

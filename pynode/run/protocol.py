@@ -178,6 +178,7 @@ class RoomPeer(Takeover, Steering):
         self.left: str | None = None  # why the host removed or declined this peer (`leave`)
         self.finished: set[str] = set()  # runs this peer trained to their last step
         self.departed: set[str] = set()  # peers that said they leave (`bye`), not lost
+        self.leaving = False  # this peer said `bye`: no `hello` after it (it would undo it)
         # Failover: survivors' reports to this peer as the next leader (run -> peer -> report)
         # and the answer of the member this peer reported to (run -> (peer, message)).
         self.survivors: dict[str, dict[str, dict[str, Any]]] = {}
@@ -193,9 +194,10 @@ class RoomPeer(Takeover, Steering):
                 if data is None:
                     self.hellos.pop(peer, None)
                     self.report_peers()
-                elif not data:
-                    self.send(peer, "hello", **self.hello())
-                    self.maybe_join()
+                elif not data:  # a new link: say who this peer is (unless it is leaving)
+                    if not self.leaving:
+                        self.send(peer, "hello", **self.hello())
+                        self.maybe_join()
                 else:
                     head, blob = decode(memoryview(data)[len(TAG):])
                     await self.handle(peer, head, blob)
@@ -249,11 +251,16 @@ class RoomPeer(Takeover, Steering):
         self.report("peers", {p: h.get("state") for p, h in sorted(self.hellos.items())})
 
     def announce(self) -> None:
+        if self.leaving:
+            return
         for peer in self.chan.peers:
             self.send(peer, "hello", **self.hello())
 
     def say_goodbye(self) -> None:
-        """Tell every peer this one leaves on purpose (before its links close)."""
+        """Tell every peer this one leaves on purpose (before its links close), once."""
+        if self.leaving:
+            return
+        self.leaving = True
         for peer in self.chan.peers:
             self.chan.send(peer, goodbye())
 

@@ -775,6 +775,7 @@ def test_an_interrupted_join_saves_the_last_agreed_state(tmp_path, capsys):
     saver = Saver(str(saved), None)
     saver.agreed, saver.agreed_step = b"the agreed state", 7
     peer = SimpleNamespace(_run=interrupted, saver=saver, kept=None, reporter=None, room=None,
+                           say_goodbye=lambda: None,
                            tell_last_agreed=lambda: NativePeer.tell_last_agreed(peer),
                            run_stopped=lambda cancel: NativePeer.run_stopped(peer, cancel))
     with pytest.raises(KeyboardInterrupt):
@@ -796,18 +797,21 @@ def test_an_interrupted_join_saves_the_last_agreed_state(tmp_path, capsys):
             finally:
                 said.append("run ended")
 
-        room = SimpleNamespace(task=asyncio.ensure_future(training()))
+        room = SimpleNamespace(task=asyncio.ensure_future(training()),
+                               say_goodbye=lambda: said.append("bye"))
         log = SimpleNamespace(close=lambda: said.append("log closed"))
         leader = SimpleNamespace(_run=interrupted, saver=Saver(None, None), kept=None, reporter=log,
-                                 room=room)
-        for name in ("run_stopped", "tell_last_agreed"):
+                                 room=room, mesh=object())
+        for name in ("run_stopped", "tell_last_agreed", "say_goodbye"):
             setattr(leader, name, getattr(NativePeer, name).__get__(leader))
         await asyncio.sleep(0.05)
         await NativePeer.run(leader, None, None)
 
     with pytest.raises(KeyboardInterrupt):
         asyncio.run(leading())
-    assert said == ["step", "run ended", "log closed"], said
+    # The room hears `bye` before the run's collective says its BYE (the run's end): the
+    # others say this peer left, not that they lost it.
+    assert said == ["step", "bye", "run ended", "log closed"], said
 
     async def removed(cfg, resume):  # the host's Remove mid-run: it was lost, unsaid
         return EXIT_REFUSED

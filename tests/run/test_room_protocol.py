@@ -338,6 +338,22 @@ def test_a_peer_that_says_goodbye_left_it_was_not_lost(checks, reference):
     run(body())
 
 
+def test_a_peer_says_nothing_after_its_goodbye(checks):
+    """Ctrl-C on a join peer: `bye` first, then its run ends, and a run's end announces the
+    peer's state. That `hello` undid the `bye` on the others: a leader said "lost peer" of
+    a peer that had left. After `bye`, a peer says no more `hello`."""
+    async def body():
+        net = MemoryNetwork()
+        pages = [Page(net, f"tab{i}", checks) for i in range(2)]
+        await asyncio.sleep(0.05)
+        assert "tab1" in pages[0].peer.hellos
+        pages[1].peer.say_goodbye()
+        pages[1].peer.announce()  # as a run's end does
+        await asyncio.sleep(0.1)
+        assert "tab1" in pages[0].peer.departed
+    run(body())
+
+
 @pytest.mark.parametrize("links_first", [False, True])
 def test_a_removed_member_stops_where_it_stands_and_the_others_go_on(checks, reference,
                                                                      links_first):
