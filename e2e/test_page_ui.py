@@ -290,6 +290,26 @@ def test_bad_and_unknown_room_codes_end_next_to_the_room_controls(
     assert ended["real"][2] not in host_saw, "a page that gave up left the room"
 
 
+def test_a_waiting_page_says_who_it_is_and_when_it_gives_up(local_browser, tmp_path, console):
+    """A page waiting for approval said only that it waited: a mistyped code waited 300 s
+    in silence. It names its peer id (what the host approves), the time it gives up, and
+    what to check; the same for any code (the server never says which codes exist)."""
+    server = local_server(tmp_path)
+    try:
+        page = open_page(local_browser, f"{server.url}/?room={'C' * 22}&approval_wait=600",
+                         console)
+        page.wait_for_selector("#pending-line", state="visible", timeout=30_000)
+        text = " ".join(page.inner_text("#pending-line").split())
+        peer_id, until = status(page)["peerId"], status(page)["approvalUntil"]
+        shown = page.evaluate("u => new Date(u).toLocaleTimeString()", until)
+        now_ms = page.evaluate("() => Date.now()")
+    finally:
+        server.close()
+    assert f"(peer {peer_id}), until {shown}." in text, text
+    assert "check the link with the room's host" in text, text
+    assert 590_000 < until - now_ms <= 600_000, until - now_ms
+
+
 def test_a_member_is_told_when_the_hosts_page_is_gone(local_browser, tmp_path, console):
     """A private room keeps its host while the host's page is away; its members saw no sign
     of it, and waited on approvals nobody could give."""

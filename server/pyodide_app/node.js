@@ -44,6 +44,7 @@ export class PageNode extends EventTarget {
     this.state = {
       room: null, peerId: null, role: null, approved: false, private: false,
       hostAway: false, // a private room whose host's page is not connected now
+      approvalUntil: null, // when a waiting page gives up on approval (epoch ms)
       state: "booting", step: 0, loss: null, hash: null, probe: null, leader: null,
       run: null, config: null, members: [], error: null, checks: [], history: [], messages: [],
       failovers: [],
@@ -187,6 +188,7 @@ export class PageNode extends EventTarget {
   awaitApproval() {
     if (this.approvalTimer !== null) return;
     const wait = this.flags.approvalWaitS || APPROVAL_WAIT_S;
+    this.state.approvalUntil = Date.now() + wait * 1000; // the page says when it gives up
     this.approvalTimer = setTimeout(() => {
       if (this.state.approved || this.state.roomProblem) return;
       this.giveUp(`nobody approved this page within ${wait} s: check the room code, or ask ` +

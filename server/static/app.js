@@ -125,6 +125,9 @@ function renderRoom(s) {
   $("share-local").hidden = $("share-line").hidden || !LOOPBACK_PAGE;
   if (s.room) $("share-link").value = `${location.origin}/?room=${s.room}`;
   $("pending-line").hidden = !s.peerId || s.approved || Boolean(s.roomProblem);
+  $("pending-peer").textContent = s.peerId || "";
+  $("pending-until").textContent = s.approvalUntil
+    ? new Date(s.approvalUntil).toLocaleTimeString() : "it gives up";
   $("host-away").hidden = !s.hostAway || !s.approved || Boolean(s.roomProblem);
   $("room-problem").hidden = !s.roomProblem;
   $("room-problem").textContent = s.roomProblem || "";
