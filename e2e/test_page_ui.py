@@ -735,8 +735,11 @@ def test_the_form_shows_the_values_the_leader_steered_the_run_to(local_browser, 
         0.001, stopped_at, stopped_at), s["config"]
     assert s["state"] == "done" and s["schedule"][-1] == {"step": stopped_at,
                                                          "steps": stopped_at}, s
+    # A Stop is the change {step: S, steps: S}; the next Start begins from the steps chosen
+    # before it (4000), not from the step it was stopped at (it trained only that far).
+    assert s["stoppedFrom"] == 4000, s["stoppedFrom"]
     assert after == {"lr": during["lr"], "steps": {
-        "value": str(stopped_at), "note": f"changed after step {stopped_at}",
-        "title": f"changed by the run's leader: 4000 after step {changed_at}, {stopped_at} "
-                 f"after step {stopped_at}"}}, after
+        "value": "4000", "note": f"changed after step {changed_at}; stopped at step {stopped_at}",
+        "title": f"changed by the run's leader: 4000 after step {changed_at}; the run was "
+                 f"stopped at step {stopped_at}"}}, after
     assert edited == {"value": "300", "note": "", "title": ""}, edited

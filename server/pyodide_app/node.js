@@ -28,6 +28,15 @@ function steeredConfig(config, schedule) {
   return now;
 }
 
+// The steps a run had before it was stopped, or null if its last change is no Stop. A Stop
+// is the change {step: S, steps: S} (pynode/run/steering.py: the run ends where it is); a
+// next Start begins from the steps chosen before it, not from the step it was stopped at.
+function stepsBeforeStop(config, schedule) {
+  const last = schedule.at(-1);
+  if (!last || last.steps === undefined || last.steps !== last.step) return null;
+  return steeredConfig(config, schedule.slice(0, -1)).steps;
+}
+
 // What to do about a pair that cannot connect; pynode/cli/peer.py says the same natively.
 export function linkFailedText(peer) {
   return `no connection to peer ${peer}: no ICE candidate pair works between the two ` +
@@ -615,7 +624,8 @@ export class PageNode extends EventTarget {
     });
     // the run as its leader steered it (a failover takes back the changes after its step)
     const config = s.config && steeredConfig(s.config, s.schedule);
-    return JSON.parse(JSON.stringify({ ...s, config, steps: config?.steps ?? null, peers,
-      links: this.links() }));
+    const stoppedFrom = s.config ? stepsBeforeStop(s.config, s.schedule) : null;
+    return JSON.parse(JSON.stringify({ ...s, config, steps: config?.steps ?? null, stoppedFrom,
+      peers, links: this.links() }));
   }
 }

@@ -164,12 +164,15 @@ function actionError(text) {
 function renderForm(s) {
   const form = $("config-form");
   const config = s.config; // with its leader's changes (node.status)
-  const shown = config && `${s.run} ${JSON.stringify(s.schedule)}`;
+  // filled again as the run ends: a stopped run's steps give way to those chosen before
+  const over = s.state !== "training";
+  const shown = config && `${s.run} ${JSON.stringify(s.schedule)} ${over}`;
   if (config && shown !== filledRun) {
     filledRun = shown;
     for (const name of FORM_FIELDS) {
       const value = name === "data" ? (config.data === "builtin" ? "builtin"
         : config.data.includes("#sha256=") ? "upload" : "server")
+        : name === "steps" && over && s.stoppedFrom !== null ? String(s.stoppedFrom)
         : String(config[name] ?? OUTER_DEFAULTS[name]);
       const field = form.elements[name];
       if (field.tagName === "SELECT" && ![...field.options].some((o) => o.value === value)) {
@@ -178,7 +181,8 @@ function renderForm(s) {
       field.value = value;
     }
   }
-  renderSteeredNotes(form, config, s.config ? s.schedule : []);
+  renderSteeredNotes(form, config, s.config ? s.schedule : [],
+    s.state !== "training" ? s.stoppedFrom : null);
   const training = s.state === "training";
   for (const name of FORM_FIELDS) form.elements[name].disabled = training;
   form.elements.data_file.disabled = training;
@@ -207,16 +211,22 @@ function renderForm(s) {
 
 // Beside a field the run's leader changed: after which step, while the field still holds
 // the run's value (edited for the next run, it is the person's own).
-function renderSteeredNotes(form, config, schedule) {
+// `stoppedFrom`: the steps a stopped run had before its Stop (the form shows those), or null.
+function renderSteeredNotes(form, config, schedule, stoppedFrom) {
   for (const name of STEERABLE) {
     const field = form.elements[name];
-    const changes = schedule.filter((c) => c[name] !== undefined);
-    const steered = changes.length > 0 && field.value === String(config[name]);
+    const stop = name === "steps" && stoppedFrom !== null ? schedule.at(-1) : null;
+    const changes = schedule.filter((c) => c[name] !== undefined && c !== stop);
+    const value = stop ? stoppedFrom : config?.[name];
+    const steered = (changes.length > 0 || stop !== null) && field.value === String(value);
     const note = field.closest("label").querySelector(".steered");
+    const said = [changes.length ? `changed after step ${changes.at(-1).step}` : null,
+      stop ? `stopped at step ${stop.step}` : null].filter(Boolean);
     note.hidden = !steered;
-    note.textContent = steered ? `changed after step ${changes.at(-1).step}` : "";
-    field.title = steered ? "changed by the run's leader: " +
-      changes.map((c) => `${c[name]} after step ${c.step}`).join(", ") : "";
+    note.textContent = steered ? said.join("; ") : "";
+    field.title = !steered ? "" : [changes.length ? "changed by the run's leader: " +
+      changes.map((c) => `${c[name]} after step ${c.step}`).join(", ") : null,
+    stop ? `the run was stopped at step ${stop.step}` : null].filter(Boolean).join("; ");
   }
 }
 
