@@ -67,6 +67,17 @@ def link_failed_text(peer: str) -> str:
             "both on one VPN. See docs/NETWORKS.md.")
 
 
+def route_kind(local: str | None, remote: str | None) -> str:
+    """What a link's ICE candidate types mean, in plain words ("host" is ICE's word for a
+    machine's own address, not the room's host): ", direct" for host -> host, ", relayed by
+    the TURN server" where an end is a relay; else nothing (docs/NETWORKS.md tells)."""
+    if local == remote == "host":
+        return ", direct"
+    if "relay" in (local, remote):
+        return ", relayed by the TURN server"
+    return ""
+
+
 def matrix_line(row: dict[str, Any]) -> str:
     """One link of the connectivity matrix, as `join` prints it."""
     def number(value: Any, unit: str) -> str:
@@ -247,7 +258,8 @@ class NativePeer:
             say(link_failed_text(route["peer"]))
         else:
             say(f"link to peer {route['peer']} open: {route['local']} -> {route['remote']} "
-                f"candidates ({route['localAddress']} -> {route['remoteAddress']})")
+                f"candidates ({route['localAddress']} -> {route['remoteAddress']})"
+                f"{route_kind(route['local'], route['remote'])}")
 
     def approve_pending(self, frame: dict[str, Any]) -> None:
         """Host of a room this peer created: approve who opens its link (network loop).

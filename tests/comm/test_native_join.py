@@ -1187,3 +1187,22 @@ def test_a_native_peers_row_counts_its_bytes_from_zero_as_a_tabs_does():
 
     fields = asyncio.run(shown())
     assert (fields["bytes_sent"], fields["bytes_received"]) == (0, 0), fields
+
+
+def test_a_links_line_says_in_plain_words_whether_it_is_direct_or_relayed(capsys):
+    """`host` is ICE's word for a machine's own address; beside the room's host it read as
+    if the link went through the host. The line says `direct` or `relayed by the TURN
+    server` after the candidate types."""
+    from pynode.cli.peer import NativePeer
+
+    peer = SimpleNamespace()
+    route = {"peer": "p2", "state": "connected", "localAddress": "10.0.0.5:50112",
+             "remoteAddress": "203.0.113.10:49321"}
+    for local, remote, said in (("host", "host", ", direct"),
+                                ("host", "relay", ", relayed by the TURN server"),
+                                ("relay", "prflx", ", relayed by the TURN server"),
+                                ("srflx", "host", "")):
+        NativePeer.on_link(peer, {**route, "local": local, "remote": remote})
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        assert line.endswith(f"link to peer p2 open: {local} -> {remote} candidates "
+                             f"(10.0.0.5:50112 -> 203.0.113.10:49321){said}"), line
