@@ -89,8 +89,9 @@ window.daisychain = {
 
 const escape = (text) => String(text ?? "").replace(/[&<>"']/g,
   (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
-// A hash's first `digits` hex digits (the whole one on hover)
-const short = (hash, digits = 12) => (hash
+// A hash's first 16 hex digits, as every line of the command line and the dashboard shows
+// it (the whole one on hover): a page showed 8, 12 and 16 in different places
+const short = (hash, digits = 16) => (hash
   ? `<code title="${escape(hash)}">${escape(hash.slice(0, digits))}</code>` : "–");
 const fmtLoss = (loss) => (Number.isFinite(loss) ? loss.toFixed(4) : "–");
 
@@ -338,7 +339,7 @@ function renderPeers(s) {
       <td class="microbatch">${fmtMs(p.microbatch_seconds)}</td><td class="share">${fmtShare(p.share)}</td>
       <td class="tokens">${fmtRate(p.tokens_per_s)}</td><td>${fmtMB(p.bytes_sent)}</td>
       <td>${fmtMB(p.bytes_received)}</td><td>${p.step}</td>
-      <td>${fmtLoss(p.loss)}</td><td>${short(p.hash, 8)}</td><td>${short(p.probe, 8)}</td></tr>`;
+      <td>${fmtLoss(p.loss)}</td><td>${short(p.hash)}</td><td>${short(p.probe)}</td></tr>`;
   }).join("");
   // The pool: what the approved, connected peers bring together.
   const pool = s.peers.filter((p) => p.approved && p.connected);
@@ -790,7 +791,7 @@ function previewRows(choice, s) {
     ["settings", "settings", escape(`learning rate ${c.lr}, text: ${text}`)],
     ["loss", "loss", known ? escape(`${fmtLoss(known.loss)} (this page trained that step)`)
       : "not in the file (a checkpoint holds no loss; the resumed run reports its next step's)"],
-    ["hash", "state hash", short(c.hash, 16)],
+    ["hash", "state hash", short(c.hash)],
     ["changes", "changes", escape(c.schedule.length ? c.schedule.map(changeText).join("; ")
       : "none")],
     ["resume", "resume", c.refused ? `<span class="error">${escape(resume)}</span>`
