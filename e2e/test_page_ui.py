@@ -670,6 +670,8 @@ def test_the_servers_text_is_marked_unavailable_when_it_cannot_serve_it(local_br
                                "'#config-form [name=data] option[value=server]')"
                                ".textContent.includes('unavailable')", timeout=30_000)
         label, why = option.inner_text(), option.get_attribute("title")
+        # the page's own question was a 503 in the console of every such server's page
+        probed = [line for line in console if "503" in line]
         for name, value in TINY.items():
             page.fill(f"#config-form [name={name}]", value)
         page.select_option("#config-form [name=data]", "server")
@@ -680,6 +682,7 @@ def test_the_servers_text_is_marked_unavailable_when_it_cannot_serve_it(local_br
     finally:
         server.close()
     assert label == "this server's /data (unavailable now)", label
+    assert probed == [], probed
     assert "127.0.0.1:9" in why or "none.parquet" in why or "shard" in why, why
     assert said.startswith("could not start: this server cannot serve its text now ("), said
     assert said.endswith("): choose the built-in corpus or a file you upload"), said

@@ -71,7 +71,7 @@ class Takeover:
                       **failover.report_of(run.agreed, run.words))
             answer = await self.answer_of(run, leader)
             if answer is not None and answer["t"] == "takeover":
-                await self.follow(run, leader, answer, gone)
+                await self.follow(run, leader, answer, gone, order)
                 return True
             if answer is not None and answer.get("leader"):
                 raise LeftRun(f"the run goes on under {answer['leader']} without this peer: "
@@ -125,7 +125,7 @@ class Takeover:
         for peer in plan.ranks[1:]:
             self.send(peer, "takeover", run=run.id, ranks=plan.ranks, group=group,
                       step=plan.step, hash=plan.hash, capacities=capacities,
-                      distrusted=distrusted)
+                      distrusted=distrusted, left_out=plan.left_out)
         for peer in plan.left_out:
             self.send(peer, "decline", run=run.id, leader=self.id)
         coll = await webrtc.connect(self.coll_chan, plan.ranks, group=group)
@@ -136,8 +136,24 @@ class Takeover:
                                   "the run; this peer leads it now and has no controls to "
                                   "resume it, so the run goes on"})
         self.rewind(run, plan.step, coll, capacities, distrusted, gone)
+        self.say_missing(order, plan.ranks, plan.left_out, gone, plan.step)
 
-    async def follow(self, run: Run, leader: str, head: dict[str, Any], gone: str) -> None:
+    def say_missing(self, order: Sequence[str], ranks: Sequence[str], left_out: Sequence[str],
+                    gone: str, step: int) -> None:
+        """Members of the run before the failover (`order`) that are not in the group going
+        on from `step` (`ranks`), and not left out to join it again: lost with the leader
+        (or left with it, having said so). Said once each; the leader's loss said it alone."""
+        for peer in order:
+            if peer in ranks or peer in left_out:
+                continue
+            left = peer in self.departed
+            self.report("event", {"level": "info" if left else "warn", "text":
+                                  f"{'peer ' + peer + ' left' if left else 'lost peer ' + peer}"
+                                  f" with the leader {gone}: the run goes on from step {step} "
+                                  "without it"})
+
+    async def follow(self, run: Run, leader: str, head: dict[str, Any], gone: str,
+                     order: Sequence[str]) -> None:
         """The new leader's takeover: rewind to its step and go on in its group."""
         step = int(head["step"])
         if not any(a.step == step and a.hash == head["hash"] for a in run.agreed):
@@ -150,6 +166,7 @@ class Takeover:
         self.rewind(run, step, coll, {int(r): c for r, c in head["capacities"].items()},
                     head["distrusted"], gone)
         self.announce()
+        self.say_missing(order, head["ranks"], head.get("left_out") or [], gone, step)
 
     def rewind(self, run: Run, step: int, coll: webrtc.MeshCollective,
                capacities: dict[int, float], distrusted: Sequence[int], gone: str) -> None:

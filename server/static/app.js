@@ -910,14 +910,17 @@ $("generate-stop").addEventListener("click", timed(() => {
 
 // Whether this server can serve its training text now (a run on "this server's /data"
 // stopped at its first step where it could not, in words of flags the page has not): the
-// option says so. Asked at boot and each time the choice is opened.
+// option says so. Asked at boot and each time the choice is opened, with the built-in
+// fallback allowed: its `reason` says what a run's fallback=0 request would answer with a
+// 503, and a 503 here was an error in the console of every page of a server without text.
 async function probeServerText() {
   const option = $("config-form").elements.data.querySelector("option[value=server]");
   let why = "";
   try {
-    const reply = await fetch("/data?seed=1&step=1&index=0&bytes=64&fallback=0",
-      { cache: "no-store" });
-    if (!reply.ok) why = (await reply.json().catch(() => ({}))).message || `HTTP ${reply.status}`;
+    const reply = await fetch("/data?seed=1&step=1&index=0&bytes=64", { cache: "no-store" });
+    const body = await reply.json().catch(() => ({}));
+    if (!reply.ok) why = body.message || `HTTP ${reply.status}`;
+    else if (body.source !== "parquet") why = `its text is unavailable: ${body.reason || "no shard"}`;
   } catch {
     return; // the server is away: the page says so elsewhere
   }

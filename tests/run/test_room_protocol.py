@@ -444,6 +444,30 @@ def test_a_lost_leader_is_replaced_by_the_next_peer_and_no_bit_changes(checks, r
     run(body())
 
 
+def test_a_member_lost_with_the_leader_is_named(checks, reference):
+    """The leader and a member vanish together: the survivors said "lost the leader" and
+    went on one peer short, the member's loss said nowhere (report_step compares members
+    within one group). The new leader and its follower name it."""
+    async def body():
+        net = MemoryNetwork()
+        pages = [Page(net, f"tab{i}", checks) for i in range(4)]
+        await asyncio.sleep(0.05)
+        await pages[0].peer.start({**CONFIG, "steps": 8})
+        await wait_for_step(pages[1], 2)
+        net.cut("tab0")
+        net.cut("tab3")
+        await settle(pages[1:3])
+        for page in (pages[0], pages[3]):
+            page.peer.task.cancel()
+        for page in pages[1:3]:
+            assert page.hashes() == {s + 1: h for s, h in enumerate(reference[:8])}
+            (change,) = page.kinds("leader")
+            named = [e["text"] for e in page.kinds("event") if "tab3" in e["text"]]
+            assert named == [f"lost peer tab3 with the leader tab0: the run goes on from step "
+                             f"{change['step']} without it"], page.kinds("event")
+    run(body())
+
+
 def test_the_new_leader_lost_too_is_replaced_by_the_next(checks, reference):
     async def body():
         net = MemoryNetwork()
