@@ -190,8 +190,7 @@ def test_two_tabs_and_a_native_peer_on_separate_networks_train_through_turn(
         host_id = status(host)["peerId"]
         for peer_id in (host_id, ids[0]):
             found = native.wait_for(rf"link to peer {peer_id} open: (\w+) -> (\w+) "
-                                    r"candidates \((\S+) -> (\S+)\), relayed by the TURN "
-                                    r"server")
+                                    r"candidates \((\S+) -> (\S+)\)")
             local, remote, local_address, remote_address = found.groups()
             assert relayed({"local": local, "remote": remote, "localAddress": local_address,
                             "remoteAddress": remote_address}), native.messages()

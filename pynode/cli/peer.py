@@ -70,7 +70,8 @@ def link_failed_text(peer: str) -> str:
 def route_kind(local: str | None, remote: str | None) -> str:
     """What a link's ICE candidate types mean, in plain words ("host" is ICE's word for a
     machine's own address, not the room's host): ", direct" for host -> host, ", relayed by
-    the TURN server" where an end is a relay; else nothing (docs/NETWORKS.md tells)."""
+    the TURN server" where an end is a relay; else nothing (an end ICE learned from the
+    other's checks reads `prflx`, even the other's relay: its address tells, NETWORKS.md)."""
     if local == remote == "host":
         return ", direct"
     if "relay" in (local, remote):
