@@ -84,8 +84,11 @@ class Launched:
                 [sys.executable, "-m", "pynode", *args], cwd=REPO, env=full_env,
                 stdin=subprocess.DEVNULL, stdout=out, stderr=err, text=True,
                 start_new_session=True,
-                preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-                if ignore_sigint else None,
+                # SIGINT as a terminal's command has it (default), whatever this process
+                # inherited: a test suite run as a script's background job ignores SIGINT,
+                # and its children would too (a Ctrl-C test then waited for its limit)
+                preexec_fn=lambda: signal.signal(
+                    signal.SIGINT, signal.SIG_IGN if ignore_sigint else signal.SIG_DFL),
             )
         self.ended = 0.0
         self.watcher = threading.Thread(target=self._watch, daemon=True)

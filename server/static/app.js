@@ -920,7 +920,7 @@ async function probeServerText() {
     const reply = await fetch("/data?seed=1&step=1&index=0&bytes=64", { cache: "no-store" });
     const body = await reply.json().catch(() => ({}));
     if (!reply.ok) why = body.message || `HTTP ${reply.status}`;
-    else if (body.source !== "parquet") why = `its text is unavailable: ${body.reason || "no shard"}`;
+    else if (body.source !== "parquet") why = `its shards are unavailable: ${body.reason || "none"}`;
   } catch {
     return; // the server is away: the page says so elsewhere
   }
