@@ -450,9 +450,7 @@ def test_a_member_lost_with_the_leader_is_named(checks, reference):
     within one group). The new leader and its follower name it."""
     async def body():
         net = MemoryNetwork()
-        pages = [Page(net, f"tab{i}", checks) for i in range(4)]
-        await asyncio.sleep(0.05)
-        await pages[0].peer.start({**CONFIG, "steps": 8})
+        pages = await room_run(checks, 4, 8, net)
         await wait_for_step(pages[1], 2)
         net.cut("tab0")
         net.cut("tab3")
