@@ -52,6 +52,7 @@ class Link:
         self.reassembler = Reassembler()
         self.pending_ice: list[Any] = []
         self.candidates_ended = False
+        self.unresolved: list[str] = []  # the tab's mDNS names that did not resolve
         self.is_open = self.is_gone = False
         self.heard = 0.0  # network loop time of the last message on either channel
         self.rtt_ms: float | None = None  # the last heartbeat's round trip
@@ -67,6 +68,10 @@ class Link:
         def _state() -> None:
             log.debug("peer %s: connection %s", self.peer, pc.connectionState)
             if pc.connectionState == "failed" and not self.is_open:
+                for name in self.unresolved:  # the likely cause: said with the failure
+                    log.warning("peer %s: its address %s did not resolve by multicast DNS: "
+                                "both machines must be on one LAN that passes mDNS (UDP 5353 "
+                                "to 224.0.0.251)", self.peer, name)
                 self.mesh._unreachable(self)
             if pc.connectionState in ("failed", "closed"):
                 self.close()
@@ -134,9 +139,12 @@ class Link:
             return
         known = self.pc.sctp.transport.transport.getRemoteCandidates()
         if not any(c.ip == candidate.ip for c in known):
-            log.warning("peer %s: its address %s did not resolve by multicast DNS: both "
-                        "machines must be on one LAN that passes mDNS (UDP 5353 to "
-                        "224.0.0.251)", self.peer, candidate.ip)
+            # Said only if the link then fails: ICE often connects anyway (the tab's checks
+            # reach this peer, which learns its address as a peer-reflexive candidate), and
+            # a warning beside a working link alarmed users.
+            log.debug("peer %s: its address %s did not resolve by multicast DNS",
+                      self.peer, candidate.ip)
+            self.unresolved.append(candidate.ip)
 
     def send(self, message: bytes) -> None:
         self.queue.append([message, self.next_id, 0])

@@ -303,6 +303,35 @@ def test_a_link_follows_the_servers_relay_only_switch():
         pytest.skip("no non-loopback interface: no host candidates to leave out")
 
 
+def test_an_unresolved_mdns_name_is_said_only_with_a_failed_link(caplog):
+    """A tab's mDNS name that did not resolve was a warning at once, though ICE often
+    connects anyway (the tab's checks teach this peer its address): users with a working
+    link read it as an error. It is said where the link fails, as its likely cause."""
+    unreachable: list[str] = []
+
+    async def fail(opened: bool) -> None:
+        mesh = SimpleNamespace(signaling=OfferSignaling({"iceServers": []}), ice_servers=(),
+                               links={}, _gone=lambda peer: None,
+                               _unreachable=lambda link: unreachable.append(link.peer))
+        link = Link(mesh, "tab")
+        link.unresolved.append("d7c9acc5.local")
+        link.is_open = opened
+        link.pc._RTCPeerConnection__connectionState = "failed"  # as aiortc's ICE sets it
+        link.pc.emit("connectionstatechange")
+        link.close()
+        await asyncio.sleep(0)
+
+    with caplog.at_level("DEBUG", logger="pynode.comm.rtclink"):
+        asyncio.run(fail(opened=True))  # a link that had opened: no word of the name
+        assert "did not resolve" not in caplog.text and unreachable == []
+        asyncio.run(fail(opened=False))
+    warned = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert [r.getMessage() for r in warned] == [
+        "peer tab: its address d7c9acc5.local did not resolve by multicast DNS: both machines "
+        "must be on one LAN that passes mDNS (UDP 5353 to 224.0.0.251)"], caplog.text
+    assert unreachable == ["tab"]
+
+
 # ----------------------------------------------------------------------------- the command
 def join(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pynode", "join", *args], cwd=REPO,
