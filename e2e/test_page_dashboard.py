@@ -132,7 +132,11 @@ def test_two_tabs_and_a_native_peer_on_the_dashboard_steered_by_the_leader(
             assert [(h["step"], h["hash"], h["heldout"]) for h in history] == \
                 [(r["step"], r["hash"], r.get("heldout")) for r in reference]
         assert native.hashes() == {r["step"]: r["hash"] for r in reference}
-        assert host.inner_text("#readiness").startswith(f"Finished: step {stopped}")
+        # a Stop is no finished run: the banner says so, and what Start does next
+        said = host.inner_text("#readiness")
+        assert said.startswith(f"Stopped at step {stopped} of {CONFIG['steps']}, state hash "
+                               f"{reference[-1]['hash'][:16]}. Start begins a new run from "
+                               "step 0"), said
         estimate = host.inner_text("#estimate")  # scaled from the speeds measured in the run
         assert re.search(r"about \d+ (ms|s) a step for these \d peer\(s\)", estimate), estimate
 

@@ -372,6 +372,10 @@ function renderReadiness(s) {
   } else if (s.state === "training") {
     [text, kind] = [`Training: step ${s.step} of ${s.steps} with ${s.members.length} peer(s)` +
       `${outerProgress(s)}.`, "training"];
+  } else if (s.state === "done" && s.stoppedFrom !== null) { // a Stop: not a finished run
+    [text, kind] = [`Stopped at step ${s.step} of ${s.stoppedFrom}, state hash ` +
+      `${(s.hash || "").slice(0, 16)}. Start begins a new run from step 0; to go on from ` +
+      "here, download the checkpoint and resume from it.", "ready"];
   } else if (s.state === "done") {
     [text, kind] = [`Finished: step ${s.step}, state hash ${(s.hash || "").slice(0, 16)}.`, "ready"];
   } else if (s.state === "joining") {
@@ -402,7 +406,9 @@ function renderProgress(s) {
   const outer = outerSettings(s.config);
   const under = outer ? ` steps ${s.step + 1}-${Math.min(s.step + outer.sync_every, s.steps)}` +
     (innerUnderWay(s) ? `; this page at inner step ${s.inner.step}` : "") : "";
-  const doing = s.state === "done" ? "finished"
+  const stopped = s.state === "done" && s.stoppedFrom !== null;
+  const doing = stopped ? `stopped (the run had ${s.stoppedFrom} steps)`
+    : s.state === "done" ? "finished"
     : s.paused ? `paused by the leader (${s.members.length} peer(s) waiting)`
     : `${s.members.length} peer(s) computing${under}`;
   $("progress-line").innerHTML = training
