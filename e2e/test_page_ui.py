@@ -303,11 +303,25 @@ def test_a_waiting_page_says_who_it_is_and_when_it_gives_up(local_browser, tmp_p
         peer_id, until = status(page)["peerId"], status(page)["approvalUntil"]
         shown = page.evaluate("u => new Date(u).toLocaleTimeString()", until)
         now_ms = page.evaluate("() => Date.now()")
+        # a real room: its host's banner says the move is the host's ("waiting for 1 more"
+        # read as if the other page had to act)
+        host = open_page(local_browser, f"{server.url}/?create=1", console)
+        asking = open_page(local_browser, f"{server.url}/?room={status(host)['room']}", console)
+        wait(host, "s => s.peers.length === 2", 30_000)
+        wait_booted(host)
+        host.wait_for_function("() => document.querySelector('#readiness').textContent"
+                               ".includes('approval')", timeout=10_000)
+        banner = host.inner_text("#readiness")
+        asking_id = status(asking)["peerId"]
+        asking_text = " ".join(asking.inner_text("#pending-line").split())
     finally:
         server.close()
     assert f"(peer {peer_id}), until {shown}." in text, text
     assert "check the link with the room's host" in text, text
     assert 590_000 < until - now_ms <= 600_000, until - now_ms
+    assert banner.endswith("1 of them waits for your approval (Approve or Refuse in the Peers "
+                           "table)."), banner
+    assert f"(peer {asking_id})" in asking_text, asking_text
 
 
 def test_a_member_is_told_when_the_hosts_page_is_gone(local_browser, tmp_path, console):

@@ -393,6 +393,10 @@ function renderReadiness(s) {
       (!others ? ": waiting for other peers (or start a run alone below)."
         : ready.length < s.peers.length ? `, waiting for ${s.peers.length - ready.length} more.`
           : ".");
+    // the host's own move: "waiting for 1 more" read as if the other page had to act
+    const asking = s.role === "host" ? s.peers.filter((p) => !p.approved).length : 0;
+    if (asking) text += ` ${asking} of them wait${asking === 1 ? "s" : ""} for your approval ` +
+      "(Approve or Refuse in the Peers table).";
     kind = "ready";
   }
   $("readiness").textContent = text;
