@@ -300,6 +300,11 @@ def test_a_waiting_page_says_who_it_is_and_when_it_gives_up(local_browser, tmp_p
                          console)
         page.wait_for_selector("#pending-line", state="visible", timeout=30_000)
         text = " ".join(page.inner_text("#pending-line").split())
+        wait_booted(page)  # its checks passed: "ready" in its state, not in its header
+        page.wait_for_function("() => ['ready', 'waiting', 'failed'].includes("
+                               "document.querySelector('#state-badge').textContent)",
+                               timeout=10_000)
+        badge = page.inner_text("#state-badge")
         peer_id, until = status(page)["peerId"], status(page)["approvalUntil"]
         shown = page.evaluate("u => new Date(u).toLocaleTimeString()", until)
         now_ms = page.evaluate("() => Date.now()")
@@ -317,6 +322,7 @@ def test_a_waiting_page_says_who_it_is_and_when_it_gives_up(local_browser, tmp_p
     finally:
         server.close()
     assert f"(peer {peer_id}), until {shown}." in text, text
+    assert badge == "waiting", badge
     assert "check the link with the room's host" in text, text
     assert 590_000 < until - now_ms <= 600_000, until - now_ms
     assert banner.endswith("1 of them waits for your approval (Approve or Refuse in the Peers "

@@ -116,8 +116,11 @@ node.addEventListener("joined", (e) => {
 });
 
 function renderRoom(s) {
-  $("state-badge").textContent = s.state;
-  $("state-badge").className = `badge state-${s.state}`;
+  // a page the host has not approved yet is not "ready" to anyone reading the header
+  const badge = s.state === "ready" && s.peerId && !s.approved && !s.outOfRoom ? "waiting"
+    : s.state;
+  $("state-badge").textContent = badge;
+  $("state-badge").className = `badge state-${badge}`;
   $("role-badge").textContent = !s.peerId ? "joining…"
     : `${s.role}${s.outOfRoom ? ` (${s.outOfRoom})` : s.approved ? "" : " (pending)"}`;
   $("room-line").textContent = !s.peerId ? "Connecting to the server…"
