@@ -23,6 +23,7 @@ from pynode.core import checkpoint
 from pynode.run.assemble import build_trainer
 from pynode.run.outer import stop_if_cancelled
 from pynode.run.protocol import RoomError
+from pynode.run.schedule import is_stop
 from pynode.run.trainer import StepResult, Trainer
 
 JOIN_WAIT_S = 10.0  # a resumed run waits this long for the ready peers to ask to join
@@ -375,10 +376,10 @@ class NativePeer:
             say(f"the run goes on from step {fields['step']} led by {who}, with "
                 f"{len(fields['ranks'])} peer(s)")
         elif kind == "control":
-            at = (fields.get("change") or {}).get("step")
-            change = {k: v for k, v in (fields.get("change") or {}).items() if k != "step"}
-            if change == {"steps": at}:  # Stop: the run's total set to the step reached
-                say(f"the leader stopped the run at step {at}")
+            given = fields.get("change") or {}
+            change = {k: v for k, v in given.items() if k != "step"}
+            if is_stop(given):  # the run's total set to the step reached
+                say(f"the leader stopped the run at step {given['step']}")
             elif change:
                 say(f"from step {fields['step']}: "
                     + ", ".join(f"{k} {v}" for k, v in change.items()))

@@ -46,6 +46,12 @@ class Change:
             raise ScheduleError(f"change at step {self.step}: {exc}") from None
 
 
+def is_stop(change: dict[str, Any]) -> bool:
+    """Whether a change (its JSON form, with its step) is a Stop: the run's total set to the
+    step it applies at, so the run ends there (the page's Stop, `steer({stop: true})`)."""
+    return change.get("steps") is not None and change.get("steps") == change.get("step")
+
+
 def change_from_dict(data: Any) -> Change:
     """A Change from its JSON form; ScheduleError naming what is wrong."""
     if not isinstance(data, dict) or "step" not in data:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pynode.config import ConfigError
 from pynode.run.errors import RoomError
-from pynode.run.schedule import change_from_dict
+from pynode.run.schedule import change_from_dict, is_stop
 
 if TYPE_CHECKING:
     from pynode.run.room import Reporter, Run
@@ -78,7 +78,7 @@ class Steering:
             except ConfigError as exc:
                 self.report("event", {"level": "error", "text": f"change not applied: {exc}"})
                 change = None
-        if change is not None and change.get("steps") == run.trainer.state.step:
+        if change is not None and is_stop(change):
             self.paused = False  # the run ends here, as on Stop: a pause would hold it open
         admitted = [] if self.paused else self.admit_joiners(run)
         return json.dumps({"admit": admitted, "change": change, "pause": self.paused}).encode()

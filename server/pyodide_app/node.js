@@ -28,12 +28,14 @@ function steeredConfig(config, schedule) {
   return now;
 }
 
-// The steps a run had before it was stopped, or null if its last change is no Stop. A Stop
-// is the change {step: S, steps: S} (pynode/run/steering.py: the run ends where it is); a
-// next Start begins from the steps chosen before it, not from the step it was stopped at.
+// A Stop is the change {step: S, steps: S}: the run ends where it is (pynode/run/schedule.py
+// is_stop).
+const isStop = (change) => change?.steps !== undefined && change.steps === change.step;
+
+// The steps a run had before it was stopped, or null if its last change is no Stop: a next
+// Start begins from the steps chosen before it, not from the step it was stopped at.
 function stepsBeforeStop(config, schedule) {
-  const last = schedule.at(-1);
-  if (!last || last.steps === undefined || last.steps !== last.step) return null;
+  if (!isStop(schedule.at(-1))) return null;
   return steeredConfig(config, schedule.slice(0, -1)).steps;
 }
 
@@ -455,8 +457,8 @@ export class PageNode extends EventTarget {
       if (f.change) {
         s.schedule.push(f.change);
         const { step: at, ...changed } = f.change;
-        this.say("info", Object.keys(changed).length === 1 && changed.steps === at
-          ? `the leader stopped the run at step ${at}` // Stop: its total set to the step reached
+        this.say("info", isStop(f.change)
+          ? `the leader stopped the run at step ${at}`
           : `from step ${f.step}: ${Object.entries(changed).map(([k, v]) => `${k} ${v}`).join(", ")}`);
       } else {
         this.say("info", f.paused ? `paused after step ${f.step}` : `resumed at step ${f.step}`);
