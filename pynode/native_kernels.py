@@ -60,7 +60,7 @@ if numba is not None:
             return _TINY
         return s
 
-    @jit
+    @inline
     def _fill_row(x, lanes, stochastic, b, i, s, q):
         """q[b, i, :] = the reference's rounding of x[b, i, :] / s; separate loops per mode
         so each vectorises."""
