@@ -50,7 +50,7 @@ if numba is not None:
     _ABS_BITS = np.int32(0x7FFFFFFF)
     _INF_BITS = np.int32(0x7F800000)
 
-    @jit
+    @inline
     def _scale_of(amax):
         """quant._scales of one finite absmax."""
         s = amax / _QMAX
@@ -146,7 +146,7 @@ if numba is not None:
 
     _BLOCK = 256  # elements per pass of a vectorised loop
 
-    @jit
+    @inline
     def _exp_neg_block(y, r, kbits, out):
         """out[:n] = fastmath._exp_neg(y[:n]) for finite y <= 0, in branch-free loops that
         LLVM vectorises: 2**k is built from its exponent bits, as the reference does."""
@@ -242,7 +242,7 @@ if numba is not None:
                 ys[i] = np.float32(cdf * v)
                 dys[i] = np.float32(d)
 
-    @jit
+    @inline
     def _psum_inplace(buf, n):
         """detmath.psum's tree over buf[:n] (any float dtype); returns the sum."""
         while n > 1:
