@@ -35,6 +35,11 @@ from server.revocations import Revocations
 from server.tokens import ResumeClaim, TokenSigner
 
 log = logging.getLogger(__name__)
+# Peer ids are read out and compared by eye: a waiting page names its id, the host's table
+# and the logs name every peer. So no two of their characters look alike: digits and lower
+# case letters without i, l, o and u (Crockford's base 32), 14 of them: 70 random bits.
+PEER_ID_ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
+PEER_ID_LENGTH = 14
 # The log's lines on what peers from one address group did (joined, waits, left, refused,
 # turned away): thirty at once, then one every 2 s, so that a script joining made-up codes
 # cannot fill the log. A room's host and its approvals are not limited.
@@ -450,10 +455,10 @@ class Rooms:
             self._forget(room)
 
     def _new_id(self) -> str:
-        peer_id = secrets.token_urlsafe(9)
-        while peer_id in self._room_of:
-            peer_id = secrets.token_urlsafe(9)
-        return peer_id
+        while True:
+            peer_id = "".join(secrets.choice(PEER_ID_ALPHABET) for _ in range(PEER_ID_LENGTH))
+            if peer_id not in self._room_of:
+                return peer_id
 
     # ----------------------------------------------------------------- introspection
     def counts(self) -> dict[str, int]:

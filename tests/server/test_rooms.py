@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from server.protocol import ProtocolError
-from server.rooms import RoomLimits, Rooms
+from server.rooms import PEER_ID_ALPHABET, RoomLimits, Rooms
 from server.tokens import TokenSigner
 
 KEY = b"k" * 32
@@ -158,6 +158,17 @@ def test_host_token_reclaims_a_room_after_restart() -> None:
     assert new_host.frames[0]["role"] == "host" and new_host.frames[0]["state"] == "approved"
     entry = new_host.frames[-1]["peers"][0]
     assert entry == {"id": guest_id, "role": "member", "state": "pending", "resumed": True}
+
+
+def test_peer_ids_have_no_look_alike_characters() -> None:
+    """A host compares the id a newcomer reads out with its table's: ids never hold the
+    characters people confuse (l and 1, O and 0, I), and stay unique and 14 long."""
+    rooms, _ = make_rooms()
+    ids = [rooms.create(FakeLink(), f"10.0.{i // 200}.{i % 200}") for i in range(2000)]
+    assert len(set(ids)) == len(ids)
+    assert all(len(i) == 14 and set(i) <= set(PEER_ID_ALPHABET) for i in ids)
+    assert not set("".join(ids)) & set("ilouILOU_-")
+    assert set("".join(ids)) == set(PEER_ID_ALPHABET)  # every character in use
 
 
 def test_a_reloaded_host_page_hosts_again_under_a_new_id() -> None:
