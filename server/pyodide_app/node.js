@@ -202,8 +202,9 @@ export class PageNode extends EventTarget {
     this.state.approvalUntil = Date.now() + wait * 1000; // the page says when it gives up
     this.approvalTimer = setTimeout(() => {
       if (this.state.approved || this.state.roomProblem) return;
-      this.giveUp(`nobody approved this page within ${wait} s: check the room code, or ask ` +
-        `the room's host to approve peer ${this.state.peerId}`);
+      // the page leaves the room now: the host can no longer approve this peer id
+      this.giveUp(`nobody approved this page within ${wait} s: check the room code, or ` +
+        "reload this page to ask again (the room's host approves the peer id it then shows)");
     }, wait * 1000);
   }
 

@@ -117,10 +117,11 @@ node.addEventListener("joined", (e) => {
 
 function renderRoom(s) {
   // a page the host has not approved yet is not "ready" to anyone reading the header
-  const badge = s.state === "ready" && s.peerId && !s.approved && !s.outOfRoom ? "waiting"
-    : s.state;
+  // nor is one that left the room (gave up, removed, refused) while not training
+  const badge = s.outOfRoom && (s.state === "ready" || s.state === "booting") ? "not in a room"
+    : s.state === "ready" && s.peerId && !s.approved ? "waiting" : s.state;
   $("state-badge").textContent = badge;
-  $("state-badge").className = `badge state-${badge}`;
+  $("state-badge").className = `badge state-${badge.replaceAll(" ", "-")}`;
   $("role-badge").textContent = !s.peerId ? "joining…"
     : `${s.role}${s.outOfRoom ? ` (${s.outOfRoom})` : s.approved ? "" : " (pending)"}`;
   $("room-line").textContent = !s.peerId ? "Connecting to the server…"
@@ -334,7 +335,7 @@ function renderPeers(s) {
           : "pending";
     const forked = p.hash && s.hash && p.step === s.step && p.hash !== s.hash ? " forked" : "";
     const gemm = p.gemm ? `${p.gemm}${p.kernels ? ` / ${p.kernels}` : ""}` : "–";
-    return `<tr class="${p.self ? "self" : ""}${forked}" data-peer="${escape(p.id)}"><td>${escape(p.id)}${p.self ? " (you)" : ""}</td>
+    return `<tr class="${p.self ? "self" : ""}${forked}" data-peer="${escape(p.id)}"><td><span class="peer-id">${escape(p.id)}</span>${p.self ? " (you)" : ""}</td>
       <td>${escape(p.role)}${p.id === s.leader ? ", leader" : ""}</td><td>${approval}</td>
       <td>${escape(s.linkProblems[p.id] ? "no connection" : p.state || (p.connected ? "" : p.approved ? "not connected" : "waits for approval"))}</td>
       <td class="runtime">${escape(p.runtime || "–")}</td><td>${escape(gemm)}</td>
