@@ -235,7 +235,8 @@ class Saver:
         if not self.path or self.agreed is None:
             return None
         write_atomically(self.path, self.agreed)
-        return f"saved the last agreed state (step {self.agreed_step}) to {self.path}"
+        return (f"saved the last agreed state (step {self.agreed_step}) to {self.path}: "
+                f"--resume {self.path} goes on from there")
 
     def tell_last_agreed(self) -> bool:
         """After a stop (an error, an interrupt): write the last agreed state and say so;

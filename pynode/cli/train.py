@@ -67,6 +67,9 @@ def run_config(args: argparse.Namespace) -> tuple[RunConfig, CheckpointState | N
         return config_from_values(given), None, b""
     data = checkpoint_bytes(args.resume, "--resume")
     cfg, resume = read_resume(data, given, source=f"--resume {args.resume}")
+    # said first: the header's "from step S" alone did not say the run was resumed
+    print(f"resuming {args.resume}: step {resume.step} of {cfg.steps}, state hash "
+          f"{resume.state_hash[:16]}", file=sys.stderr)
     for note in [*resume_notes(resume.config, resume.step, given), unsaved_note(args)]:
         if note:
             print(note, file=sys.stderr)

@@ -150,6 +150,10 @@ def test_resume_continues_bit_identically(runs):
     # run length: a 2-step run is the prefix of a 3-step run.
     assert first.hashes == ref.hashes[:2]
     assert "from step 2" in resumed.err
+    # its first line names the checkpoint (the header's "from step 2" alone did not)
+    checkpoint = runs["folder"] / "step2.pt"
+    assert resumed.err.startswith(f"resuming {checkpoint}: step 2 of 3, state hash "
+                                  f"{ref.hashes[1][:16]}\n"), resumed.err[:300]
     assert [row["step"] for row in resumed.log] == [3]
     assert resumed.hashes == ref.hashes[2:]
     assert resumed.final_hash == ref.final_hash

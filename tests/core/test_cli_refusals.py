@@ -521,7 +521,8 @@ def test_a_joins_stop_lines_carry_the_time_as_its_other_lines(tmp_path, capsys, 
     saver.tell_last_agreed()
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 2 and all(timed.match(line) for line in lines), lines
-    assert lines[1].endswith(f"saved the last agreed state (step 3) to {tmp_path / 'run.pt'}")
+    assert lines[1].endswith(f"saved the last agreed state (step 3) to {tmp_path / 'run.pt'}: "
+                             f"--resume {tmp_path / 'run.pt'} goes on from there")
 
     def interrupt(args, argv):
         raise KeyboardInterrupt
