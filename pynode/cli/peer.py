@@ -173,9 +173,11 @@ class NativePeer:
                     return await self.finished
                 # An unknown code and an undecided room answer alike (docs/SERVER.md "Rooms"):
                 # the wait is the same for both, so it tells nothing about the code.
+                # This peer leaves the room now: its id can no longer be approved.
                 self.finish(EXIT_REFUSED, f"nobody approved this peer within {wait:g} s: "
-                            "check the room code, or ask the room's host to approve peer "
-                            f"{self.signaling.peer_id} (--approval-wait sets the wait). A "
+                            "check the room code, or run join again and have the room's "
+                            "host approve the peer id it then shows (--approval-wait sets "
+                            "the wait). A "
                             "room whose host left (its page closed, its `join --create` "
                             "ended) approves nobody until the host is back: --create makes "
                             "a new one")

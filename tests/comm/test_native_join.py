@@ -382,7 +382,8 @@ def test_nobody_approving_ends_alike_for_an_unknown_code_and_an_undecided_room(s
         loop.close()
     for code, took, stderr in outcomes:
         assert code == 4, stderr
-        assert "nobody approved this peer within 1 s: check the room code" in stderr, stderr
+        assert "nobody approved this peer within 1 s: check the room code, or run join " \
+               "again" in stderr, stderr  # its id left with it: no host can approve that one
         assert took >= 1
     hints = [re.sub(r"peer [\w-]+ ", "peer ID ", stderr[stderr.index("nobody"):])
              for _, _, stderr in outcomes]
