@@ -283,7 +283,7 @@ def test_bad_and_unknown_room_codes_end_next_to_the_room_controls(
     assert bad_text.startswith('"no!code" is not a room code'), bad_text
     assert "check the link" in bad_text and bad_inside == 1
     assert bad_status["peerId"] is None and bad_status["roomProblem"] == bad_text
-    for name, (seconds, text, peer_id, pending_hidden, badge) in ended.items():
+    for name, (seconds, text, _peer_id, pending_hidden, badge) in ended.items():
         # it left the room: no host can approve that id any more (a newcomer trial)
         assert text == (f"nobody approved this page within {wait_s} s: check the room code, "
                         "or reload this page to ask again (the room's host approves the peer "
