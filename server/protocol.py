@@ -17,7 +17,8 @@ from pynode.core.errors import DaisyError
 
 PROTOCOL_VERSION = 1
 ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,32}")
-# Room codes are secrets.token_urlsafe(16): 22 characters, 128 bits.
+# Room codes are 22 characters of this alphabet (server/rooms.py makes them from the
+# look-alike-free part of it, 110 bits; token_urlsafe(16) made them before).
 CODE_PATTERN = re.compile(r"[A-Za-z0-9_-]{22}")
 MAX_SAFE_INT = 2**53  # what a JS number holds exactly
 

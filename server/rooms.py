@@ -35,11 +35,21 @@ from server.revocations import Revocations
 from server.tokens import ResumeClaim, TokenSigner
 
 log = logging.getLogger(__name__)
-# Peer ids are read out and compared by eye: a waiting page names its id, the host's table
-# and the logs name every peer. So no two of their characters look alike: digits and lower
-# case letters without i, l, o and u (Crockford's base 32), 14 of them: 70 random bits.
+# Peer ids and room codes are read out and compared by eye (a waiting page names its id,
+# the host's table and the logs name every peer; a code may be read over the phone), so no
+# two of their characters look alike: digits and lower-case letters without i, l, o and u
+# (Crockford's base 32, 5 random bits each). An id is 14 of them (70 bits); a code 22
+# (110 bits), the length server/protocol.py's CODE_PATTERN has always taken (codes made
+# by token_urlsafe before stay valid), never starting with "-" (`join --room -abc` would
+# read it as a flag).
 PEER_ID_ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
 PEER_ID_LENGTH = 14
+ROOM_CODE_LENGTH = 22
+
+
+def unambiguous(length: int) -> str:
+    """`length` random characters of PEER_ID_ALPHABET."""
+    return "".join(secrets.choice(PEER_ID_ALPHABET) for _ in range(length))
 # The log's lines on what peers from one address group did (joined, waits, left, refused,
 # turned away): thirty at once, then one every 2 s, so that a script joining made-up codes
 # cannot fill the log. A room's host and its approvals are not limited.
@@ -183,10 +193,9 @@ class Rooms:
             if self._created[address_group] >= self._limits.max_rooms_per_address:
                 raise ProtocolError("too_many_rooms",
                                     "your address already holds its quota of rooms")
-            code = secrets.token_urlsafe(16)
-            # never a leading "-": `join --room -abc` would read the code as a flag
-            while code in self._rooms or code.startswith("-"):
-                code = secrets.token_urlsafe(16)
+            code = unambiguous(ROOM_CODE_LENGTH)
+            while code in self._rooms:
+                code = unambiguous(ROOM_CODE_LENGTH)
             room = self._room(code, private=True, counted=True)
             room.creator = address_group
             self._created[address_group] += 1
@@ -456,7 +465,7 @@ class Rooms:
 
     def _new_id(self) -> str:
         while True:
-            peer_id = "".join(secrets.choice(PEER_ID_ALPHABET) for _ in range(PEER_ID_LENGTH))
+            peer_id = unambiguous(PEER_ID_LENGTH)
             if peer_id not in self._room_of:
                 return peer_id
 

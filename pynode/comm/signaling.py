@@ -38,8 +38,8 @@ class SignalingError(DaisyError):
     """The server cannot be reached, or refused this peer (declined, removed, bad room)."""
 
 
-# A room code as the server makes them (secrets.token_urlsafe(16): 22 characters of this
-# alphabet; server/protocol.py's CODE_PATTERN, which a test keeps equal to this).
+# A room code as the server takes them (22 characters of this alphabet; server/protocol.py's
+# CODE_PATTERN, which a test keeps equal to this).
 ROOM_CODE = re.compile(r"[A-Za-z0-9_-]{22}")
 
 

@@ -171,6 +171,21 @@ def test_peer_ids_have_no_look_alike_characters() -> None:
     assert set("".join(ids)) == set(PEER_ID_ALPHABET)  # every character in use
 
 
+def test_room_codes_have_no_look_alike_characters_and_keep_their_form() -> None:
+    """A code may be read over the phone: the same alphabet as peer ids, 22 long (the form
+    CODE_PATTERN and every client take), never a leading "-"."""
+    from server.protocol import CODE_PATTERN
+
+    rooms, _ = make_rooms()
+    codes = []
+    for i in range(500):
+        host = FakeLink()
+        rooms.create(host, f"10.1.{i // 200}.{i % 200}")
+        codes.append(host.frames[0]["room"])
+    assert len(set(codes)) == len(codes)
+    assert all(CODE_PATTERN.fullmatch(c) and set(c) <= set(PEER_ID_ALPHABET) for c in codes)
+
+
 def test_a_reloaded_host_page_hosts_again_under_a_new_id() -> None:
     """A host's page that reloads (its state new: `fresh`) gets the host role back under a
     new peer id, and can approve again; before, its token was lost with the page and the
