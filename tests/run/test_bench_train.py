@@ -10,12 +10,26 @@ import types
 import pytest
 
 from pynode.bench import train as bench_train
+from pynode.config import RunConfig
+
+TINY = {"width": 16, "heads": 2, "layers": 1, "seq": 16, "microbatch_size": 2,
+        "microbatches": 1}
+
+
+def test_a_task_reports_the_config_it_trained():
+    """measure() trains a warm-up step before the timed ones, under its task's name."""
+    pytest.importorskip("torch")
+    row = bench_train.measure("float", RunConfig.from_dict(TINY), 3)
+    assert (row["task"], row["config"]["task"], row["config"]["steps"]) == ("float", "float", 4)
+    assert all(row["config"][k] == v for k, v in TINY.items())
 
 
 def fake_row(task: str) -> dict:
-    return {"task": task, "backend": "b", "tokens_per_s": 100.0 if task == "gpt" else 200.0,
-            "seconds_per_step": 0.1, "peak_rss_mib": 10.0, "final_loss": 3.0, "gemm": "g",
-            "kernels": "k", "check_overhead": 0.05 if task == "gpt" else None,
+    """What `--one TASK` prints (the config as measure() would give it for --steps 7)."""
+    return {"config": {"steps": 8, "task": task, "width": 32}, "task": task, "backend": "b",
+            "tokens_per_s": 100.0 if task == "gpt" else 200.0, "seconds_per_step": 0.1,
+            "peak_rss_mib": 10.0, "final_loss": 3.0, "gemm": "g", "kernels": "k",
+            "check_overhead": 0.05 if task == "gpt" else None,
             "check_share": 0.04 if task == "gpt" else None}
 
 
@@ -25,9 +39,8 @@ def measured(monkeypatch):
     pytest.importorskip("torch")
 
     def run(cmd, **kwargs):
-        task = cmd[cmd.index("--one") + 1]
         assert cmd[cmd.index("--steps") + 1] == "7"
-        return types.SimpleNamespace(stdout=json.dumps(fake_row(task)) + "\n")
+        return types.SimpleNamespace(stdout=json.dumps(fake_row(cmd[cmd.index("--one") + 1])))
 
     monkeypatch.setattr(subprocess, "run", run)
 
@@ -35,8 +48,8 @@ def measured(monkeypatch):
 def test_the_json_rows_carry_the_config_each_task_trained(measured, capsys):
     assert bench_train.main(["--steps", "7", "--json", "--config", '{"width": 32}']) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [(r["task"], r["config"]["task"], r["config"]["steps"], r["config"]["width"])
-            for r in rows] == [("gpt", "gpt", 8, 32), ("float", "float", 8, 32)]
+    assert [(r["task"], r["config"]["task"], r["config"]["steps"]) for r in rows] == \
+        [("gpt", "gpt", 8), ("float", "float", 8)]
 
 
 def test_the_report_says_the_steps_trained_and_timed(measured, capsys):
