@@ -335,7 +335,7 @@ function renderPeers(s) {
           : "pending";
     const forked = p.hash && s.hash && p.step === s.step && p.hash !== s.hash ? " forked" : "";
     const gemm = p.gemm ? `${p.gemm}${p.kernels ? ` / ${p.kernels}` : ""}` : "–";
-    return `<tr class="${p.self ? "self" : ""}${forked}" data-peer="${escape(p.id)}"><td><span class="peer-id">${escape(p.id)}</span>${p.self ? " (you)" : ""}</td>
+    return `<tr class="${p.self ? "self" : ""}${forked}" data-peer="${escape(p.id)}"><td><code class="peer-id">${escape(p.id)}</code>${p.self ? " (you)" : ""}</td>
       <td>${escape(p.role)}${p.id === s.leader ? ", leader" : ""}</td><td>${approval}</td>
       <td>${escape(s.linkProblems[p.id] ? "no connection" : p.state || (p.connected ? "" : p.approved ? "not connected" : "waits for approval"))}</td>
       <td class="runtime">${escape(p.runtime || "–")}</td><td>${escape(gemm)}</td>
