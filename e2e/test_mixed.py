@@ -158,7 +158,10 @@ def test_two_native_peers_and_two_tabs_then_a_resumed_run_and_refused_files(
         wait(page, f"s => s.state === 'done' && s.step === {steps}", 60_000)
         assert history_hashes(page) == {**expected, **resumed}
     assert resumer.hashes() == resumed
-    assert "valid" in resumer.messages() and "leading the run with 3 peer" in resumer.messages()
+    said = resumer.messages()  # the checkpoint read and checked, named as train names it
+    assert (f"resuming {saved}: step {config['steps']} of {steps}, state hash "
+            f"{expected[config['steps']][:16]}") in said, said
+    assert "leading the run with 3 peer" in said
 
 
 def test_faults_across_the_mesh_cost_time_not_bits(tabs, natives, native_reference):

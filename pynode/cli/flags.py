@@ -326,6 +326,11 @@ def train_options(args: argparse.Namespace, **fields) -> TrainOptions:
     return TrainOptions(**fields)
 
 
+def resume_line(path: str, ckpt: Any, steps: int) -> str:
+    """The first line of a resumed run (train, join --start): which checkpoint, where."""
+    return f"resuming {path}: step {ckpt.step} of {steps}, state hash {ckpt.state_hash[:16]}"
+
+
 def resume_notes(stored: dict, step: int, given: dict) -> list[str]:
     """What a resume changes: one line per config flag whose value differs from the
     checkpoint's. The flags win (a lower --lr after a NonFiniteError is a fix, not a

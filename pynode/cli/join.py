@@ -28,6 +28,7 @@ from pynode.cli.flags import (
     check_output_flags,
     config_from_args,
     explicit_config,
+    resume_line,
     resume_notes,
     train_options,
     unsaved_note,
@@ -156,8 +157,7 @@ async def join_command(args: argparse.Namespace) -> int:
     if not args.cluster:
         require_network()
     if resume is not None:
-        say(f"checkpoint {args.resume}: step {resume.step}, hash {resume.state_hash[:16]}, "
-            "valid")
+        say(resume_line(args.resume, resume, cfg.steps))
     dashboard = register(args.dashboard, "join", 1) if args.dashboard else None
     if dashboard is not None:
         say(dashboard.card_line())

@@ -14,6 +14,7 @@ from pynode.cli.flags import (
     config_from_values,
     explicit_config,
     parse_capacity,
+    resume_line,
     resume_notes,
     unsaved_note,
 )
@@ -68,8 +69,7 @@ def run_config(args: argparse.Namespace) -> tuple[RunConfig, CheckpointState | N
     data = checkpoint_bytes(args.resume, "--resume")
     cfg, resume = read_resume(data, given, source=f"--resume {args.resume}")
     # said first: the header's "from step S" alone did not say the run was resumed
-    print(f"resuming {args.resume}: step {resume.step} of {cfg.steps}, state hash "
-          f"{resume.state_hash[:16]}", file=sys.stderr)
+    print(resume_line(args.resume, resume, cfg.steps), file=sys.stderr)
     for note in [*resume_notes(resume.config, resume.step, given), unsaved_note(args)]:
         if note:
             print(note, file=sys.stderr)
