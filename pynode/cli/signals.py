@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import sys
 import threading
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
@@ -42,12 +43,35 @@ def run(command: Coroutine[Any, Any, T]) -> T:
         finally:
             _main.clear()
 
+    started = main()
     try:
-        return asyncio.run(main())
+        if sys.version_info < (3, 11):  # no asyncio.Runner: its loop is made unguarded
+            return asyncio.run(started)
+        with asyncio.Runner(loop_factory=whole_loop) as runner:
+            return runner.run(started)
     except asyncio.CancelledError:
         if terminated() is None:
             raise
         raise KeyboardInterrupt from None
+    finally:  # a Ctrl-C before they ran: no "coroutine ... was never awaited" after it
+        started.close()
+        command.close()
+
+
+def whole_loop() -> asyncio.AbstractEventLoop:
+    """A new event loop, made with SIGINT held back until it is whole. A Ctrl-C in the
+    first moments of a command (CI's test of one, 1 in ~40 tries) met asyncio.run making its
+    loop: the half-made loop's __del__ then printed a traceback ("'_UnixSelectorEventLoop'
+    object has no attribute '_signal_handlers'") after `interrupted`. Held back, the signal
+    comes as the loop is whole, and the runner closes it."""
+    if not hasattr(signal, "pthread_sigmask") or \
+            threading.current_thread() is not threading.main_thread():
+        return asyncio.new_event_loop()
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        return asyncio.new_event_loop()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def not_an_interrupt(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:

@@ -432,6 +432,41 @@ def test_a_second_ctrl_c_in_another_task_prints_no_traceback():
     assert done.stderr == "", done.stderr
 
 
+# A Ctrl-C that comes while asyncio makes the command's loop (its selector, here).
+CTRL_C_AS_THE_LOOP_IS_MADE = """
+import asyncio, gc, os, selectors, signal
+signal.signal(signal.SIGINT, signal.default_int_handler)
+from pynode.cli import signals
+made = selectors.DefaultSelector
+
+def interrupted_selector():
+    os.kill(os.getpid(), signal.SIGINT)
+    return made()
+
+selectors.DefaultSelector = interrupted_selector
+
+async def command():
+    return "ran"
+
+try:
+    print(signals.run(command()), flush=True)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+gc.collect()
+"""
+
+
+def test_a_ctrl_c_while_the_loop_is_made_prints_no_traceback():
+    """CI's Ctrl-C test met asyncio.run making its loop (1 in ~40 tries): "interrupted",
+    then the half-made loop's __del__ printed "'_UnixSelectorEventLoop' object has no
+    attribute '_signal_handlers'" with its traceback. The loop is now made whole first."""
+    done = subprocess.run([sys.executable, "-c", CTRL_C_AS_THE_LOOP_IS_MADE], cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+                          text=True, timeout=60)
+    assert done.stdout.splitlines() == ["interrupted"], (done.stdout, done.stderr)
+    assert done.stderr == "", done.stderr
+
+
 # --- processes sharing one terminal -----------------------------------------------------------
 
 # After main() (here a command it refuses), the writer waits for the go file, then writes
