@@ -32,6 +32,7 @@ from pynode.cli.flags import (
     explicit_config,
     parse_capacity,
     replicas_note,
+    resume_line,
     resume_notes,
     train_options,
     unsaved_note,
@@ -85,6 +86,8 @@ async def lead(args: argparse.Namespace, cfg: RunConfig | None, collective, capa
         given = explicit_config(args)  # --data FILE: its sha256
         cfg, ckpt = read_resume(resume, given, source="" if elastic is not None
                                 else f"--resume {args.resume}")
+        if elastic is None:  # under torchrun's agent ElasticRank says which it agreed on
+            print(resume_line(args.resume, ckpt, cfg.steps), file=sys.stderr)
         for note in [*resume_notes(ckpt.config, ckpt.step, given), unsaved_note(args)]:
             if note:
                 print(note, file=sys.stderr)

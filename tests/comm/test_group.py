@@ -205,6 +205,10 @@ def runs(tmp_path_factory, full_suite) -> dict:
         done["crash"] = started.pop("crash").wait()
         started["resume_crash"] = Launched(folder, "resume_crash", ["train", "--resume",
                                            str(folder / "crash.pt"), "--no-progress", *QUICK])
+    # the same checkpoint resumed by a gloo pair (rank 0 reads it, rank 1 follows)
+    resume_pair = gloo_pair(folder, "resume_gloo", ["--resume", str(folder / "step2.pt"),
+                                                    "--steps", "4", "--no-progress", *QUICK])
+    pairs["resume_gloo"] = resume_pair
     started["resume3"] = Launched(folder, "resume3", ["train", "--resume",
                                   str(folder / "step2.pt"), "--steps", "4", "--peers", "3",
                                   "--no-progress", *QUICK])
@@ -437,6 +441,19 @@ def test_resume_on_three_peers_from_a_one_peer_checkpoint(runs, reference):
     assert [row["step"] for row in resumed.log] == [3, 4]
     assert resumed.hashes == reference.hashes[2:]
     assert resumed.final_hash == reference.final_hash
+
+
+def test_a_gloo_pair_resumes_a_one_peer_checkpoint_and_says_so(runs, reference):
+    """`cluster --resume` said nothing of the checkpoint it went on from (train and join
+    --start say `resuming F: step S of N, state hash H` first)."""
+    rank0, rank1 = ok(runs["resume_gloo"]), ok(runs["resume_gloo-rank1"])
+    saved = runs["folder"] / "step2.pt"
+    line = f"resuming {saved}: step 2 of 4, state hash {reference.hashes[1][:16]}"
+    assert line in rank0.err.splitlines()[0], rank0.err[-2000:]
+    assert "resuming" not in rank1.err, rank1.err[-2000:]
+    assert rank0.err.count("note: --steps 4 (the checkpoint's run has 2)") == 1
+    assert [row["step"] for row in rank0.log] == [3, 4]
+    assert rank0.hashes == reference.hashes[2:]
 
 
 @pytest.mark.full
