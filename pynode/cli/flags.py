@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pynode import datafile
+from pynode.cli.report import PLAIN_EVERY_S
 from pynode.config import ConfigError, RunConfig, check_outer_given, check_run_length
 from pynode.run.errors import OutputError
 from pynode.run.trainer import TrainOptions
@@ -75,7 +76,10 @@ def add_output_flags(parser: argparse.ArgumentParser, who: str = "") -> None:
                         "last agreed step if the run stops)")
     parser.add_argument("--save-every", type=int, metavar="N",
                         help="also write --save every N steps (resume it after a crash)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bar on a terminal, nor the plain step line every "
+                        f"{PLAIN_EVERY_S:.0f} s elsewhere: the run's first and last lines only "
+                        "(--log keeps every step)")
 
 
 def add_dashboard_flag(parser: argparse.ArgumentParser, who: str = "") -> None:

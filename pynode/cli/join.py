@@ -69,7 +69,9 @@ def add_join_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_output_flags(p)
     add_dashboard_flag(p)
     p.add_argument("--timeout", type=float, metavar="S",
-                   help="least seconds to wait for the other peers in a step (default 30)")
+                   help="seconds a step waits for a peer's part before the room drops that "
+                   "peer and goes on without it, at least: the deadline is this or 4x the "
+                   "step's expected time, whichever is longer (default 30)")
     add_arithmetic_flags(p)
     p.add_argument("--ice-server", action="append", default=[], metavar="URL",
                    help="a STUN/TURN server (repeat), added to the server's own "
