@@ -26,7 +26,7 @@ from pynode.cli.flags import (
 from pynode.cli.generate import add_generate_parser, add_train_sample_flags
 from pynode.cli.join import add_join_parser
 from pynode.cli.kit import add_kit_parser
-from pynode.cli.report import ReportHandler, say
+from pynode.cli.report import ReportHandler, plain, say
 from pynode.cli.signals import sigterm_as_interrupt, terminated
 from pynode.config import ConfigError
 from pynode.core.errors import DaisyError
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         # a local peer of train --peers says which (the whole group hears a terminal's Ctrl-C)
         who = f"rank {args.rank}: " if args.command == "_peer" else ""
         # join's lines carry the time (report.say): its last one too
-        tell = say if args.command == "join" else (lambda line: print(line, file=sys.stderr))
+        tell = say if args.command == "join" else plain
         if terminated():
             tell(f"{who}terminated")
             return 128 + terminated()

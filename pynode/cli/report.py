@@ -19,6 +19,12 @@ from pynode.run.assemble import write_atomically
 from pynode.run.trainer import StepResult, Trainer
 
 
+def plain(line: str) -> None:
+    """A line on stderr as it is: the last lines of a command whose lines carry no time
+    (`say` is for those that do), said after any progress bar is closed."""
+    print(line, file=sys.stderr)
+
+
 def say(text: str) -> None:
     """A line for the person at the terminal (above the progress bar, if one is drawn)."""
     echo(f"{time.strftime('%H:%M:%S')} {text}")
@@ -200,7 +206,7 @@ class Saver:
     def __init__(self, path: str | None, every: int | None,
                  tell: Callable[[str], None] | None = None) -> None:
         self.path, self.every = path, every
-        self.tell = tell or (lambda line: print(line, file=sys.stderr))
+        self.tell = tell or plain
         self.agreed: bytes | None = None
         self.agreed_step = 0
 
