@@ -86,7 +86,8 @@ def matrix_line(row: dict[str, Any]) -> str:
         return "?" if value is None else f"{value:g} {unit}"
 
     return (f"{row['a']} -> {row['b']}: {row['state']}, {row['local'] or '?'} -> "
-            f"{row['remote'] or '?'}, RTT {number(row['rtt_ms'], 'ms')}, "
+            f"{row['remote'] or '?'}{route_kind(row['local'], row['remote'])}, "
+            f"RTT {number(row['rtt_ms'], 'ms')}, "
             f"{number(row['mbps'], 'MB/s')}")
 
 
@@ -484,7 +485,9 @@ class NativePeer:
         """--stay: ready for the room's next run, as a tab is (a machine given to a room
         needed `join` started and approved again for each run); False without it. The next
         run has its own bar, --log rows (appended), --save and dashboard card."""
-        if not getattr(self.args, "stay", False):
+        if not getattr(self.args, "stay", False):  # it left without a word, tabs staying
+            say("left the room with the run's end (with --stay a peer waits there for the "
+                "room's next run)")
             return False
         self.reporter = self.trainer = self.save_step = None
         self.saver = Saver(self.args.save, self.args.save_every, tell=say)

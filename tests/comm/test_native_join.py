@@ -989,6 +989,9 @@ def test_a_join_with_stay_is_ready_for_the_rooms_next_run(capsys, tmp_path):
         return await peer.finished
 
     assert asyncio.run(without()) == EXIT_DONE
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith("left the room with the run's end (with --stay a peer waits "
+                                 "there for the room's next run)"), err
 
 
 def test_an_interrupted_join_tells_the_dashboard_it_stopped(monkeypatch):
@@ -1163,8 +1166,10 @@ def test_the_matrix_waits_for_its_own_links_first_rtt_and_scan(monkeypatch, caps
     asyncio.run(NativePeer.print_matrix(peer))
     out = capsys.readouterr()
     printed = out.out + out.err
-    assert "me -> p2: connected, host -> host, RTT 0.4 ms, 21.5 MB/s" in printed, printed
-    assert "p2 -> me: connected, host -> host, RTT ?" in printed  # not waited for
+    # "host" is ICE's word for a machine's own address: the line says what it means
+    assert "me -> p2: connected, host -> host, direct, RTT 0.4 ms, 21.5 MB/s" in printed, \
+        printed
+    assert "p2 -> me: connected, host -> host, direct, RTT ?" in printed  # not waited for
     monkeypatch.setattr(cli_peer, "MATRIX_WAIT_S", 0.05)  # a link that never answers
     measured["rtt_ms"] = None
 
@@ -1174,7 +1179,7 @@ def test_the_matrix_waits_for_its_own_links_first_rtt_and_scan(monkeypatch, caps
     peer.mesh.matrix = silent
     asyncio.run(asyncio.wait_for(NativePeer.print_matrix(peer), 5))
     out = capsys.readouterr()
-    assert "me -> p2: connected, host -> host, RTT ?" in out.out + out.err
+    assert "me -> p2: connected, host -> host, direct, RTT ?" in out.out + out.err
     monkeypatch.setattr(cli_peer, "MATRIX_WAIT_S", 60)  # a failed link is not waited for
     looked = []
 
