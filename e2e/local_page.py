@@ -49,9 +49,10 @@ class LocalServer:
             self.proc.wait()
 
 
-def open_page(browser: Any, url: str, console: list[str]) -> Any:
-    """A page in a fresh context, its console lines appended to `console`."""
-    page = browser.new_context().new_page()
+def open_page(browser: Any, url: str, console: list[str], **context: Any) -> Any:
+    """A page in a fresh context (`context`: its options, e.g. timezone_id), its console
+    lines appended to `console`."""
+    page = browser.new_context(**context).new_page()
     page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
     page.on("pageerror", lambda e: console.append(f"page error: {e}"))
     page.goto(url)

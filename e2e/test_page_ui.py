@@ -9,6 +9,7 @@ private network's browser of conftest.py is a second one).
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 import time
@@ -300,8 +301,9 @@ def test_a_waiting_page_says_who_it_is_and_when_it_gives_up(local_browser, tmp_p
     what to check; the same for any code (the server never says which codes exist)."""
     server = local_server(tmp_path)
     try:
+        # a computer whose clock is not UTC (+05:30): every time the page shows is its own
         page = open_page(local_browser, f"{server.url}/?room={'C' * 22}&approval_wait=600",
-                         console)
+                         console, timezone_id="Asia/Kolkata")
         page.wait_for_selector("#pending-line", state="visible", timeout=30_000)
         text = " ".join(page.inner_text("#pending-line").split())
         wait_booted(page)  # its checks passed: "ready" in its state, not in its header
@@ -310,8 +312,13 @@ def test_a_waiting_page_says_who_it_is_and_when_it_gives_up(local_browser, tmp_p
                                timeout=10_000)
         badge = page.inner_text("#state-badge")
         peer_id, until = status(page)["peerId"], status(page)["approvalUntil"]
-        shown = page.evaluate("u => new Date(u).toLocaleTimeString()", until)
         now_ms = page.evaluate("() => Date.now()")
+        page.wait_for_function("() => document.querySelectorAll('#messages time').length === "
+                               "Math.min(30, daisychain.status().messages.length)",
+                               timeout=10_000)
+        messages, message_times = page.evaluate(
+            "() => [daisychain.status().messages, [...document.querySelectorAll("
+            "'#messages time')].map(t => t.textContent)]")
         # a real room: its host's banner says the move is the host's ("waiting for 1 more"
         # read as if the other page had to act)
         host = open_page(local_browser, f"{server.url}/?create=1", console)
@@ -325,7 +332,14 @@ def test_a_waiting_page_says_who_it_is_and_when_it_gives_up(local_browser, tmp_p
         asking_text = " ".join(asking.inner_text("#pending-line").split())
     finally:
         server.close()
+    kolkata = datetime.timezone(datetime.timedelta(hours=5, minutes=30))
+    shown = datetime.datetime.fromtimestamp(until / 1000, kolkata).strftime("%H:%M:%S")
     assert f"(peer {peer_id}), until {shown}." in text, text
+    # Messages, newest first, on the same clock (they showed UTC, from the ISO stamp)
+    assert message_times == [
+        datetime.datetime.fromisoformat(m["at"].replace("Z", "+00:00")).astimezone(kolkata)
+        .strftime("%H:%M:%S") for m in reversed(messages[-30:])], (message_times, messages)
+    assert message_times, messages
     assert badge == "waiting", badge
     assert "check the link with the room's host" in text, text
     assert 590_000 < until - now_ms <= 600_000, until - now_ms

@@ -36,6 +36,14 @@ const NUMBER_FIELDS = { width: whole, layers: whole, heads: whole, seq: whole,
 const MAX_STEPS = 10_000_000;
 const MOST = { steps: MAX_STEPS, sync_every: MAX_STEPS };
 
+// A time of day as this page shows every one: the computer's own clock, 24-hour HH:MM:SS,
+// as `join` stamps its lines (Messages showed UTC from the ISO stamp, and the waiting line
+// a 12-hour local time beside it).
+function clock(date) {
+  return [date.getHours(), date.getMinutes(), date.getSeconds()]
+    .map((n) => String(n).padStart(2, "0")).join(":");
+}
+
 // A form field's label, as the page names the field in its messages.
 const labelOf = (field) => field.closest("label").firstChild.textContent.trim();
 
@@ -131,8 +139,8 @@ function renderRoom(s) {
   if (s.room) $("share-link").value = `${location.origin}/?room=${s.room}`;
   $("pending-line").hidden = !s.peerId || s.approved || Boolean(s.roomProblem);
   $("pending-peer").textContent = s.peerId || "";
-  $("pending-until").textContent = s.approvalUntil
-    ? new Date(s.approvalUntil).toLocaleTimeString() : "it gives up";
+  $("pending-until").textContent = s.approvalUntil ? clock(new Date(s.approvalUntil))
+    : "it gives up";
   $("host-away").hidden = !s.hostAway || !s.approved || Boolean(s.roomProblem);
   $("room-problem").hidden = !s.roomProblem;
   $("room-problem").textContent = s.roomProblem || "";
@@ -355,6 +363,14 @@ function renderPeers(s) {
     <td></td><td></td><td></td><td></td>`;
 }
 
+// A link's ICE candidate types in plain words, as `join` says them (pynode.cli.peer
+// route_kind): "host" is ICE's word for a machine's own address, not the room's host.
+function routeKind(l) {
+  if (l.local === "host" && l.remote === "host") return ", direct";
+  if (l.local === "relay" || l.remote === "relay") return ", relayed by the TURN server";
+  return "";
+}
+
 // The link matrix: one row per pair of peers, from `s.links` when the page measures them
 // ({a, b, state, rtt_ms, candidate, mbps}); until then the panel says what it will show.
 function renderLinks(s) {
@@ -362,7 +378,7 @@ function renderLinks(s) {
   $("links").hidden = !links.length;
   $("links").tBodies[0].innerHTML = links.map((l) => `<tr><td>${escape(l.a)} – ${escape(l.b)}</td>
     <td>${escape(l.state)}</td><td>${l.rtt_ms == null ? "–" : `${l.rtt_ms.toFixed(1)} ms`}</td>
-    <td>${escape(l.candidate || "–")}</td><td>${l.mbps == null ? "–" : `${l.mbps.toFixed(1)} MB/s`}</td></tr>`).join("");
+    <td class="route">${escape(l.candidate ? l.candidate + routeKind(l) : "–")}</td><td>${l.mbps == null ? "–" : `${l.mbps.toFixed(1)} MB/s`}</td></tr>`).join("");
 }
 
 // One line at the top: can this page train, what it waits for, or why it stopped.
@@ -498,7 +514,7 @@ function renderChecks(s) {
 
 function renderMessages(s) {
   $("messages").innerHTML = s.messages.slice(-30).reverse().map((m) =>
-    `<li class="${escape(m.level)}"><time>${escape(m.at.slice(11, 19))}</time> ${escape(m.text)}</li>`).join("");
+    `<li class="${escape(m.level)}"><time>${clock(new Date(m.at))}</time> ${escape(m.text)}</li>`).join("");
 }
 
 let scheduled = false;
