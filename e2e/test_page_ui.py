@@ -257,6 +257,7 @@ def test_bad_and_unknown_room_codes_end_next_to_the_room_controls(
         bad_text = bad.inner_text("#room-problem")
         bad_inside = bad.locator("#room-panel #room-problem").count()
         bad_status = status(bad)
+        bad_alert_hidden = bad.is_hidden("#alert")
 
         host = open_page(local_browser, f"{server.url}/?create=1", console)
         real_code = status(host)["room"]
@@ -270,6 +271,12 @@ def test_bad_and_unknown_room_codes_end_next_to_the_room_controls(
             ended[name] = (time.monotonic() - joined_at, page.inner_text("#room-problem"),
                            status(page)["peerId"], page.is_hidden("#pending-line"),
                            page.inner_text("#state-badge"))
+            # said by the banner and the room panel, not a third time in the error notice
+            wait_booted(page)  # the banner says the checks' state first
+            page.wait_for_timeout(300)  # a frame for the notice, were it shown
+            banner = page.inner_text("#readiness")
+            assert banner == f"Checks passed; not in a room: {ended[name][1]}", (name, banner)
+            assert page.is_hidden("#alert"), (name, page.inner_text("#alert-text"))
             # not "Private room, you are X" beside the reason it is in none (a user trial)
             page.wait_for_function("() => document.querySelector('#room-line').textContent"
                                    ".startsWith('Not in a room')", timeout=5_000)
@@ -284,6 +291,7 @@ def test_bad_and_unknown_room_codes_end_next_to_the_room_controls(
     assert bad_text.startswith('"no!code" is not a room code'), bad_text
     assert "check the link" in bad_text and bad_inside == 1
     assert bad_status["peerId"] is None and bad_status["roomProblem"] == bad_text
+    assert bad_alert_hidden, "the reason shows in the room panel and the banner only"
     for name, (seconds, text, _peer_id, pending_hidden, badge) in ended.items():
         # it left the room: no host can approve that id any more (a newcomer trial)
         assert text == (f"nobody approved this page within {wait_s} s: check the room code, "

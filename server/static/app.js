@@ -152,10 +152,13 @@ function renderRoom(s) {
 }
 
 // The latest error, wherever it came from (the server, the worker, a run, an action), stays
-// at the top of the page until it is dismissed or a newer one replaces it.
+// at the top of the page until it is dismissed or a newer one replaces it. Not the reason
+// the page is out of the room: the banner and the room panel say it (a newcomer read the
+// same sentence three times in a row).
 function renderAlert(s) {
   const last = s.messages.findLast((m) => m.level === "error");
-  const shown = last && `${last.at} ${last.text}` !== dismissedError ? last : null;
+  const shown = last && `${last.at} ${last.text}` !== dismissedError &&
+    last.text !== s.roomProblem ? last : null;
   $("alert").hidden = !shown;
   $("alert-text").textContent = shown ? shown.text : "";
 }
