@@ -488,7 +488,14 @@ def test_the_peers_table_is_whole_at_1280_px(local_browser, tmp_path, console):
             return {table: table.right, panel: inner, scroll: panel.scrollWidth,
                     box: panel.clientWidth, page: document.documentElement.scrollWidth,
                     view: window.innerWidth, ids: ids.length,
-                    broken: ids.filter(e => e.getClientRects().length > 1).length}; }""")
+                    broken: ids.filter(e => e.getClientRects().length > 1).length,
+                    // a run field wrapped below its name, not beside it ("microbatches per
+                    // step"): it starts at the label's left edge
+                    below: [...document.querySelectorAll('#config-form label')].filter(l => {
+                        const f = l.querySelector('input[type=number], select');
+                        return f && f.getBoundingClientRect().left
+                            - l.getBoundingClientRect().left < 20; })
+                        .map(l => l.textContent.trim())}; }""")
         tabs_shot = host.screenshot(full_page=True)
         (REPO / "artifacts" / "e2e").mkdir(parents=True, exist_ok=True)
         (REPO / "artifacts" / "e2e" / "peers-table-1280.png").write_bytes(tabs_shot)
@@ -499,6 +506,7 @@ def test_the_peers_table_is_whole_at_1280_px(local_browser, tmp_path, console):
     assert sizes["page"] <= sizes["view"], sizes
     # each peer id on one line: people read it out to the host (it broke after 12 of 14)
     assert sizes["ids"] == 2 and sizes["broken"] == 0, sizes
+    assert sizes["below"] == [], sizes
 
 
 def test_copy_copies_the_share_link_where_the_page_has_no_clipboard_api(local_browser,
