@@ -494,6 +494,18 @@ def _connect_blocking(
     return GlooCollective(pg, store, rank, world_size, keys, previous)
 
 
+# store constructors given up on, still waiting in C++ on their daemon threads
+_stranded: list[threading.Thread] = []
+
+
+def stranded() -> bool:
+    """Whether a gloo store's constructor that this process gave up on still waits in C++.
+    If its connection ends while the interpreter shuts down, the thread wakes without the
+    interpreter, and the process aborts (SIGABRT, a C++ stack trace, exit 134) after its
+    error line: `python -m pynode` then leaves without shutting the interpreter down."""
+    return any(thread.is_alive() for thread in _stranded)
+
+
 def _open_store(addr: str, port: int, world_size: int, hosts: bool,
                 timeout: timedelta) -> Any:
     """dist.TCPStore, given its timeout and a guard to come up. A client whose MASTER_PORT
@@ -515,6 +527,7 @@ def _open_store(addr: str, port: int, world_size: int, hosts: bool,
     thread.start()
     thread.join(timeout.total_seconds() + _GUARD_S)
     if thread.is_alive():
+        _stranded.append(thread)
         raise PeerLost([0], f"{addr}:{port} answered, but no gloo store within "
                        f"{timeout.total_seconds():g} s: is another program listening on "
                        "MASTER_PORT?")

@@ -197,6 +197,56 @@ def test_cluster_without_rank0_says_so_in_one_line(tmp_path: Path) -> None:
     assert "within 1 s" in done.stderr
 
 
+def test_a_rank_whose_master_port_is_another_programs_exits_with_its_error(
+        tmp_path: Path) -> None:
+    """MASTER_PORT pointing at another program (the DaisyChain server's own port, a natural
+    slip): the rank said its named error, then, as that program closed the connection while
+    the interpreter shut down, the store's C++ thread woke and the process aborted (exit
+    134, a C++ stack trace, "terminate called without an active exception"). Here the
+    program closes its connections as soon as the error line is out."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import threading
+
+    repo = Path(__file__).resolve().parents[2]
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYNODE_")},
+           "PYTHONPATH": str(repo), "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(listener.getsockname()[1]), "WORLD_SIZE": "2", "RANK": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "pynode", "cluster", "--timeout", "1"],
+                            cwd=repo, env=env, stderr=subprocess.PIPE, text=True)
+    lines = []
+    try:
+        for line in proc.stderr:
+            lines.append(line)
+            if "no gloo store within" in line:
+                for connection in held:
+                    connection.close()
+        proc.wait(timeout=120)
+    finally:
+        listener.close()
+        if proc.poll() is None:
+            proc.kill()
+    err = "".join(lines)
+    assert proc.returncode == 2, err[-3000:]
+    assert err == (f"error: PeerLost: 127.0.0.1:{env['MASTER_PORT']} answered, but no gloo "
+                   "store within 1 s: is another program listening on MASTER_PORT?\n"), err
+
+
 class StoreThatCloses:
     """A store in which ranks 0 and 1 checked in; it goes away after `polls` checks (rank 0,
     its host, done with its own roll call, exited)."""
