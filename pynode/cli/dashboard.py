@@ -22,6 +22,7 @@ import socket
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from typing import Any
@@ -105,22 +106,39 @@ def refusal(exc: urllib.error.HTTPError, said: dict[str, str] | None = None) -> 
             "server's own address, http(s)://HOST:PORT")
 
 
+def server_of(url: str) -> str:
+    """The server of a --dashboard address: the addresses a browser shows (…/dashboard, a
+    card's …/dashboard#run-ID, which every run prints) are taken for their server's."""
+    parts = urllib.parse.urlsplit(url)
+    path = parts.path.rstrip("/")
+    if path.endswith("/dashboard"):
+        path = path[: -len("/dashboard")]
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+
+def unreachable(exc: BaseException) -> str:
+    """Why a request reached no server, in words ("Connection refused"), not urllib's
+    "<urlopen error [Errno 111] Connection refused>"."""
+    reason = getattr(exc, "reason", exc)
+    return getattr(reason, "strerror", None) or str(reason)
+
+
 def register(url: str, command: str, world: int, name: str = "") -> DashboardRun:
     """A new run on the server at `url`; DashboardError naming what the server said. Its
     card is named after this machine (`join on HOST`): a room's peers each have one."""
     name = name or f"{command} on {socket.gethostname()}"[:MAX_NAME]
     if not url.startswith(("http://", "https://")):
         raise DashboardError(f"--dashboard must be a server URL http(s)://HOST:PORT, got {url!r}")
-    base = url.rstrip("/")
-    if base.endswith("/dashboard"):  # the address the browser shows: the server is above it
-        base = base[: -len("/dashboard")]
+    base = server_of(url)
     try:
         reply = json.loads(post_json(f"{base}/api/runs",
                                      {"name": name, "command": command, "world": world}))
     except urllib.error.HTTPError as exc:
         raise DashboardError(f"--dashboard {url} refused the run: {refusal(exc)}") from exc
     except (OSError, ValueError) as exc:
-        raise DashboardError(f"--dashboard {url}: no DaisyChain server answered ({exc})") from exc
+        raise DashboardError(f"--dashboard {url}: no DaisyChain server answered at {base} "
+                             f"({unreachable(exc)}): is `python -m server` running there?"
+                             ) from exc
     return DashboardRun(base, reply["run"], reply["token"], name, command, world)
 
 
@@ -257,7 +275,7 @@ class StatusReporter:
             self._warn(refusal(exc, said))
             return None
         except (OSError, ValueError) as exc:
-            self._warn(str(exc))
+            self._warn(unreachable(exc))
             return None
         if self.failed:
             self.failed = False
@@ -287,7 +305,8 @@ class StatusReporter:
                        final=self.refused_again)
             return False
         except (OSError, ValueError) as exc:
-            self._warn(f"it had forgotten the run and did not register it again: {exc}")
+            self._warn("it had forgotten the run and did not register it again: "
+                       f"{unreachable(exc)}")
             return False
         if not self.told_registered_again:
             self.told_registered_again = True

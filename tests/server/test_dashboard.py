@@ -488,6 +488,9 @@ def test_a_dashboard_that_is_not_a_server_is_refused_before_training(tmp_path):
                                      f"http://127.0.0.1:{free_port()}"], {})
     done = run.wait()
     assert done.rc == 2 and "DashboardError" in done.err and "no DaisyChain server" in done.err
+    # in words, with the next step (not "<urlopen error [Errno 111] Connection refused>")
+    assert "(Connection refused): is `python -m server` running there?" in done.err, done.err
+    assert "urlopen" not in done.err and "Errno" not in done.err, done.err
     assert not os.path.exists(tmp_path / "bad.jsonl") or done.log == []
 
 
@@ -534,6 +537,16 @@ def test_an_http_refusal_is_one_line_and_the_dashboard_address_means_its_server(
     assert posted == [("http://127.0.0.1:8000/api/runs", {
         "name": f"train on {socket.gethostname()}", "command": "train", "world": 1})]
     assert run.url == "http://127.0.0.1:8000"
+    # the card's address every run prints (…/dashboard#run-ID), given to the next run: its
+    # fragment went into the POST's path (HTTP 405, "not a DaisyChain server's answer")
+    for given in ("http://127.0.0.1:8000/dashboard#run-4e4de57f9c1d8b1e",
+                  "http://127.0.0.1:8000/dashboard?x=1#run-4e4de57f9c1d8b1e",
+                  "http://127.0.0.1:8000/#run-1", "http://127.0.0.1:8000"):
+        posted.clear()
+        assert dashboard.register(given, "train", 1).url == "http://127.0.0.1:8000", given
+        assert posted[0][0] == "http://127.0.0.1:8000/api/runs", (given, posted)
+    # a server under a path prefix keeps it
+    assert dashboard.server_of("https://h.example/dc/dashboard#run-1") == "https://h.example/dc"
 
 
 def test_a_curve_sent_again_merges_in_by_step():
