@@ -96,7 +96,7 @@ async def lead(args: argparse.Namespace, cfg: RunConfig | None, collective, capa
         capacity_note(cfg.microbatches, capacities)
     if note:
         print(note, file=sys.stderr)
-    saver = Saver(args.save, args.save_every)
+    saver = Saver(args.save, args.save_every, log=args.log)
     reporter: StepReporter | None = None
     hooks: list = []  # the loop's on_step hooks, filled once the trainer exists
     last: list[StepResult] = []
@@ -131,7 +131,7 @@ async def lead(args: argparse.Namespace, cfg: RunConfig | None, collective, capa
         where = f" (step {stopped.state.step}/{stopped.cfg.steps})" if stopped else ""
         # one line: the rank's status line said the same reason again
         print(f"error: the group stopped: {reason}{where}"
-              + (f"; to go on from there, start the group again with --resume {saver.path}"
+              + (f"; to go on from there, start the group again with {saver.resume_flags()}"
                  if saved else ""), file=sys.stderr)
         return 3
     except BaseException as exc:  # refused mid-run (a non-finite step, ...), or interrupted

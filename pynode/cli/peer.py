@@ -107,7 +107,7 @@ class NativePeer:
         self.serving: asyncio.Task | None = None
         self.trainer: Trainer | None = None
         self.reporter: StepReporter | None = None
-        self.saver = Saver(args.save, args.save_every, tell=say)
+        self.saver = Saver(args.save, args.save_every, tell=say, log=getattr(args, "log", None))
         self.save_step: Any = None  # the saver's hook for the current trainer
         self.kept: str | None = None  # --stay: what --save holds of the last run, said
         self.shown: dict[str, Any] = {"state": "ready", "step": 0, "loss": None, "hash": None,
@@ -490,7 +490,8 @@ class NativePeer:
                 "room's next run)")
             return False
         self.reporter = self.trainer = self.save_step = None
-        self.saver = Saver(self.args.save, self.args.save_every, tell=say)
+        self.saver = Saver(self.args.save, self.args.save_every, tell=say,
+                           log=getattr(self.args, "log", None))
         self.shown.update(state="ready", error=None)
         if self.status is not None:  # its card ended with the run: a new one for the next
             self.status = None

@@ -204,8 +204,8 @@ class Saver:
     a stop: stderr as they are, or `say` for a command whose lines carry the time (join)."""
 
     def __init__(self, path: str | None, every: int | None,
-                 tell: Callable[[str], None] | None = None) -> None:
-        self.path, self.every = path, every
+                 tell: Callable[[str], None] | None = None, log: str | None = None) -> None:
+        self.path, self.every, self.log = path, every, log  # log: the run's --log, if any
         self.tell = tell or plain
         self.agreed: bytes | None = None
         self.agreed_step = 0
@@ -242,7 +242,14 @@ class Saver:
             return None
         write_atomically(self.path, self.agreed)
         return (f"saved the last agreed state (step {self.agreed_step}) to {self.path}: "
-                f"--resume {self.path} goes on from there")
+                f"{self.resume_flags()} goes on from there")
+
+    def resume_flags(self) -> str:
+        """The flags that go on from the saved state and keep writing where this run did:
+        `--resume F` alone left the state the resumed run reaches unsaved, and its log rows
+        unwritten (a newcomer trial)."""
+        flags = f"--resume {self.path} --save {self.path}"
+        return f"{flags} --log {self.log}" if self.log else flags
 
     def tell_last_agreed(self) -> bool:
         """After a stop (an error, an interrupt): write the last agreed state and say so;

@@ -466,8 +466,9 @@ def test_gloo_rank_death_stops_rank0_in_bounded_time_with_a_checkpoint(runs, ref
     assert last.startswith("error: the group stopped: PeerLost"), last
     # said once (the status line said it too), with where it stopped and how to go on
     assert sum("PeerLost" in line for line in rank0.err.splitlines()) == 1, rank0.err[-2000:]
+    saved, log = runs["folder"] / "X.pt", runs["folder"] / "death.jsonl"
     assert last.endswith(" (step 2/4); to go on from there, start the group again with "
-                         f"--resume {runs['folder'] / 'X.pt'}"), last
+                         f"--resume {saved} --save {saved} --log {log}"), last
     stopped_after = rank0.ended - rank1.ended
     assert stopped_after < STOP_BOUND_S, f"rank 0 took {stopped_after:.1f} s to stop"
     assert rank0.hashes == reference.hashes[:2]

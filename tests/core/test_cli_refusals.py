@@ -515,14 +515,23 @@ def test_a_joins_stop_lines_carry_the_time_as_its_other_lines(tmp_path, capsys, 
     from pynode.cli.report import Saver, say
 
     timed = re.compile(r"^\d\d:\d\d:\d\d ")
-    saver = Saver(str(tmp_path / "run.pt"), None, tell=say)  # as NativePeer makes it
+    saved, log = tmp_path / "run.pt", tmp_path / "run.jsonl"
+    saver = Saver(str(saved), None, tell=say, log=str(log))  # as NativePeer makes it
     saver.tell_last_agreed()
     saver.agreed, saver.agreed_step = b"state", 3
     saver.tell_last_agreed()
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 2 and all(timed.match(line) for line in lines), lines
-    assert lines[1].endswith(f"saved the last agreed state (step 3) to {tmp_path / 'run.pt'}: "
-                             f"--resume {tmp_path / 'run.pt'} goes on from there")
+    # the whole recipe: `--resume F` alone left the resumed run unsaved and its log short
+    assert lines[1].endswith(f"saved the last agreed state (step 3) to {saved}: --resume "
+                             f"{saved} --save {saved} --log {log} goes on from there"), lines
+    Saver(str(saved), None, log=None).tell_last_agreed()  # nothing agreed yet: no recipe
+    unlogged = Saver(str(saved), None)
+    unlogged.agreed, unlogged.agreed_step = b"state", 3
+    unlogged.tell_last_agreed()
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"saved the last agreed state (step 3) to {saved}: --resume {saved} --save {saved} "
+        "goes on from there")
 
     def interrupt(args, argv):
         raise KeyboardInterrupt
