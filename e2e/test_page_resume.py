@@ -75,8 +75,8 @@ def test_choosing_a_checkpoint_shows_it_and_only_the_button_resumes(local_browse
         server.close()
     state_hash = load_checkpoint(good.read_bytes()).state_hash
     assert refused[0] == ("checkpoint refused: notes.pt is not a valid DaisyChain checkpoint "
-                          "(CheckpointError: not a readable .pt archive (truncated or "
-                          "damaged?): File is not a zip file)"), refused
+                          "(CheckpointError: not a checkpoint: a .pt checkpoint is a zip "
+                          "archive, and this file is text)"), refused
     assert refused[1], "a file that is no checkpoint has no preview"
     assert rows["model"].startswith(MODEL), rows
     assert rows["step"] == "saved at step 3 of its run's 3 steps", rows
@@ -131,8 +131,8 @@ def test_a_script_previews_a_resume_as_the_page_does(local_browser, tmp_path, co
     refused = finished["answer"]["refused"]
     assert refused.startswith("NothingToTrainError: the checkpoint is at step 3 and the run "
                               "ends at step 3"), refused
-    assert junk == {"refused": "CheckpointError: not a readable .pt archive (truncated or "
-                               "damaged?): File is not a zip file"}, junk
+    assert junk == {"refused": "CheckpointError: not a checkpoint: a .pt checkpoint is a zip "
+                               "archive, and this file is text"}, junk
     said = "TypeError: a checkpoint is the .pt file's bytes, an ArrayBuffer (await " \
            "file.arrayBuffer()), got {}"
     assert text == said.format("a string"), text

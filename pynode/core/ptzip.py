@@ -55,10 +55,26 @@ def write_stored(records: list[tuple[str, bytes]]) -> bytes:
     return bytes(out + central + end)
 
 
+def what_it_is(b: bytes) -> str:
+    """What a file that is no archive holds, in a word: a run's --log, notes or a script
+    given for a checkpoint (easy slips) read as text."""
+    if not b:
+        return "empty"
+    try:
+        b[:4096].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < 4090:  # not a character cut at the end of the sample
+            return "not one"
+    return "text"
+
+
 def read_members(b: bytes) -> dict[str, bytes]:
     """Members under the archive folder that holds data.pkl, by name relative to it: every
     member one torch writes (_RECORD), each local header as the central directory says
     (_check_local), the `version` record torch.load requires among them."""
+    if not b.startswith(b"PK\x03\x04"):  # no archive at all: not "truncated or damaged?"
+        raise ArchiveError(f"not a checkpoint: a .pt checkpoint is a zip archive, and this "
+                           f"file is {what_it_is(b)}")
     try:
         with zipfile.ZipFile(io.BytesIO(b)) as zf:
             infos = zf.infolist()

@@ -431,15 +431,24 @@ def test_a_checkpoint_that_cannot_be_read_or_resumed_names_its_flag_file_and_cau
     without the flag; --steps, which fits, is not named with it."""
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"garbage")
+    # no archive at all (a run's --log given for its checkpoint, an easy slip) is not
+    # "truncated or damaged?" with zipfile's "File is not a zip file"
+    err = refused(["train", "--resume", str(bad), "--no-progress"], capsys)
+    assert err == (f"error: CheckpointError: --resume {bad}: not a checkpoint: a .pt "
+                   "checkpoint is a zip archive, and this file is text\n"), err
+    err = refused(["generate", "--checkpoint", str(bad), "--prompt", "a"], capsys)
+    assert err.startswith(f"error: CheckpointError: --checkpoint {bad}: not a checkpoint"), err
+    err = refused(["kit", str(bad), "-o", str(tmp_path / "kit.html")], capsys)
+    assert err.startswith(f"error: CheckpointError: the checkpoint {bad}: not a checkpoint"), err
+    for content, what in ((b"", "empty"), (bytes(range(256)), "not one")):
+        bad.write_bytes(content)
+        err = refused(["train", "--resume", str(bad), "--no-progress"], capsys)
+        assert err.endswith(f"and this file is {what}\n"), err
+    with open(checkpoint_at(2, tmp_path / "cut.pt"), "rb") as whole:
+        bad.write_bytes(whole.read()[:4096])  # an archive cut short
     err = refused(["train", "--resume", str(bad), "--no-progress"], capsys)
     assert err.startswith(f"error: CheckpointError: --resume {bad}: not a readable .pt "
-                          "archive"), err
-    err = refused(["generate", "--checkpoint", str(bad), "--prompt", "a"], capsys)
-    assert err.startswith(f"error: CheckpointError: --checkpoint {bad}: not a readable .pt "
-                          "archive"), err
-    err = refused(["kit", str(bad), "-o", str(tmp_path / "kit.html")], capsys)
-    assert err.startswith(f"error: CheckpointError: the checkpoint {bad}: not a readable .pt "
-                          "archive"), err
+                          "archive (truncated or damaged?)"), err
     saved = checkpoint_at(2, tmp_path / "saved.pt")  # width 32, 1 layer, 2 heads, seq 16
     err = refused(["train", "--resume", saved, "--steps", "9", "--width", "64", "--no-progress"],
                   capsys)
