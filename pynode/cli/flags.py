@@ -190,8 +190,11 @@ def check_output_flags(args: argparse.Namespace, writes: bool = True,
                                 else "--start --resume")
         if flag == "--log" and lock_log:
             hold_log(path)
-    if args.save_every is not None and (args.save_every < 1 or not args.save):
-        raise ConfigError("--save-every needs --save and a positive number of steps")
+    if args.save_every is not None and args.save_every < 1:  # said apart: --save may be there
+        raise ConfigError(f"--save-every takes a positive number of steps, got "
+                          f"{args.save_every}")
+    if args.save_every is not None and not args.save:
+        raise ConfigError("--save-every needs --save (the file it writes every N steps)")
 
 
 _HELD_LOGS: list[tuple[Any, str, bool]] = []  # (file, path, made here), until the end

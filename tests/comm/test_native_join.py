@@ -350,7 +350,10 @@ def test_join_refuses_bad_input_before_it_connects(tmp_path):
         (["--start", "--resume", str(bad)], "CheckpointError"),
         (["--start", "--resume", str(tmp_path / "missing.pt")], "missing.pt"),
         (["--save", str(tmp_path / "no" / "such" / "x.pt")], "does not exist"),
-        (["--save-every", "2"], "--save-every needs --save"),
+        (["--save-every", "2"], "--save-every needs --save (the file it writes"),
+        # --save is there: the number is what is wrong (it blamed the missing --save too)
+        (["--save", str(tmp_path / "x.pt"), "--save-every", "0"],
+         "ConfigError: --save-every takes a positive number of steps, got 0"),
     ]
     for flags, reason in cases:
         done = join("--server", nowhere, *flags)
