@@ -19,6 +19,7 @@ import sys
 import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from pynode import platform
 from pynode.cli.dashboard import DashboardRun, StatusReporter, register, share_run
@@ -385,6 +386,28 @@ async def peer_command(args) -> int:
         await collective.close()
 
 
+FORMING_NOTICE_S = 3.0  # a group not formed by then: its rank says what it waits for
+
+
+async def told_while_forming(forming: Awaitable[Any], timeout: float) -> Any:
+    """The gloo group `forming` makes; if it has not formed within FORMING_NOTICE_S, this
+    rank says what it waits for. Both ranks of a cluster started a step apart said nothing
+    for up to --timeout (60 s), which read as a hang (a newcomer trial)."""
+    task = asyncio.ensure_future(forming)
+    try:
+        if timeout > FORMING_NOTICE_S:
+            await asyncio.wait({task}, timeout=FORMING_NOTICE_S)
+            if not task.done():
+                env = os.environ
+                say(f"rank {env.get('RANK')} of {env.get('WORLD_SIZE')}: waiting for the other "
+                    f"ranks at {env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')} (up to "
+                    f"{timeout:g} s, --timeout)")
+        return await task
+    except BaseException:
+        task.cancel()
+        raise
+
+
 async def cluster_command(args, cfg: RunConfig | None, argv: list[str] | None = None) -> int:
     """gloo group from MASTER_ADDR / MASTER_PORT / WORLD_SIZE / RANK; with --elastic (outside
     torchrun's agent) the agent that starts this machine's ranks from `argv`. `cfg`: the
@@ -406,7 +429,8 @@ async def cluster_command(args, cfg: RunConfig | None, argv: list[str] | None = 
     if args.dashboard and os.environ.get("RANK") == "0":  # refused before the group forms
         dashboard = register(args.dashboard, "cluster", int(os.environ.get("WORLD_SIZE", "1")))
         say(dashboard.card_line())
-    collective = await make_collective("gloo", timeout=args.timeout)
+    collective = await told_while_forming(make_collective("gloo", timeout=args.timeout),
+                                          args.timeout)
     elastic = ElasticRank(collective, args) if collective.restartable else None
     capacities = parse_capacity(args.capacity, collective.world_size)
     rc = 1

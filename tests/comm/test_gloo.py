@@ -197,6 +197,28 @@ def test_cluster_without_rank0_says_so_in_one_line(tmp_path: Path) -> None:
     assert "within 1 s" in done.stderr
 
 
+def test_a_rank_waiting_for_its_group_says_so(tmp_path: Path) -> None:
+    """A rank whose group has not formed within a few seconds says what it waits for: both
+    ranks of a cluster said nothing for up to --timeout (60 s), which read as a hang."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    port = free_port()
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYNODE_")},
+           "PYTHONPATH": str(repo), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "WORLD_SIZE": "2", "RANK": "1"}
+    done = subprocess.run([sys.executable, "-m", "pynode", "cluster", "--timeout", "5"],
+                          cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+    lines = done.stderr.splitlines()
+    assert done.returncode == 2 and len(lines) == 2, done.stderr[-3000:]
+    assert re.fullmatch(rf"\d\d:\d\d:\d\d rank 1 of 2: waiting for the other ranks at "
+                        rf"127\.0\.0\.1:{port} \(up to 5 s, --timeout\)", lines[0]), lines
+    assert lines[1].startswith("error: PeerLost: rank 0 did not come"), lines
+
+
 def test_a_rank_whose_master_port_is_another_programs_exits_with_its_error(
         tmp_path: Path) -> None:
     """MASTER_PORT pointing at another program (the DaisyChain server's own port, a natural

@@ -317,6 +317,8 @@ def test_gloo_follower_finishes_cleanly(runs, reference):
     rank1 = ok(runs["gloo-rank1"])
     assert rank1.out == ""
     lines = rank1.err.strip().splitlines()
+    if "waiting for the other ranks" in lines[0]:  # a group slower than a few seconds to form
+        lines = lines[1:]
     assert "rank 1 of 2: in the group, following rank 0's run" in lines[0]
     assert lines[-1].split(" ", 1)[1].startswith(
         f"rank 1: finished (step 4/4, state hash {reference.final_hash[:16]}, microbatch "), \
@@ -449,7 +451,9 @@ def test_a_gloo_pair_resumes_a_one_peer_checkpoint_and_says_so(runs, reference):
     rank0, rank1 = ok(runs["resume_gloo"]), ok(runs["resume_gloo-rank1"])
     saved = runs["folder"] / "step2.pt"
     line = f"resuming {saved}: step 2 of 4, state hash {reference.hashes[1][:16]}"
-    assert line in rank0.err.splitlines()[0], rank0.err[-2000:]
+    said = rank0.err.splitlines()
+    first = next(i for i, text in enumerate(said) if "resuming" in text or "note:" in text)
+    assert said[first] == line, rank0.err[-2000:]  # the first of its lines on the run
     assert "resuming" not in rank1.err, rank1.err[-2000:]
     assert rank0.err.count("note: --steps 4 (the checkpoint's run has 2)") == 1
     assert [row["step"] for row in rank0.log] == [3, 4]
