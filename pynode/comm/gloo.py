@@ -480,10 +480,11 @@ def _connect_blocking(
         keys, previous = _agree_attempt(store, base, rank, world_size, deadline, addr, port)
     joined = [f"{keys}joined/{r}" for r in range(world_size)]
     try:
-        store.set(joined[rank], b"1")
-        store.wait(joined, timedelta(seconds=max(deadline - time.monotonic(), _POLL_S)))
+        store.set(joined[rank], str(world_size).encode())  # each rank's own WORLD_SIZE
+        _wait_joined(store, joined, rank, world_size, deadline)
         pg = dist.ProcessGroupGloo(dist.PrefixStore(keys + "pg", store), rank, world_size, delta)
     except RuntimeError as exc:
+        _same_world_size(store, joined, rank, world_size)
         missing = roll_call(store, f"{keys}joined/", rank, world_size, _POLL_S)
         first = str(exc).splitlines()[0]
         who = f"rank {', '.join(map(str, missing))} of {world_size} did not join" if missing \
@@ -492,6 +493,43 @@ def _connect_blocking(
                        f"{addr}:{port}: {who}") from None
     log.info("gloo: rank %d of %d joined via %s:%d", rank, world_size, addr, port)
     return GlooCollective(pg, store, rank, world_size, keys, previous)
+
+
+_JOIN_POLL_S = 0.2  # how often a rank looks at who has checked in while the group forms
+
+
+def _wait_joined(store: Any, joined: list[str], rank: int, world_size: int,
+                 deadline: float) -> None:
+    """Until every rank of `joined` has checked in (RuntimeError at `deadline`), each look
+    also comparing the WORLD_SIZE of those that have, so that a rank given another one is
+    named at once, on every rank, not after --timeout."""
+    while True:
+        _same_world_size(store, joined, rank, world_size)
+        if store.check(joined):
+            return
+        if time.monotonic() >= deadline:
+            raise RuntimeError("wait timeout: not every rank checked in")
+        time.sleep(min(_JOIN_POLL_S, max(deadline - time.monotonic(), 0.0)))
+
+
+def _same_world_size(store: Any, joined: list[str], rank: int, world_size: int) -> None:
+    """CollectiveUsageError where a rank that checked in was given another WORLD_SIZE: rank
+    0 of 2 timed out on gloo's own keys ("keys: /daisychain//0/pg/0/1"), and a rank given 3
+    waited for a rank 2 that nobody started, each without a word of the cause. A store that
+    is gone by now (rank 0 said it and left) says nothing here."""
+    for other, key in enumerate(joined):
+        if other == rank:
+            continue
+        try:
+            if not store.check([key]):
+                continue
+            theirs = store.get(key).decode()
+        except (RuntimeError, UnicodeDecodeError):
+            return
+        if theirs.isdigit() and int(theirs) != world_size:
+            raise CollectiveUsageError(
+                f"rank {other} was started with WORLD_SIZE {theirs}, this rank ({rank}) with "
+                f"{world_size}: give every rank of the cluster the same WORLD_SIZE")
 
 
 # store constructors given up on, still waiting in C++ on their daemon threads

@@ -197,6 +197,33 @@ def test_cluster_without_rank0_says_so_in_one_line(tmp_path: Path) -> None:
     assert "within 1 s" in done.stderr
 
 
+def test_ranks_given_different_world_sizes_say_so_at_once(tmp_path: Path) -> None:
+    """Rank 0 given WORLD_SIZE 2 and rank 1 given 3: rank 0 timed out on gloo's own keys
+    ("keys: /daisychain//0/pg/0/1") and rank 1 waited for a rank 2 nobody started, neither
+    naming the cause. Each now names it, long before --timeout."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    base = {**{k: v for k, v in os.environ.items() if not k.startswith("PYNODE_")},
+            "PYTHONPATH": str(repo), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    started = time.monotonic()
+    ranks = [subprocess.Popen([sys.executable, "-m", "pynode", "cluster", "--timeout", "60"],
+                              cwd=repo, env={**base, "RANK": str(rank), "WORLD_SIZE": size},
+                              stderr=subprocess.PIPE, text=True)
+             for rank, size in ((0, "2"), (1, "3"))]
+    errs = [proc.communicate(timeout=120)[1] for proc in ranks]
+    assert time.monotonic() - started < 40, errs  # not the 60 s of --timeout
+    assert [proc.returncode for proc in ranks] == [2, 2], errs
+    assert errs[0].endswith("error: CollectiveUsageError: rank 1 was started with WORLD_SIZE 3, "
+                            "this rank (0) with 2: give every rank of the cluster the same "
+                            "WORLD_SIZE\n"), errs
+    assert errs[1].endswith("error: CollectiveUsageError: rank 0 was started with WORLD_SIZE 2, "
+                            "this rank (1) with 3: give every rank of the cluster the same "
+                            "WORLD_SIZE\n"), errs
+
+
 def test_a_rank_waiting_for_its_group_says_so(tmp_path: Path) -> None:
     """A rank whose group has not formed within a few seconds says what it waits for: both
     ranks of a cluster said nothing for up to --timeout (60 s), which read as a hang."""
