@@ -242,10 +242,12 @@ def leader_lost_note(rank: int, args: argparse.Namespace) -> str:
     state is on rank 0's machine, if anywhere."""
     save = getattr(args, "save", None)
     where = f"--save {save}" if save else "--save, if it was given one"
-    return (f"rank {rank}: rank 0 left the run. Only rank 0 saves: if it stopped on Ctrl-C or "
-            f"SIGTERM it wrote the last agreed step to its {where}, on its machine (else its "
-            "last --save-every checkpoint); start every rank again, rank 0 with --resume "
-            "that file, to go on from there")
+    # this rank's status line above may be a step past what rank 0 saved (a newcomer read
+    # rank 1's step 56 against rank 0's "saved ... (step 55)" and could not tell which held)
+    return (f"rank {rank}: rank 0 left the run. Only rank 0 saves, on its machine: after a "
+            f"Ctrl-C or SIGTERM its {where} holds the last step every rank agreed on (this "
+            "rank's step above may be one past it), else its last --save-every checkpoint "
+            "does; to go on, start every rank again, rank 0 with --resume that file")
 
 
 def ignored_flags_note(rank: int, args: argparse.Namespace, cfg: RunConfig,

@@ -488,10 +488,10 @@ def test_a_gloo_rank_that_lost_rank_0_says_where_the_runs_state_is(runs, referen
     assert rank1.rc == 3, rank1.err[-2000:]
     assert "stopped: PeerLost" in rank1.err, rank1.err[-2000:]
     assert rank1.err.strip().splitlines()[-1].split(" ", 1)[1] == (  # after the time
-        f"rank 1: rank 0 left the run. Only rank 0 saves: if it stopped on Ctrl-C or SIGTERM "
-        f"it wrote the last agreed step to its --save {runs['folder'] / 'L.pt'}, on its "
-        "machine (else its last --save-every checkpoint); start every rank again, rank 0 with "
-        "--resume that file, to go on from there")
+        "rank 1: rank 0 left the run. Only rank 0 saves, on its machine: after a Ctrl-C or "
+        f"SIGTERM its --save {runs['folder'] / 'L.pt'} holds the last step every rank agreed "
+        "on (this rank's step above may be one past it), else its last --save-every "
+        "checkpoint does; to go on, start every rank again, rank 0 with --resume that file")
 
 
 @pytest.mark.full
