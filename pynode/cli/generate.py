@@ -21,7 +21,10 @@ from pynode.run.trainer import Trainer
 
 
 def add_generate_parser(sub) -> None:
-    gen = sub.add_parser("generate", help="continue a prompt with a trained model (.pt)")
+    gen = sub.add_parser("generate", help="continue a prompt with a trained model (.pt)",
+                         description="Continue a prompt byte by byte with a checkpoint's "
+                         "model: the same bytes on every runtime for the same seed. The "
+                         "continuation goes to stdout, then a newline.")
     gen.add_argument("--checkpoint", required=True, help="the .pt file a run saved (--save)")
     given = gen.add_mutually_exclusive_group(required=True)
     given.add_argument("--prompt", help="the text to continue (UTF-8 bytes)")

@@ -46,7 +46,10 @@ CLUSTER_TIMEOUT_S = 60.0  # how long the cluster's ranks wait for each other to 
 
 def add_join_parser(subparsers: Any) -> argparse.ArgumentParser:
     """The `join` subcommand and its flags (the config flags of `train` for --start)."""
-    p = subparsers.add_parser("join", help="join a room as a WebRTC peer, like a browser tab")
+    p = subparsers.add_parser("join", help="join a room as a WebRTC peer, like a browser tab",
+                              description="Join a DaisyChain room as a peer, as a browser tab "
+                              "does: the room's host approves this peer's id, then it trains "
+                              "the room's runs over WebRTC (--start leads one).")
     p.add_argument("--server", required=True, help="the DaisyChain server, http://HOST:PORT, "
                    "or a room's link, http://HOST:PORT/?room=CODE (that room, as --room)")
     where = p.add_mutually_exclusive_group()

@@ -12,7 +12,10 @@ from pynode.run.kit import build_kit
 
 
 def add_kit_parser(sub) -> None:
-    kit = sub.add_parser("kit", help="write a one-file HTML inference kit of a .pt")
+    kit = sub.add_parser("kit", help="write a one-file HTML inference kit of a .pt",
+                         description="Write one self-contained .html file that continues "
+                         "prompts with a checkpoint's model in any browser, offline, with the "
+                         "same bytes as `generate`.")
     kit.add_argument("checkpoint", help="the .pt file a run saved (--save)")
     kit.add_argument("-o", "--output", required=True, help="the .html file to write")
 

@@ -42,7 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 metavar="{train,generate,kit,cluster,join,verify,bench}")
     parser.set_defaults(commands=sub.choices)  # name -> its parser, for parse_args
 
-    train = sub.add_parser("train", help="train on this machine (one or more local peers)")
+    train = sub.add_parser("train", help="train on this machine (one or more local peers)",
+                           description="Train one model on this machine: one peer, or "
+                           "--peers N local processes that reduce exactly as a cluster does; "
+                           "the final state hash goes to stdout, the report to stderr.")
     add_config_flags(train)
     add_arithmetic_flags(train)
     add_output_flags(train)
@@ -61,8 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_sample_flags(train)
 
     cluster = sub.add_parser(
-        "cluster", help="gloo cluster from MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK"
-    )
+        "cluster", help="gloo cluster from MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK",
+        description="One rank of a torch.distributed gloo cluster across machines. Every "
+        "rank gets the same MASTER_ADDR (rank 0's machine), MASTER_PORT and WORLD_SIZE, and "
+        "its own RANK (0 .. WORLD_SIZE-1); rank 0 chooses the run and writes the files.")
     add_config_flags(cluster)
     add_arithmetic_flags(cluster)
     add_output_flags(cluster, who="(rank 0) ")
@@ -86,7 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_generate_parser(sub)
     add_kit_parser(sub)
 
-    verify = sub.add_parser("verify", help="check units, LUTs and GEMM backends; exit 1 on failure")
+    verify = sub.add_parser("verify", help="check units, LUTs and GEMM backends; exit 1 on failure",
+                            description="Check this machine's arithmetic as training uses "
+                            "it: the unit networks against their lookup tables, every GEMM "
+                            "backend and hot kernel against the reference on right and wrong "
+                            "products. One row per check; exit 0 if all pass, 1 if any fails "
+                            "(training never uses a backend that fails its gate).")
     verify.add_argument("--json", action="store_true", help="print rows as JSON lines")
 
     bench = sub.add_parser("bench", help="benchmarks: gemm, train, scaling, mesh-sim, browser, "
