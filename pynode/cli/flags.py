@@ -187,7 +187,7 @@ def check_output_flags(args: argparse.Namespace, writes: bool = True,
         if flag == "--save" and resumed != "--save" and not under_agent:
             # join's --resume leads the run, so it needs --start
             check_no_checkpoint(path, "--resume" if getattr(args, "start", True)
-                                else "--start --resume")
+                                else "--start --resume", getattr(args, "resume", None))
         if flag == "--log" and lock_log:
             hold_log(path)
     if args.save_every is not None and args.save_every < 1:  # said apart: --save may be there
@@ -276,16 +276,23 @@ def check_replaceable(flag: str, path: str) -> None:
                           f"command would {verb} it. Give another name, or move it away first")
 
 
-def check_no_checkpoint(path: str, resume: str = "--resume") -> None:
+def check_no_checkpoint(path: str, resume: str = "--resume", resumed: str | None = None,
+                        ) -> None:
     """OutputError if --save names a checkpoint a new run would replace (a command line run
     again from the shell's history, then Ctrl-C: the earlier run's model was gone);
-    `resume`: the flags that continue it."""
+    `resume`: the flags that continue it; `resumed`: the checkpoint this run continues."""
     head = file_head(path)
-    if head is not None and OUTPUT_KINDS["--save"][1](head):
-        raise OutputError(f"--save {path}: a checkpoint is there, and this new run would "
-                          f"replace it. To continue that run: {resume} {path} (with --save "
-                          f"{path} to keep the result there); else give another name, or move "
-                          "it away first")
+    if head is None or not OUTPUT_KINDS["--save"][1](head):
+        return
+    if resumed:  # "this new run" and "to continue that run" read as if --resume were off
+        raise OutputError(f"--save {path}: another checkpoint is there, and this run (resuming "
+                          f"{resumed}) would replace it. To keep the result with the run it "
+                          f"continues: --save {resumed}; else give another name, or move "
+                          f"{path} away first")
+    raise OutputError(f"--save {path}: a checkpoint is there, and this new run would "
+                      f"replace it. To continue that run: {resume} {path} (with --save "
+                      f"{path} to keep the result there); else give another name, or move "
+                      "it away first")
 
 
 def check_writable(flag: str, path: str, append: bool = False) -> None:

@@ -115,7 +115,11 @@ def test_a_new_run_does_not_replace_a_checkpoint(tmp_path, capsys, monkeypatch):
            f"replace it. To continue that run: --resume {saved} (with --save {saved}" in err
     other = checkpoint_at(1, tmp_path / "other.pt")
     err = refused(["train", "--resume", other, "--save", saved, "--steps", "3"], capsys)
-    assert f"--save {saved}: a checkpoint is there" in err
+    # a resumed run: not "this new run", nor "--resume" the file it would replace
+    assert err == (f"error: OutputError: --save {saved}: another checkpoint is there, and "
+                   f"this run (resuming {other}) would replace it. To keep the result with "
+                   f"the run it continues: --save {other}; else give another name, or move "
+                   f"{saved} away first\n"), err
     assert (tmp_path / "run.pt").read_bytes() == kept
     assert main(["train", "--resume", saved, "--save", saved, "--steps", "3", "--no-progress",
                  "--kernels", "numpy"]) == 0
