@@ -22,7 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from pynode import platform
-from pynode.cli.dashboard import DashboardRun, StatusReporter, register, share_run
+from pynode.cli.dashboard import (
+    DashboardRun,
+    StatusReporter,
+    register,
+    server_of,
+    share_run,
+)
 from pynode.cli.elastic import ElasticRank, check_elastic_flags, launch
 from pynode.cli.faults import install_fault
 from pynode.cli.flags import (
@@ -173,6 +179,9 @@ async def follow(collective, args: argparse.Namespace, capacities,
         say(f"rank {rank} of {collective.world_size}: in the group, following rank 0's run")
     dashboard = await share_run(collective, None)
     status = StatusReporter(dashboard, rank, collective) if dashboard else None
+    note = ignored_dashboard_note(rank, getattr(args, "dashboard", None), dashboard)
+    if announce and note:
+        say(note)
     if elastic is not None:
         await elastic.agree(None)
     built: list[Trainer] = []
@@ -248,6 +257,18 @@ def leader_lost_note(rank: int, args: argparse.Namespace) -> str:
             f"Ctrl-C or SIGTERM its {where} holds the last step every rank agreed on (this "
             "rank's step above may be one past it), else its last --save-every checkpoint "
             "does; to go on, start every rank again, rank 0 with --resume that file")
+
+
+def ignored_dashboard_note(rank: int, given: str | None, shared: DashboardRun | None,
+                           ) -> str | None:
+    """What a cluster rank > 0 given --dashboard hears where rank 0's (the run's) is not
+    that server: the other flags rank 0 overrides were named, this one dropped silently."""
+    if not given or (shared is not None and server_of(given) == shared.url):
+        return None
+    theirs = (f"it reports to {shared.url}" if shared is not None
+              else "rank 0 was given none, so this run reports to no dashboard")
+    return (f"rank {rank}: --dashboard {given} ignored: rank 0's --dashboard is the run's "
+            f"({theirs})")
 
 
 def ignored_flags_note(rank: int, args: argparse.Namespace, cfg: RunConfig,

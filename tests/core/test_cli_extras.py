@@ -147,6 +147,24 @@ def test_a_cluster_rank_says_which_of_its_flags_rank_0_overrides():
         "machine; this rank writes none")
 
 
+def test_a_cluster_rank_says_its_dashboard_is_rank_0s():
+    """Rank 1's other overridden flags were named; its --dashboard was dropped silently."""
+    from pynode.cli.dashboard import DashboardRun
+    from pynode.cli.group import ignored_dashboard_note
+
+    shared = DashboardRun("http://127.0.0.1:8000", "r", "t", "cluster on a", "cluster", 2)
+    assert ignored_dashboard_note(1, None, shared) is None
+    # the same server, as its browser address or a card's: nothing is ignored
+    for same in ("http://127.0.0.1:8000", "http://127.0.0.1:8000/dashboard#run-r"):
+        assert ignored_dashboard_note(1, same, shared) is None, same
+    assert ignored_dashboard_note(1, "http://10.0.0.9:8000", shared) == (
+        "rank 1: --dashboard http://10.0.0.9:8000 ignored: rank 0's --dashboard is the run's "
+        "(it reports to http://127.0.0.1:8000)")
+    assert ignored_dashboard_note(2, "http://127.0.0.1:8000", None) == (
+        "rank 2: --dashboard http://127.0.0.1:8000 ignored: rank 0's --dashboard is the run's "
+        "(rank 0 was given none, so this run reports to no dashboard)")
+
+
 def test_log_lines_go_above_the_progress_bar_not_onto_it(capsys):
     """A native peer's warnings were written straight onto its bar's line
     (`...loss=3.0422]WARNING pynode.comm.webrtc: ...`): log records are report lines now."""
