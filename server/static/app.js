@@ -489,7 +489,7 @@ function drawLoss(history) {
     chart = new window.uPlot({
       width: Math.max(300, box.clientWidth || 600), height: 240,
       scales: { x: { time: false }, y: logScale ? { distr: 3 } : {} },
-      axes: [{ label: "step", incrs: STEP_TICKS }, { label: "loss" }],
+      axes: [{ label: "step", incrs: STEP_TICKS }, { label: "loss", space: 20 }],
       series: [{ label: "step" },
         { label: "loss", stroke: "#2a6f4f", width: 1.5, spanGaps: true },
         { label: "held-out", stroke: "#b45309", width: 0, spanGaps: true,

@@ -103,8 +103,10 @@ function drawRun(run) {
   entry.size = run.points.length;
   if (!entry.chart) {
     entry.chart = new window.uPlot({
-      width: Math.max(300, chartBox.clientWidth || 600), height: 200,
-      scales: { x: { time: false } }, axes: [{ label: "step", incrs: STEP_TICKS }, { label: "loss" }],
+      width: Math.max(300, chartBox.clientWidth || 600), height: 240, // as the page's chart
+      scales: { x: { time: false } },
+      // ticks at most 20 px apart: one "4" was the only label of a curve from 5.5 to 2.5
+      axes: [{ label: "step", incrs: STEP_TICKS }, { label: "loss", space: 20 }],
       series: [{ label: "step" }, { label: "loss", stroke: "#2a6f4f", width: 1.5, spanGaps: true },
         { label: "held-out", stroke: "#b45309", width: 0, spanGaps: true,
           points: { show: true, size: 7, fill: "#b45309" } }],
