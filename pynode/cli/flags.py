@@ -421,11 +421,19 @@ def replicas_note(cfg: RunConfig, capacities: dict[int, float] | None,
     return line
 
 
-def capacity_note(microbatches: int, capacities: dict[int, float] | None) -> str | None:
+def capacity_note(microbatches: int, capacities: dict[int, float] | None,
+                  ranks: int = 1) -> str | None:
     """None if --capacity splits the step's microbatches in its exact proportion, else the
-    line that says how whole microbatches split and which --microbatches would be exact."""
+    line that says how whole microbatches split and which --microbatches would be exact.
+    Without --capacity: the line for fewer microbatches than `ranks` (some compute none)."""
     if capacities is None:
-        return None
+        if microbatches >= ranks:
+            return None
+        idle = ranks - microbatches
+        rest = "the other computes none" if idle == 1 else f"the other {idle} compute none"
+        return (f"note: --microbatches {microbatches} for {ranks} ranks: each step's "
+                f"microbatches go to {microbatches} of them and {rest} (--microbatches "
+                f"{ranks} or more uses every rank)")
     from fractions import Fraction
     from math import lcm
 

@@ -100,7 +100,7 @@ async def lead(args: argparse.Namespace, cfg: RunConfig | None, collective, capa
                 print(note, file=sys.stderr)
     resume = resume if resume is not None else resumed
     note = replicas_note(cfg, capacities, collective.world_size) if cfg.outer else \
-        capacity_note(cfg.microbatches, capacities)
+        capacity_note(cfg.microbatches, capacities, collective.world_size)
     if note:
         print(note, file=sys.stderr)
     saver = Saver(args.save, args.save_every, log=args.log)

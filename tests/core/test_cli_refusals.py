@@ -249,6 +249,18 @@ def test_capacity_says_how_whole_microbatches_split(count, capacity, line):
     assert capacity_note(count, parse_capacity(capacity, peers)) == line
 
 
+def test_fewer_microbatches_than_ranks_say_that_some_compute_none():
+    """`train --peers 2 --microbatches 1`: rank 1 had 0 % of the work with no word."""
+    from pynode.cli.flags import capacity_note
+
+    assert capacity_note(1, None, 2) == (
+        "note: --microbatches 1 for 2 ranks: each step's microbatches go to 1 of them and the "
+        "other computes none (--microbatches 2 or more uses every rank)")
+    assert capacity_note(2, None, 5).endswith("go to 2 of them and the other 3 compute none "
+                                              "(--microbatches 5 or more uses every rank)")
+    assert capacity_note(2, None, 2) is None and capacity_note(4, None, 1) is None
+
+
 def test_a_mistyped_flag_is_told_with_its_commands_usage(capsys):
     """argparse told it with the top level's usage, which lists no flag of the command."""
     cases = [(["train", "--stpes", "3"], "train", "--stpes 3"),
