@@ -103,7 +103,7 @@ async def lead(args: argparse.Namespace, cfg: RunConfig | None, collective, capa
         capacity_note(cfg.microbatches, capacities, collective.world_size)
     if note:
         print(note, file=sys.stderr)
-    saver = Saver(args.save, args.save_every, log=args.log)
+    saver = Saver(args.save, args.save_every, log=args.log, owns_state=True)
     reporter: StepReporter | None = None
     hooks: list = []  # the loop's on_step hooks, filled once the trainer exists
     last: list[StepResult] = []

@@ -204,8 +204,12 @@ class Saver:
     a stop: stderr as they are, or `say` for a command whose lines carry the time (join)."""
 
     def __init__(self, path: str | None, every: int | None,
-                 tell: Callable[[str], None] | None = None, log: str | None = None) -> None:
+                 tell: Callable[[str], None] | None = None, log: str | None = None,
+                 owns_state: bool = False) -> None:
         self.path, self.every, self.log = path, every, log  # log: the run's --log, if any
+        # the run's state is here alone (train, a cluster's rank 0), not also in a room's
+        # other peers: a stop without --save says it is lost
+        self.owns_state = owns_state
         self.tell = tell or plain
         self.agreed: bytes | None = None
         self.agreed_step = 0
@@ -220,9 +224,10 @@ class Saver:
 
         def on_step(result: StepResult) -> None:
             nonlocal previous
+            self.agreed_step = result.step  # without --save too: a stop says what is lost
             if not self.path:
                 return
-            self.agreed, self.agreed_step = trainer.state_bytes(), result.step
+            self.agreed = trainer.state_bytes()
             if self.every and result.step // self.every > previous // self.every:
                 write_atomically(self.path, self.agreed)
             previous = result.step
@@ -257,6 +262,11 @@ class Saver:
         error to be told."""
         if self.path and self.agreed is None:  # the docs promise a stop says where --save is
             self.tell(f"no step was agreed before the stop: nothing saved to {self.path}")
+            return False
+        if not self.path:  # a Ctrl-C said only "interrupted" after an hour of training
+            if self.agreed_step and self.owns_state:
+                self.tell(f"no --save: the state this run reached (step {self.agreed_step}) "
+                          "is not kept")
             return False
         written = False
         try:

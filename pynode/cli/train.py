@@ -105,7 +105,7 @@ async def train_command(args: argparse.Namespace) -> int:
     install_fault(trainer)
     echo(run_header(trainer))
     reporter = StepReporter(trainer, cfg.steps, args.log, progress=not args.no_progress)
-    saver = Saver(args.save, args.save_every, log=args.log)
+    saver = Saver(args.save, args.save_every, log=args.log, owns_state=True)
     hooks = [reporter, saver.hook(trainer)]
     status = StatusReporter(dashboard, 0) if dashboard else None
     if status is not None:

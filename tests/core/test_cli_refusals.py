@@ -249,6 +249,25 @@ def test_capacity_says_how_whole_microbatches_split(count, capacity, line):
     assert capacity_note(count, parse_capacity(capacity, peers)) == line
 
 
+def test_a_stop_without_save_says_the_state_is_not_kept(capsys):
+    """A Ctrl-C of a train without --save said only "interrupted": an hour of training gone
+    without a word. A room's peer is not told so (the room keeps the run's state)."""
+    import types
+
+    from pynode.cli.report import Saver
+
+    trainer = types.SimpleNamespace(state=types.SimpleNamespace(step=0),
+                                    state_bytes=lambda: b"state")
+    for owns, said in ((True, ["no --save: the state this run reached (step 7) is not kept"]),
+                       (False, [])):
+        saver = Saver(None, None, owns_state=owns)
+        saver.tell_last_agreed()  # no step yet: nothing to lose
+        hook = saver.hook(trainer)
+        hook(types.SimpleNamespace(step=7))
+        assert saver.tell_last_agreed() is False
+        assert capsys.readouterr().err.splitlines() == said, owns
+
+
 def test_fewer_microbatches_than_ranks_say_that_some_compute_none():
     """`train --peers 2 --microbatches 1`: rank 1 had 0 % of the work with no word."""
     from pynode.cli.flags import capacity_note
