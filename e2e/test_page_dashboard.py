@@ -269,3 +269,33 @@ def test_a_runs_table_is_whole_on_a_wide_screen(browser, server_url, width):
         assert widths[0] <= widths[1], f"the table is {widths[0]} px in a {widths[1]} px card"
     finally:
         board.close()
+
+
+def test_a_runs_table_names_its_backend_briefly_and_shows_held_out_only_when_measured(
+        browser, server_url):
+    """A native rank's backend report ("blas_float (torch on 9 shapes: faster there,
+    measured); kernels: numba") wrapped to five lines of its cell, and a run without
+    --eval-every had an empty held-out column (a newcomer trial)."""
+    new_run = """async (name) => (await (await fetch('/api/runs', {method: 'POST',
+        headers: {'Content-Type': 'application/json'}, body: JSON.stringify(
+        {name, command: 'train', world: 1})})).json())"""
+    board = browser.new_page(viewport={"width": 1280, "height": 900})
+    try:
+        board.goto(f"{server_url}/dashboard")
+        plain, measured = board.evaluate(new_run, "plain"), board.evaluate(new_run, "measured")
+        without = REPORT.replace("heldout: 2.4567, ", "")
+        assert board.evaluate(without, [plain["run"], plain["token"], 0]) == 200
+        assert board.evaluate(REPORT, [measured["run"], measured["token"], 0]) == 200
+        seen = {}
+        for run in (plain["run"], measured["run"]):
+            cell = f"section.run[data-run='{run}'] td[data-col=backend]"
+            board.wait_for_selector(cell)
+            seen[run] = (board.locator(f"section.run[data-run='{run}'] thead th").all_inner_texts(),
+                         board.inner_text(cell), board.get_attribute(cell, "title"))
+    finally:
+        board.close()
+    headers, backend, title = seen[plain["run"]]
+    assert "held-out" not in headers and "loss" in headers, headers
+    assert backend == "blas_float · numba", backend
+    assert title == "blas_float (torch on 9 shapes: faster there, measured); kernels: numba"
+    assert "held-out" in seen[measured["run"]][0], seen[measured["run"]]

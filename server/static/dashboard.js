@@ -23,7 +23,7 @@ const COLUMNS = [
   ["loss", (r) => fixed(r.loss, 4)],
   ["held-out", (r) => fixed(r.heldout, 4)],
   ["runtime", (r) => r.runtime],
-  ["backend", (r) => r.backend],
+  ["backend", shortBackend],
   ["cores", (r) => r.cores],
   ["RAM", (r) => (r.ram ? `${(r.ram / 2 ** 30).toFixed(1)} GiB` : "")],
   ["microbatch", (r) => (r.microbatch_seconds != null ? `${(r.microbatch_seconds * 1000).toFixed(0)} ms` : "")],
@@ -34,6 +34,15 @@ const COLUMNS = [
   ["hash", (r) => r.hash],
   ["seen", (r) => `${r.seen_s} s ago`],
 ];
+
+// A rank's GEMM backend and kernels in a few words ("blas_float · numba"); the whole
+// report ("blas_float (torch on 9 shapes: faster there, measured) kernels numba") is the
+// cell's title: it wrapped to five lines in the table.
+function shortBackend(r) {
+  if (!r.backend) return "";
+  const kernels = /kernels:? (\w+)/.exec(r.backend);
+  return r.backend.split(" (")[0].split(";")[0].trim() + (kernels ? ` · ${kernels[1]}` : "");
+}
 
 function fixed(value, digits) {
   return value == null ? "" : Number(value).toFixed(digits);
@@ -52,15 +61,20 @@ function cell(tag, text) {
 const shown = new Map(); // run id -> {section, chart, size}
 
 function rankTable(run) {
+  // a run that measures no held-out loss (no --eval-every) has no such column
+  const columns = COLUMNS.filter(([name]) => name !== "held-out" ||
+    run.ranks.some((r) => r.heldout != null));
   const table = document.createElement("table");
   const head = table.createTHead().insertRow();
-  COLUMNS.forEach(([name]) => head.appendChild(cell("th", name)));
+  columns.forEach(([name]) => head.appendChild(cell("th", name)));
   const body = table.createTBody();
   for (const rank of run.ranks) {
     const row = body.insertRow();
     row.className = `rank state-${rank.state}`;
-    COLUMNS.forEach(([name, value]) => {
-      row.appendChild(cell("td", value(rank))).dataset.col = name;
+    columns.forEach(([name, value]) => {
+      const td = row.appendChild(cell("td", value(rank)));
+      td.dataset.col = name;
+      if (name === "backend" && rank.backend) td.title = rank.backend;
     });
   }
   return table;
