@@ -81,6 +81,9 @@ def upload() -> ResponseReturnValue:
     if request.mimetype.startswith("multipart/"):  # a form's envelope is not the text
         return jsonify(error="bad_upload", message="send the file itself as the request "
                        "body (curl --data-binary @FILE), not as a form"), 400
+    # the app refuses bodies over 1 MiB (MAX_CONTENT_LENGTH), which refused every upload of
+    # 1 MiB or more: this route's limit is max_upload_bytes (read_body reads one byte past it)
+    request.max_content_length = cfg.max_upload_bytes + 1
     raw = read_body(cfg.max_upload_bytes)
     if raw is None:
         return jsonify(error="too_big", message=f"an upload holds at most "

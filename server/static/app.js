@@ -658,7 +658,8 @@ async function uploadText(file) {
     headers: { "Content-Type": "application/octet-stream" } });
   const answer = await reply.json().catch(() => ({ message: reply.status === 413
     ? "the file is larger than this server accepts (max_upload_bytes)" : `HTTP ${reply.status}` }));
-  if (!reply.ok) throw new Error(`the server refused ${file.name}: ${answer.message}`);
+  const size = reply.status === 413 ? ` (${file.name} holds ${file.size.toLocaleString("en")} bytes)` : "";
+  if (!reply.ok) throw new Error(`the server refused ${file.name}: ${answer.message}${size}`);
   node.say("info", `uploaded ${file.name}: text sha256 ${answer.sha256.slice(0, 16)}…`);
   return answer.data;
 }

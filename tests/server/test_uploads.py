@@ -73,6 +73,19 @@ def test_unusable_uploads_are_refused_by_name(live, make_config, body, match):
     assert status == 400 and answer["error"] == "bad_upload" and match in answer["message"]
 
 
+def test_an_upload_over_a_mebibyte_is_taken_up_to_max_upload_bytes(live, make_config):
+    """The app's 1 MiB limit on request bodies refused every upload of 1 MiB or more with
+    Werkzeug's HTML 413, whatever max_upload_bytes said (64 MiB by default)."""
+    server = live(make_config())
+    text = b"a line of text to train on\n" * (3 << 16)  # 1.7 MiB
+    status, answer = post(f"{server.url}/api/uploads", text)
+    assert status == 201, (status, answer)
+    assert answer["sha256"] == hashlib.sha256(text).hexdigest()
+    small = live(make_config(max_upload_bytes=2 << 20))
+    assert post(f"{small.url}/api/uploads", b"x" * ((2 << 20) + 1)) == (413, {
+        "error": "too_big", "message": f"an upload holds at most {2 << 20} bytes"})
+
+
 def test_a_big_upload_is_refused_and_the_oldest_text_goes_first(live, make_config):
     server = live(make_config(max_upload_bytes=1000, max_uploads=2))
     assert post(f"{server.url}/api/uploads", b"x" * 1001)[0] == 413
