@@ -258,6 +258,8 @@ def test_bad_and_unknown_room_codes_end_next_to_the_room_controls(
         bad_inside = bad.locator("#room-panel #room-problem").count()
         bad_status = status(bad)
         bad_alert_hidden = bad.is_hidden("#alert")
+        bad.wait_for_timeout(300)  # a frame for the badges
+        bad_badges = (bad.inner_text("#state-badge"), bad.is_hidden("#role-badge"))
 
         host = open_page(local_browser, f"{server.url}/?create=1", console)
         real_code = status(host)["room"]
@@ -265,8 +267,10 @@ def test_bad_and_unknown_room_codes_end_next_to_the_room_controls(
         ended = {}
         for name, code in (("real", real_code), ("unknown", unknown_code)):
             joined_at = time.monotonic()  # before the page loads: its timer starts inside
-            page = open_page(local_browser, f"{server.url}/?room={code}&approval_wait={wait_s}",
-                             console)
+            # pasted with a space after it (%20): the code, not '"CODE " is not a room code'
+            page = open_page(local_browser, f"{server.url}/?room={code}%20&approval_wait="
+                             f"{wait_s}", console)
+            assert status(page)["room"] == code, (name, status(page)["room"])
             page.wait_for_selector("#room-problem", state="visible", timeout=30_000)
             ended[name] = (time.monotonic() - joined_at, page.inner_text("#room-problem"),
                            status(page)["peerId"], page.is_hidden("#pending-line"),
@@ -292,6 +296,7 @@ def test_bad_and_unknown_room_codes_end_next_to_the_room_controls(
     assert "check the link" in bad_text and bad_inside == 1
     assert bad_status["peerId"] is None and bad_status["roomProblem"] == bad_text
     assert bad_alert_hidden, "the reason shows in the room panel and the banner only"
+    assert bad_badges == ("not in a room", True), bad_badges  # not "joining…" for good
     for name, (seconds, text, _peer_id, pending_hidden, badge) in ended.items():
         # it left the room: no host can approve that id any more (a newcomer trial)
         assert text == (f"nobody approved this page within {wait_s} s: check the room code, "

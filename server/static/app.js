@@ -12,8 +12,9 @@ import { PageNode, STEERABLE } from "/app/node.js";
 import { memoryBytes, paramCount, stepSeconds } from "/static/estimate.js";
 
 const params = new URLSearchParams(location.search);
-const target = params.get("create") ? { create: true }
-  : params.get("room") ? { room: params.get("room") } : {};
+// a link pasted with a space or a line break after it was refused as no room code
+const roomCode = (params.get("room") || "").trim();
+const target = params.get("create") ? { create: true } : roomCode ? { room: roomCode } : {};
 const node = new PageNode(target, { break_gate: params.get("break_gate") === "1",
   backend: params.get("backend"), approvalWaitS: Number(params.get("approval_wait")) || null });
 const generator = new PageGenerator({ backend: params.get("backend") });
@@ -130,6 +131,8 @@ function renderRoom(s) {
     : s.state === "ready" && s.peerId && !s.approved ? "waiting" : s.state;
   $("state-badge").textContent = badge;
   $("state-badge").className = `badge state-${badge.replaceAll(" ", "-")}`;
+  // a bad link never gets a peer id: not "joining…" for good beside "not in a room"
+  $("role-badge").hidden = !s.peerId && Boolean(s.roomProblem);
   $("role-badge").textContent = !s.peerId ? "joining…"
     : `${s.role}${s.outOfRoom ? ` (${s.outOfRoom})` : s.approved ? "" : " (pending)"}`;
   $("room-line").textContent = !s.peerId ? "Connecting to the server…"
