@@ -258,6 +258,7 @@ def test_bad_and_unknown_room_codes_end_next_to_the_room_controls(
         bad_inside = bad.locator("#room-panel #room-problem").count()
         bad_status = status(bad)
         bad_alert_hidden = bad.is_hidden("#alert")
+        wait_booted(bad)  # its state badge tells the checks until they pass
         bad.wait_for_timeout(300)  # a frame for the badges
         bad_badges = (bad.inner_text("#state-badge"), bad.is_hidden("#role-badge"))
 
@@ -272,12 +273,12 @@ def test_bad_and_unknown_room_codes_end_next_to_the_room_controls(
                              f"{wait_s}", console)
             assert status(page)["room"] == code, (name, status(page)["room"])
             page.wait_for_selector("#room-problem", state="visible", timeout=30_000)
-            ended[name] = (time.monotonic() - joined_at, page.inner_text("#room-problem"),
-                           status(page)["peerId"], page.is_hidden("#pending-line"),
-                           page.inner_text("#state-badge"))
+            gave_up = (time.monotonic() - joined_at, page.inner_text("#room-problem"),
+                       status(page)["peerId"], page.is_hidden("#pending-line"))
             # said by the banner and the room panel, not a third time in the error notice
-            wait_booted(page)  # the banner says the checks' state first
+            wait_booted(page)  # the banner and the badge say the checks' state first
             page.wait_for_timeout(300)  # a frame for the notice, were it shown
+            ended[name] = (*gave_up, page.inner_text("#state-badge"))
             banner = page.inner_text("#readiness")
             assert banner == f"Checks passed; not in a room: {ended[name][1]}", (name, banner)
             assert page.is_hidden("#alert"), (name, page.inner_text("#alert-text"))
@@ -809,3 +810,26 @@ def test_the_form_shows_the_values_the_leader_steered_the_run_to(local_browser, 
         "title": f"changed by the run's leader: 4000 after step {changed_at}; the run was "
                  f"stopped at step {stopped_at}"}}, after
     assert edited == {"value": "300", "note": "", "title": ""}, edited
+
+
+def test_a_run_that_starts_settles_a_start_refused_before_it(local_browser, tmp_path,
+                                                               console):
+    """A host's Start refused, then a run started by another peer: "could not start: ..."
+    stayed beside the button and at the top through that run and after it (a newcomer
+    trial). Here the run comes by the page's API, not its form, as a member's would."""
+    server = local_server(tmp_path)
+    try:
+        page = open_page(local_browser, f"{server.url}/?create=1", console)
+        wait_booted(page)
+        page.fill("#config-form [name=width]", "")
+        page.click("#start")
+        page.wait_for_selector("#form-error", state="visible", timeout=10_000)
+        refused = (page.inner_text("#form-error"), page.is_visible("#alert"))
+        page.evaluate("(c) => daisychain.start(c)", {**LONG_RUN, "steps": 3})
+        wait(page, "s => s.state === 'done'", 120_000)
+        page.wait_for_timeout(300)  # a frame
+        after = (page.is_hidden("#form-error"), page.is_hidden("#alert"))
+    finally:
+        server.close()
+    assert refused[0].startswith("could not start: width") and refused[1], refused
+    assert after == (True, True), after

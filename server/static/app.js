@@ -166,12 +166,17 @@ function renderAlert(s) {
   $("alert-text").textContent = shown ? shown.text : "";
 }
 
+// The text beside the action buttons alone (actionError also says it at the top).
+function actionErrorText(text) {
+  $("form-error").textContent = text;
+  $("form-error").hidden = !text;
+}
+
 // An action's failure, next to the action's buttons and at the top (with the others), both
 // at once: render() waits for the next animation frame, which a busy or hidden tab delays,
 // and the top would say nothing (or an older error) while the text beside the button shows.
 function actionError(text) {
-  $("form-error").textContent = text;
-  $("form-error").hidden = !text;
+  actionErrorText(text);
   if (!text) return;
   node.say("error", text);
   renderAlert(node.status());
@@ -523,6 +528,18 @@ function renderMessages(s) {
     `<li class="${escape(m.level)}"><time>${clock(new Date(m.at))}</time> ${escape(m.text)}</li>`).join("");
 }
 
+// A run that starts on this page, whoever leads it, settles a Start of this page that was
+// refused before it: "could not start: ..." stayed beside the button and at the top through
+// a run another peer started (a newcomer trial).
+let settledRun = null;
+function settleStartRefusal(s) {
+  if (!s.run || s.run === settledRun || s.state !== "training") return;
+  settledRun = s.run;
+  if ($("form-error").textContent.startsWith("could not start")) actionErrorText("");
+  const last = s.messages.findLast((m) => m.level === "error");
+  if (last?.text.startsWith("could not start")) dismissedError = `${last.at} ${last.text}`;
+}
+
 let scheduled = false;
 function render() {
   if (scheduled) return;
@@ -530,6 +547,7 @@ function render() {
   requestAnimationFrame(() => {
     scheduled = false;
     const s = node.status();
+    settleStartRefusal(s);
     renderAlert(s);
     renderRoom(s);
     renderReadiness(s);
