@@ -166,17 +166,12 @@ function renderAlert(s) {
   $("alert-text").textContent = shown ? shown.text : "";
 }
 
-// The text beside the action buttons alone (actionError also says it at the top).
-function actionErrorText(text) {
-  $("form-error").textContent = text;
-  $("form-error").hidden = !text;
-}
-
 // An action's failure, next to the action's buttons and at the top (with the others), both
 // at once: render() waits for the next animation frame, which a busy or hidden tab delays,
 // and the top would say nothing (or an older error) while the text beside the button shows.
 function actionError(text) {
-  actionErrorText(text);
+  $("form-error").textContent = text;
+  $("form-error").hidden = !text;
   if (!text) return;
   node.say("error", text);
   renderAlert(node.status());
@@ -528,14 +523,14 @@ function renderMessages(s) {
     `<li class="${escape(m.level)}"><time>${clock(new Date(m.at))}</time> ${escape(m.text)}</li>`).join("");
 }
 
-// A run that starts on this page, whoever leads it, settles a Start of this page that was
-// refused before it: "could not start: ..." stayed beside the button and at the top through
-// a run another peer started (a newcomer trial).
+// A run that starts on this page, whoever leads it (this page's Start too), settles a Start
+// of this page that was refused before it: "could not start: ..." stayed beside the button
+// and at the top through a run another peer started (a newcomer trial).
 let settledRun = null;
 function settleStartRefusal(s) {
   if (!s.run || s.run === settledRun || s.state !== "training") return;
   settledRun = s.run;
-  if ($("form-error").textContent.startsWith("could not start")) actionErrorText("");
+  if ($("form-error").textContent.startsWith("could not start")) actionError("");
   const last = s.messages.findLast((m) => m.level === "error");
   if (last?.text.startsWith("could not start")) dismissedError = `${last.at} ${last.text}`;
 }
@@ -620,11 +615,8 @@ $("config-form").addEventListener("submit", timed((event) => {
   (async () => {
     if (data.get("data") === "upload") config.data = await uploadText($("data-file").files[0]);
     return node.start(config);
-  })().then(() => { // a run that starts settles the start that failed before it
-    const last = node.status().messages.findLast((m) => m.level === "error");
-    if (last?.text.startsWith("could not start")) dismissedError = `${last.at} ${last.text}`;
-  }, (err) => actionError(`could not start: ${err.message}`))
-    .finally(() => { starting = false; render(); });
+  })().catch((err) => actionError(`could not start: ${err.message}`)) // a start settles
+    .finally(() => { starting = false; render(); }); // the one refused before it: render
 }));
 
 $("log-scale").addEventListener("change", timed(() => render()));
