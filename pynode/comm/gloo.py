@@ -501,10 +501,11 @@ _JOIN_POLL_S = 0.2  # how often a rank looks at who has checked in while the gro
 def _wait_joined(store: Any, joined: list[str], rank: int, world_size: int,
                  deadline: float) -> None:
     """Until every rank of `joined` has checked in (RuntimeError at `deadline`), each look
-    also comparing the WORLD_SIZE of those that have, so that a rank given another one is
-    named at once, on every rank, not after --timeout."""
+    also comparing the WORLD_SIZE of those new since the last, so that a rank given another
+    one is named at once, on every rank, not after --timeout."""
+    compared: set[int] = set()
     while True:
-        _same_world_size(store, joined, rank, world_size)
+        _same_world_size(store, joined, rank, world_size, compared)
         if store.check(joined):
             return
         if time.monotonic() >= deadline:
@@ -512,20 +513,25 @@ def _wait_joined(store: Any, joined: list[str], rank: int, world_size: int,
         time.sleep(min(_JOIN_POLL_S, max(deadline - time.monotonic(), 0.0)))
 
 
-def _same_world_size(store: Any, joined: list[str], rank: int, world_size: int) -> None:
+def _same_world_size(store: Any, joined: list[str], rank: int, world_size: int,
+                     compared: set[int] | None = None) -> None:
     """CollectiveUsageError where a rank that checked in was given another WORLD_SIZE: rank
     0 of 2 timed out on gloo's own keys ("keys: /daisychain//0/pg/0/1"), and a rank given 3
-    waited for a rank 2 that nobody started, each without a word of the cause. A store that
-    is gone by now (rank 0 said it and left) says nothing here."""
-    for other, key in enumerate(joined):
-        if other == rank:
+    waited for a rank 2 that nobody started, each without a word of the cause. Rank 0 looks
+    at every rank's, the others at rank 0's (two ranks that differ, differ from rank 0 too),
+    each once (`compared`): a store polled by every rank for every key was W**2 requests a
+    look. A store that is gone by now (rank 0 said it and left) says nothing here."""
+    compared = set() if compared is None else compared
+    for other in (range(1, len(joined)) if rank == 0 else (0,)):
+        if other in compared:
             continue
         try:
-            if not store.check([key]):
+            if not store.check([joined[other]]):
                 continue
-            theirs = store.get(key).decode()
+            theirs = store.get(joined[other]).decode()
         except (RuntimeError, UnicodeDecodeError):
             return
+        compared.add(other)
         if theirs.isdigit() and int(theirs) != world_size:
             raise CollectiveUsageError(
                 f"rank {other} was started with WORLD_SIZE {theirs}, this rank ({rank}) with "
