@@ -719,6 +719,40 @@ def test_a_resumed_run_shows_the_checkpoints_schedule(local_browser, tmp_path, c
     assert downloaded == changes, downloaded
 
 
+def test_a_checkpoint_saved_at_a_stop_resumed_for_more_steps_trains_on_to_them(
+        local_browser, tmp_path, console):
+    """A run stopped at step 3 and saved, resumed in the page with 40 steps: it trained to 40
+    (the same hash as `train --resume`), but the page applied the file's Stop to the resumed
+    run's config again: "step 4 of 3" while it trained, "Stopped at step 6 of ..." at the end,
+    and a "changed after step 3" note beside its steps."""
+    changes = [{"step": 1, "lr": 0.002}, {"step": 3, "steps": 3}]
+    saved = steered_checkpoint(tmp_path / "stopped.pt", 5, changes)
+    server = local_server(tmp_path)
+    notes = "() => ['lr', 'steps'].map(n => document.querySelector(`#config-form [name=${n}]`)" \
+            ".closest('label').querySelector('.steered')).map(e => e.hidden ? '' : e.textContent)"
+    try:
+        page = open_page(local_browser, f"{server.url}/?create=1", console)
+        wait_booted(page)
+        page.fill("#config-form [name=steps]", "40")
+        page.set_input_files("#upload", str(saved))
+        page.click("#resume-confirm")
+        wait(page, "s => s.state === 'training' && s.step >= 4", 120_000)
+        during = status(page)
+        banner = page.inner_text("#readiness")
+        wait(page, "s => ['done', 'failed'].includes(s.state)", 120_000)
+        page.wait_for_timeout(500)  # a render after the end
+        s, end, shown = status(page), page.inner_text("#readiness"), page.evaluate(notes)
+    finally:
+        server.close()
+    assert (during["steps"], during["config"]["steps"], during["config"]["lr"]) == (40, 40, 0.002)
+    assert re.match(r"Training: step \d+ of 40 with 1 peer", banner), banner
+    assert s["state"] == "done" and s["step"] == 40, s["error"]
+    assert s["stoppedFrom"] is None and s["schedule"] == changes, s
+    assert end.startswith("Finished: step 40, state hash "), end
+    # the file's lr change is still the run's lr; its Stop is not the run's steps
+    assert shown == ["changed after step 1", ""], shown
+
+
 def test_the_servers_text_is_marked_unavailable_when_it_cannot_serve_it(local_browser,
                                                                       tmp_path, console):
     """A server whose shards are out of reach: "this server's /data" started a run that

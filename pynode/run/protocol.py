@@ -132,16 +132,21 @@ class RoomPeer(Takeover, Steering):
 
     report(kind, fields) tells the page what happens:
       run     {run, leader, ranks, config, joined_at,   training started or joined; `step`
-               joining, step, hash}                      and `hash`: the state it goes on
+               joining, step, hash, curve, schedule}    and `hash`: the state it goes on
                                                         from; `joining`: the peers admitted
-                                                        at its first step (a resumed start)
+                                                        at its first step (a resumed start);
+                                                        `config`: as it is now, every change
+                                                        in `schedule` already in it (a
+                                                        resume's own steps and lr too)
       step    {step, loss, hash, probe, members, seconds, inner, share, ...}
       inner   {run, replica, step}                      a --sync-every run: this peer took
                                                         inner step `step` of `replica`
       done    {step, hash}                              the run reached its last step
       failed  {error}                                   this peer stopped (fork, lost group)
-      leader  {leader, lost, step, ranks}               the leader `lost` vanished; the run
-                                                        goes on from `step` under `leader`
+      leader  {leader, lost, step, ranks, config,       the leader `lost` vanished; the run
+               schedule}                                goes on from `step` under `leader`,
+                                                        with the config and changes it had
+                                                        there
       event   {level, text}                             peer lost, peer joined, ...
       joining {run, leader}                             asked to join a run, admitted at its
                                                         next step; {run: null}: no longer

@@ -11,6 +11,7 @@ now (`decline`). Everyone rewinds to that boundary in the new group and trains o
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import time
 from collections.abc import Sequence
@@ -181,5 +182,8 @@ class Takeover:
         run.agreed = [a for a in run.agreed if a.step <= step]
         run.words = [w for w in run.words if w[0] < step]
         run.curve = [c for c in run.curve if c[0] <= step]  # the steps past it come again
+        # the config and changes it goes on under: those after `step` are taken back
         self.report("leader", {"leader": run.leader, "lost": gone, "step": step,
-                               "ranks": list(coll.ranks)})
+                               "ranks": list(coll.ranks),
+                               "config": json.loads(trainer.cfg.to_json()),
+                               "schedule": list(trainer.schedule)})

@@ -18,26 +18,19 @@ const APPROVAL_WAIT_S = 300;
 // What a run's leader may change while it trains (pynode/run/schedule.py FIELDS).
 export const STEERABLE = ["lr", "steps"];
 
-// The run's config as it is now: its leader's changes (the schedule) applied in order, as
-// each peer's trainer applies them (a run report carries the config it began from).
-function steeredConfig(config, schedule) {
+// `config` with the leader's `change` applied, as each peer's trainer applies it. A run
+// report (and a failover's) carries the config as it is then, every change of its schedule
+// already in it: a resumed checkpoint's changes are history there, and the resume's own
+// steps come after them (a Stop in the file, resumed for more steps, still trains on).
+function changedConfig(config, change) {
   const now = { ...config };
-  for (const change of schedule) {
-    for (const name of STEERABLE) if (change[name] !== undefined) now[name] = change[name];
-  }
+  for (const name of STEERABLE) if (change[name] !== undefined) now[name] = change[name];
   return now;
 }
 
 // A Stop is the change {step: S, steps: S}: the run ends where it is (pynode/run/schedule.py
 // is_stop).
 const isStop = (change) => change?.steps !== undefined && change.steps === change.step;
-
-// The steps a run had before it was stopped, or null if its last change is no Stop: a next
-// Start begins from the steps chosen before it, not from the step it was stopped at.
-function stepsBeforeStop(config, schedule) {
-  if (!isStop(schedule.at(-1))) return null;
-  return steeredConfig(config, schedule.slice(0, -1)).steps;
-}
 
 // What to do about a pair that cannot connect; pynode/cli/peer.py says the same natively.
 export function linkFailedText(peer) {
@@ -57,7 +50,8 @@ export class PageNode extends EventTarget {
       hostAway: false, // a private room whose host's page is not connected now
       approvalUntil: null, // when a waiting page gives up on approval (epoch ms)
       state: "booting", step: 0, loss: null, hash: null, probe: null, leader: null,
-      run: null, config: null, members: [], error: null, checks: [], history: [], messages: [],
+      run: null, config: null, stoppedFrom: null, members: [], error: null, checks: [],
+      history: [], messages: [],
       failovers: [],
       uiLatencyMs: [], bench: null, verified: false, backend: null, gemm: null, kernels: null,
       webgpu: null,
@@ -411,8 +405,10 @@ export class PageNode extends EventTarget {
       // the step and hash it goes on from, not the last run's until its first step is done
       Object.assign(s, { state: "training", joining: null, run: f.run, leader: f.leader,
         step: f.step, hash: f.hash, loss: null, probe: null,
-        // the changes the run made before (a resumed checkpoint's, or those a sync brings)
+        // its changes so far (a resumed checkpoint's, or those a sync brings), each in
+        // `config` already; `stoppedFrom`: the steps it had before a Stop, once stopped
         config: f.config, error: null, heldout: null, schedule: f.schedule || [], paused: false,
+        stoppedFrom: null,
         inner: null, innerSteps: 0, members: f.ranks });
       this.say("info", f.joined_at === null ? `training started by ${f.leader}`
         : `joined the run of ${f.leader} at step ${f.joined_at}; state verified by hash`);
@@ -449,7 +445,7 @@ export class PageNode extends EventTarget {
       // carries the old one's change of it again: the record keeps only those before it.
       Object.assign(s, { leader: f.leader, step: f.step,
         history: s.history.filter(h => h.step <= f.step),
-        schedule: s.schedule.filter(c => c.step < f.step) });
+        config: f.config, schedule: f.schedule, stoppedFrom: null });
       s.failovers.push({ lost: f.lost, leader: f.leader, step: f.step });
       this.say("warn", `the run goes on from step ${f.step} led by ` +
         `${f.leader === s.peerId ? "this page" : f.leader}, with ${f.ranks.length} peer(s)`);
@@ -457,6 +453,9 @@ export class PageNode extends EventTarget {
       s.paused = f.paused;
       if (f.change) {
         s.schedule.push(f.change);
+        // a next Start begins from the steps chosen before a Stop, not from where it stopped
+        if (s.config && isStop(f.change)) s.stoppedFrom = s.config.steps;
+        if (s.config) s.config = changedConfig(s.config, f.change);
         const { step: at, ...changed } = f.change;
         this.say("info", isStop(f.change)
           ? `the leader stopped the run at step ${at}`
@@ -625,10 +624,7 @@ export class PageNode extends EventTarget {
         bytes_received: info.bytes_received ?? null,
       };
     });
-    // the run as its leader steered it (a failover takes back the changes after its step)
-    const config = s.config && steeredConfig(s.config, s.schedule);
-    const stoppedFrom = s.config ? stepsBeforeStop(s.config, s.schedule) : null;
-    return JSON.parse(JSON.stringify({ ...s, config, steps: config?.steps ?? null, stoppedFrom,
-      peers, links: this.links() }));
+    return JSON.parse(JSON.stringify({ ...s, steps: s.config?.steps ?? null, peers,
+      links: this.links() }));
   }
 }

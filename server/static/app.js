@@ -229,14 +229,17 @@ function renderForm(s) {
 }
 
 // Beside a field the run's leader changed: after which step, while the field still holds
-// the run's value (edited for the next run, it is the person's own).
+// the run's value (edited for the next run, it is the person's own) and that value is the
+// last change's (a resumed checkpoint's changes are history: the resume's own steps or lr
+// come after them).
 // `stoppedFrom`: the steps a stopped run had before its Stop (the form shows those), or null.
 function renderSteeredNotes(form, config, schedule, stoppedFrom) {
   for (const name of STEERABLE) {
     const field = form.elements[name];
     const stop = name === "steps" && stoppedFrom !== null ? schedule.at(-1) : null;
-    const changes = schedule.filter((c) => c[name] !== undefined && c !== stop);
     const value = stop ? stoppedFrom : config?.[name];
+    const made = schedule.filter((c) => c[name] !== undefined && c !== stop);
+    const changes = made.length && made.at(-1)[name] === value ? made : [];
     const steered = (changes.length > 0 || stop !== null) && field.value === String(value);
     const note = field.closest("label").querySelector(".steered");
     const said = [changes.length ? `changed after step ${changes.at(-1).step}` : null,

@@ -436,6 +436,9 @@ def test_a_lost_leader_is_replaced_by_the_next_peer_and_no_bit_changes(checks, r
             (change,) = page.kinds("leader")
             assert change["leader"] == "tab1" and change["lost"] == "tab0"
             assert change["ranks"] == ["tab1", "tab2"] and change["step"] >= 2
+            # the config it goes on under, as the page shows it (node.js takes it whole)
+            assert change["config"] == page.kinds("run")[0]["config"]
+            assert change["schedule"] == []
             assert not page.kinds("failed")
         joined = late.hashes()
         assert joined and all(reference[s - 1] == h for s, h in joined.items())

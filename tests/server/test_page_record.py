@@ -57,13 +57,34 @@ def test_a_failover_at_a_changed_boundary_keeps_the_change_once():
     control = ["onReport", "control", {"step": 4, "paused": False, "change": change}]
     earlier = ["onReport", "control",
                {"step": 2, "paused": False, "change": {"step": 2, "steps": 50}}]
-    leader = ["onReport", "leader", {"leader": "me", "lost": "lead", "step": 4, "ranks": ["me"]}]
+    # the config and changes the group agreed on at boundary 4 (pynode/run/takeover.py)
+    leader = ["onReport", "leader", {"leader": "me", "lost": "lead", "step": 4, "ranks": ["me"],
+                                     "config": {"steps": 50, "lr": 0.003},
+                                     "schedule": [{"step": 2, "steps": 50}]}]
     state = replay([run, step(1), step(2), earlier, step(3), step(4), control, step(5),
                     leader, control, step(5)])
     assert state["schedule"] == [{"step": 2, "steps": 50}, change], state["schedule"]
     assert [h["step"] for h in state["history"]] == [1, 2, 3, 4, 5]
     status = state["status"]  # the run as steered: the change kept once, where it applies
     assert status["config"]["lr"] == 0.002 and status["steps"] == 50, status["config"]
+
+
+def test_a_resumed_checkpoints_changes_are_history_the_resume_goes_on_from():
+    """A checkpoint stopped at step 249 (its schedule ends with that Stop), resumed for 300
+    steps: the run report's config has 300, and the page applied the file's Stop to it
+    again ("step 259 of 249", then "Stopped" at 300). A Stop made in this run counts."""
+    run = ["onReport", "run", {"run": "r", "leader": "me", "ranks": ["me"], "joined_at": None,
+                               "step": 249, "hash": "h249", "config": {"steps": 300, "lr": 0.002},
+                               "schedule": [{"step": 100, "lr": 0.002},
+                                            {"step": 249, "steps": 249}]}]
+    resumed = replay([run, step(250)])["status"]
+    stop = ["onReport", "control", {"step": 260, "paused": False,
+                                    "change": {"step": 260, "steps": 260}}]
+    stopped = replay([run, step(250), stop, ["onReport", "done", {"step": 260, "hash": "h"}]])
+    assert (resumed["steps"], resumed["config"]["lr"], resumed["stoppedFrom"]) == (
+        300, 0.002, None), resumed
+    assert (stopped["status"]["steps"], stopped["status"]["stoppedFrom"]) == (260, 300)
+    assert stopped["schedule"][-1] == {"step": 260, "steps": 260}
 
 
 def test_a_page_the_host_declined_stays_out_once_its_checks_pass():
