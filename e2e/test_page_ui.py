@@ -723,8 +723,9 @@ def test_a_checkpoint_saved_at_a_stop_resumed_for_more_steps_trains_on_to_them(
         local_browser, tmp_path, console):
     """A run stopped at step 3 and saved, resumed in the page with 40 steps: it trained to 40
     (the same hash as `train --resume`), but the page applied the file's Stop to the resumed
-    run's config again: "step 4 of 3" while it trained, "Stopped at step 6 of ..." at the end,
-    and a "changed after step 3" note beside its steps."""
+    run's config again: "step 4 of 3" while it trained, "Stopped at step 40 of ..." at the
+    end, and a "changed after step 3" note beside its steps. The changes are listed in words.
+    """
     changes = [{"step": 1, "lr": 0.002}, {"step": 3, "steps": 3}]
     saved = steered_checkpoint(tmp_path / "stopped.pt", 5, changes)
     server = local_server(tmp_path)
@@ -742,6 +743,7 @@ def test_a_checkpoint_saved_at_a_stop_resumed_for_more_steps_trains_on_to_them(
         wait(page, "s => ['done', 'failed'].includes(s.state)", 120_000)
         page.wait_for_timeout(500)  # a render after the end
         s, end, shown = status(page), page.inner_text("#readiness"), page.evaluate(notes)
+        listed = page.inner_text("#steer") if page.is_visible("#steer-changes") else ""
     finally:
         server.close()
     assert (during["steps"], during["config"]["steps"], during["config"]["lr"]) == (40, 40, 0.002)
@@ -751,6 +753,8 @@ def test_a_checkpoint_saved_at_a_stop_resumed_for_more_steps_trains_on_to_them(
     assert end.startswith("Finished: step 40, state hash "), end
     # the file's lr change is still the run's lr; its Stop is not the run's steps
     assert shown == ["changed after step 1", ""], shown
+    # the changes in words beside Download schedule (it showed the button alone)
+    assert "learning rate 0.002 after step 1; stopped at step 3." in listed, listed
 
 
 def test_the_servers_text_is_marked_unavailable_when_it_cannot_serve_it(local_browser,

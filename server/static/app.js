@@ -457,6 +457,10 @@ function renderProgress(s) {
   $("steer").hidden = !leading && !s.schedule.length;
   $("steer-intro").hidden = $("steer-controls").hidden = !leading;
   $("steer-record").hidden = leading;
+  // the changes themselves, in words (a resumed checkpoint's first): the download saves them
+  $("steer-changes").hidden = !s.schedule.length;
+  $("steer-changes").textContent = s.schedule.length
+    ? `${s.schedule.map(changeText).join("; ")}.` : "";
   for (const id of ["pause", "resume-run", "stop", "apply-change", "steer-lr", "steer-steps"]) {
     $(id).disabled = !leading;
   }
@@ -811,7 +815,7 @@ $("resume-confirm").addEventListener("click", timed(() => {
 
 const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
 
-// One change of the checkpoint's run as the preview lists it.
+// One change of a run (the steer panel's list, a checkpoint's preview).
 function changeText(change) {
   if (change.steps === change.step) return `stopped at step ${change.step}`;
   const parts = [];
