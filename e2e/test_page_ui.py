@@ -356,6 +356,10 @@ def test_a_waiting_page_says_who_it_is_and_when_it_gives_up(local_browser, tmp_p
     assert message_times, messages
     assert badge == "waiting", badge
     assert "check the link with the room's host" in text, text
+    # a host that closed its tab and opened the link again is one of these pages
+    assert text.endswith("If you made this room and closed its tab, this page cannot host "
+                         "it again (only the tab that made a room hosts it, and reloads of "
+                         "that tab): make a new private room and send its link."), text
     assert 590_000 < until - now_ms <= 600_000, until - now_ms
     assert banner.endswith("1 of them waits for your approval (Approve or Refuse in the Peers "
                            "table)."), banner
