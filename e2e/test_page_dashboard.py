@@ -220,6 +220,37 @@ def test_the_dashboard_shows_the_newest_run_first(browser, server_url):
         board.close()
 
 
+def test_cards_of_one_command_say_when_each_started_and_where_a_resume_began(
+        browser, server_url):
+    """Two runs of `train --peers 2` on one machine had the same card line: it now says
+    when each started (this computer's clock) and, for a run whose curve begins past
+    step 1 (a resume), the step it begins at (a newcomer trial)."""
+    points = REPORT.replace("points: []", "points: [[251, 2.5, null], [1200, 2.3456, null]]")
+    board = browser.new_page()
+    try:
+        board.goto(f"{server_url}/dashboard")
+        fresh = board.evaluate(REGISTER, "fresh")
+        resumed = board.evaluate("""async (name) => (await (await fetch('/api/runs', {method:
+            'POST', headers: {'Content-Type': 'application/json'}, body: JSON.stringify(
+            {name, command: 'train --peers 2', world: 2})})).json())""", "resumed")
+        assert board.evaluate(points, [resumed["run"], resumed["token"], 0]) == 200
+        board.wait_for_function("(run) => document.querySelector(`section.run[data-run='${run}']"
+                                " .run-line`)?.textContent.includes('at step 1200')",
+                                arg=resumed["run"], timeout=10_000)
+        lines = [board.inner_text(f"section.run[data-run='{run}'] .run-line")
+                 for run in (fresh, resumed["run"])]
+        now = board.evaluate("() => [new Date().getHours(), new Date().getMinutes()]")
+    finally:
+        board.close()
+    started = re.compile(r"train --peers 2 · 2 ranks · started (\d\d):(\d\d):\d\d · ")
+    for line in lines:
+        match = started.match(line)
+        assert match, line
+        assert abs((int(match[1]) * 60 + int(match[2])) - (now[0] * 60 + now[1])) % 1439 <= 1
+    assert lines[0].endswith(" · no step yet"), lines[0]
+    assert lines[1].endswith(" · loss 2.3456 at step 1200 (from step 251)"), lines[1]
+
+
 def test_the_address_a_run_prints_shows_its_card(browser, server_url):
     """`train --dashboard` says `dashboard: URL/dashboard#run-ID`: that card is scrolled to
     and marked once drawn (the runs are drawn after the page loads, so the browser's own

@@ -9,6 +9,7 @@
 
 import { PageGenerator } from "/app/generate.js";
 import { PageNode, STEERABLE } from "/app/node.js";
+import { clock } from "/static/clock.js";
 import { memoryBytes, paramCount, stepSeconds } from "/static/estimate.js";
 
 const params = new URLSearchParams(location.search);
@@ -37,13 +38,6 @@ const NUMBER_FIELDS = { width: whole, layers: whole, heads: whole, seq: whole,
 const MAX_STEPS = 10_000_000;
 const MOST = { steps: MAX_STEPS, sync_every: MAX_STEPS };
 
-// A time of day as this page shows every one: the computer's own clock, 24-hour HH:MM:SS,
-// as `join` stamps its lines (Messages showed UTC from the ISO stamp, and the waiting line
-// a 12-hour local time beside it).
-function clock(date) {
-  return [date.getHours(), date.getMinutes(), date.getSeconds()]
-    .map((n) => String(n).padStart(2, "0")).join(":");
-}
 
 // A form field's label, as the page names the field in its messages.
 const labelOf = (field) => field.closest("label").firstChild.textContent.trim();

@@ -1,4 +1,6 @@
 // /dashboard: the native runs this server knows (GET /api/runs), redrawn every second.
+import { clock } from "/static/clock.js";
+
 const POLL_MS = 1000;
 const main = document.getElementById("runs");
 const badge = document.getElementById("runs-badge");
@@ -105,8 +107,13 @@ function drawRun(run) {
   const [title, line, tableBox, chartBox] = entry.section.children;
   const last = run.points[run.points.length - 1];
   title.textContent = `${run.name || run.command || "run"} (${run.run})`;
+  // when it registered, and the step its curve starts at where that is not 1 (a resume):
+  // two cards of one command on one machine told apart
+  const first = run.points[0];
   line.textContent = `${run.command} · ${run.world} rank${run.world === 1 ? "" : "s"} · ` +
-    (last ? `loss ${last[1].toFixed(4)} at step ${last[0]}` : "no step yet");
+    `started ${clock(new Date(Date.now() - run.age_s * 1000))} · ` +
+    (last ? `loss ${last[1].toFixed(4)} at step ${last[0]}` : "no step yet") +
+    (first && first[0] > 1 ? ` (from step ${first[0]})` : "");
   tableBox.replaceChildren(rankTable(run));
   if (!window.uPlot) { // as the page says it: which command gets the chart library
     chartBox.textContent = "The chart library is missing on this server: run " +
