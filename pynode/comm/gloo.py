@@ -28,7 +28,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -487,8 +487,7 @@ def _connect_blocking(
         _same_world_size(store, joined, rank, world_size)
         missing = roll_call(store, f"{keys}joined/", rank, world_size, _POLL_S)
         first = str(exc).splitlines()[0]
-        who = f"rank {', '.join(map(str, missing))} of {world_size} did not join" if missing \
-            else first
+        who = _not_joined(missing, world_size, addr, port) if missing else first
         raise PeerLost(missing, f"gloo group did not form within {timeout:g} s at "
                        f"{addr}:{port}: {who}") from None
     log.info("gloo: rank %d of %d joined via %s:%d", rank, world_size, addr, port)
@@ -496,6 +495,14 @@ def _connect_blocking(
 
 
 _JOIN_POLL_S = 0.2  # how often a rank looks at who has checked in while the group forms
+
+
+def _not_joined(missing: Sequence[int], world_size: int, addr: str, port: int) -> str:
+    """The ranks that never checked in, and what starts them."""
+    return (f"rank {', '.join(map(str, missing))} of {world_size} did not join: start "
+            f"{'it' if len(missing) == 1 else 'each'} with its RANK and this MASTER_ADDR, "
+            f"MASTER_PORT and WORLD_SIZE (ranks on other machines must reach {addr}:{port}), "
+            "or allow more time with --timeout")
 
 
 def _wait_joined(store: Any, joined: list[str], rank: int, world_size: int,
@@ -615,8 +622,7 @@ def _agree_attempt(store: Any, base: str, rank: int, world_size: int, deadline: 
                         answered[r] = asked
             if waiting and time.monotonic() > deadline:
                 raise PeerLost(sorted(waiting), f"gloo group did not form at {addr}:{port}: "
-                               f"rank {', '.join(map(str, sorted(waiting)))} of {world_size} "
-                               "did not join")
+                               + _not_joined(sorted(waiting), world_size, addr, port))
             if waiting:
                 time.sleep(_POLL_S)
         store.set(current, nonce.encode())

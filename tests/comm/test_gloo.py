@@ -146,6 +146,8 @@ def test_a_master_addr_that_does_not_resolve_is_named_at_once(rank) -> None:
 
 
 def test_nobody_else_joins_peer_lost_names_them() -> None:
+    """... and says what starts them (it ended at "did not join", no next step)."""
+    port = free_port()
     with pytest.raises(PeerLost) as lost:
         asyncio.run(
             make_collective(
@@ -153,11 +155,15 @@ def test_nobody_else_joins_peer_lost_names_them() -> None:
                 rank=0,
                 world_size=3,
                 master_addr="127.0.0.1",
-                master_port=free_port(),
+                master_port=port,
                 timeout=1.0,
             )
         )
     assert lost.value.ranks == (1, 2)
+    assert str(lost.value).endswith(
+        "rank 1, 2 of 3 did not join: start each with its RANK and this MASTER_ADDR, "
+        f"MASTER_PORT and WORLD_SIZE (ranks on other machines must reach 127.0.0.1:{port}), "
+        "or allow more time with --timeout"), str(lost.value)
 
 
 def test_a_rank_whose_rank0_never_comes_gives_up_after_timeout_once() -> None:
