@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -139,3 +140,11 @@ def unavailable(reason: str) -> None:
     if os.environ.get("CI") == "true":
         pytest.fail(f"{reason} (CI=true: the browser tests must run)")
     pytest.skip(reason)
+
+
+def param_count(cfg: Any) -> int:
+    """Parameters of the gpt model a RunConfig builds (what the page's estimate counts)."""
+    from pynode.core.gpt import gpt_param_shapes
+    from pynode.tasks.gpt import gpt_config
+
+    return sum(math.prod(s) for s in gpt_param_shapes(gpt_config(cfg)).values())

@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import re
 
 import pytest
-from browser_helpers import approve_ids, status, wait, wait_booted, wait_trainable
+from browser_helpers import approve_ids, param_count, status, wait, wait_booted, wait_trainable
 from mixed_helpers import REPO, NativeJoin, reference_rows
 
 from pynode.config import RunConfig
-from pynode.core.gpt import gpt_param_shapes
 from pynode.run.assemble import memory_needed
-from pynode.tasks.gpt import gpt_config
 
 pytestmark = [pytest.mark.slow]
 
@@ -32,10 +29,6 @@ CONFIG = {"task": "gpt", "width": 32, "layers": 1, "heads": 2, "seq": 16, "micro
 ALL_SHOWN = """s => s.peers.length === 3 && s.peers.every(p => p.runtime && p.share !== null
     && p.microbatch_seconds !== null && p.bytes_sent > 0 && p.step >= 2)"""
 SCREENSHOTS = REPO / "docs" / "images"
-
-
-def param_count(cfg: RunConfig) -> int:
-    return sum(math.prod(s) for s in gpt_param_shapes(gpt_config(cfg)).values())
 
 
 def test_two_tabs_and_a_native_peer_on_the_dashboard_steered_by_the_leader(

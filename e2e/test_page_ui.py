@@ -20,6 +20,7 @@ import pytest
 from browser_helpers import (
     REPO,
     approve,
+    param_count,
     status,
     wait,
     wait_booted,
@@ -307,6 +308,43 @@ def test_bad_and_unknown_room_codes_end_next_to_the_room_controls(
         assert wait_s - 0.5 < seconds < wait_s + 5, (name, seconds)
         assert pending_hidden, "the waiting line gives way to the reason"
     assert ended["real"][2] not in host_saw, "a page that gave up left the room"
+
+
+def test_the_estimate_follows_the_task_and_says_a_size_no_tab_holds(local_browser, tmp_path,
+                                                                    console):
+    """A newcomer trial: switched to mlp, the estimate went on with the gpt's figures until a
+    number changed; a config of 11.5 TiB read "about 12017889.1 MiB per peer" with no
+    word that Start would refuse it; width 0 read "0 parameters, about 0.0 MiB"."""
+    from pynode.config import RunConfig
+    from pynode.platform import PAGE_HEAP_BUDGET
+    from pynode.run.assemble import memory_needed, size_text
+
+    server = local_server(tmp_path)
+    big = {"width": 4096, "layers": 48, "heads": 32, "seq": 2048, "microbatch_size": 64}
+    cfg = RunConfig(**big)
+    need = memory_needed(cfg, param_count(cfg))
+    try:
+        page = open_page(local_browser, f"{server.url}/?create=1", console)
+        wait_booted(page)
+        gpt = page.inner_text("#estimate")
+        page.select_option("#config-form [name=task]", "mlp")
+        mlp = page.inner_text("#estimate")
+        page.select_option("#config-form [name=task]", "gpt")
+        back = page.inner_text("#estimate")
+        for name, value in big.items():
+            page.fill(f"#config-form [name={name}]", str(value))
+        huge, marked = page.inner_text("#estimate"), page.get_attribute("#estimate", "class")
+        page.fill("#config-form [name=width]", "0")
+        zero = page.inner_text("#estimate")
+    finally:
+        server.close()
+    assert gpt.startswith(f"{param_count(RunConfig()):,} parameters, about "), gpt
+    assert mlp == "" and back == gpt, (mlp, back)
+    assert huge == (f"{param_count(cfg):,} parameters, about {size_text(need)} per peer: more "
+                    f"than a tab can hold ({size_text(PAGE_HEAP_BUDGET)}), so Start will "
+                    "refuse it; choose a smaller width, layers, sequence or microbatch size."), huge
+    assert "error" in (marked or ""), marked
+    assert zero == "", zero
 
 
 def test_a_waiting_page_says_who_it_is_and_when_it_gives_up(local_browser, tmp_path, console):

@@ -10,7 +10,8 @@
 import { PageGenerator } from "/app/generate.js";
 import { PageNode, STEERABLE } from "/app/node.js";
 import { clock } from "/static/clock.js";
-import { memoryBytes, paramCount, stepSeconds } from "/static/estimate.js";
+import { TAB_MEMORY_BUDGET, memoryBytes, paramCount, sizeText, stepSeconds }
+  from "/static/estimate.js";
 
 const params = new URLSearchParams(location.search);
 // a link pasted with a space or a line break after it was refused as no room code
@@ -280,21 +281,30 @@ const sum = (rows, key) => {
 
 // The config's parameter count, memory per peer and step time for the pool (scaled from
 // the microbatch times the peers measured in the last run), under the sliders.
+// Only for the gpt task, and for a form whose numbers a run could take (width 0 made "0
+// parameters, about 0.0 MiB"); a size no tab can hold is said before Start refuses it.
 function renderEstimate(s) {
   const form = $("config-form");
   const cfg = {};
   for (const [name, parse] of Object.entries(NUMBER_FIELDS)) cfg[name] = parse(form.elements[name].value);
-  if (form.elements.task.value !== "gpt" || Object.values(cfg).some((v) => !Number.isFinite(v))) {
+  if (form.elements.task.value !== "gpt" || Object.keys(NUMBER_FIELDS).some((name) =>
+    !Number.isFinite(cfg[name]) || !form.elements[name].checkValidity())) {
     $("estimate").textContent = "";
+    $("estimate").classList.remove("error");
     return;
   }
   const pool = s.peers.filter((p) => p.approved && p.connected);
   const step = stepSeconds(cfg, s.config, pool.map((p) => p.microbatch_seconds ?? 0));
+  const memory = memoryBytes(cfg);
+  const tooBig = memory > TAB_MEMORY_BUDGET;
+  $("estimate").classList.toggle("error", tooBig);
   $("estimate").textContent = `${paramCount(cfg).toLocaleString("en")} parameters, ` +
-    `about ${(memoryBytes(cfg) / 2 ** 20).toFixed(1)} MiB per peer; ` +
+    `about ${sizeText(memory)} per peer` + (tooBig ? `: more than a tab can hold ` +
+      `(${sizeText(TAB_MEMORY_BUDGET)}), so Start will refuse it; choose a smaller width, ` +
+      "layers, sequence or microbatch size." : "; " +
     (step === null ? "the step time is estimated once this pool has trained a step."
       : `about ${step < 1 ? `${(step * 1000).toFixed(0)} ms` : `${step.toFixed(1)} s`} a step ` +
-        `for these ${pool.length} peer(s), ${duration(step * cfg.steps)} for the run.`);
+        `for these ${pool.length} peer(s), ${duration(step * cfg.steps)} for the run.`));
 }
 
 function duration(seconds) {
@@ -996,6 +1006,9 @@ window.addEventListener("pagehide", () => {
   node.signaling.close();
 });
 addSliders();
+// any other field of the form (the task: the estimate went on showing the gpt's figures
+// for mlp) changes the estimate at once too
+$("config-form").addEventListener("change", () => renderEstimate(node.status()));
 addSteeredNotes();
 probeServerText();
 node.boot();

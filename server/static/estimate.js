@@ -17,6 +17,21 @@ export function memoryBytes(cfg) {
   return state + activations + attention;
 }
 
+// What a tab may plan a run's memory against (pynode/platform.py PAGE_HEAP_BUDGET; keep
+// the two equal): a config over it is refused at Start by every tab.
+export const TAB_MEMORY_BUDGET = 3 * 2 ** 29;
+
+// Bytes as a person reads them, as pynode's size_text says them in its refusals: 812.3 MiB,
+// 14.0 TiB (not 14657961.6 MiB).
+export function sizeText(count) {
+  let [value, unit] = [count / 2 ** 20, "MiB"];
+  for (const bigger of ["GiB", "TiB"]) {
+    if (value < 1024) break;
+    [value, unit] = [value / 1024, bigger];
+  }
+  return `${value.toFixed(1)} ${unit}`;
+}
+
 // Multiply-adds of one microbatch, forward and backward (3x the forward's GEMMs plus
 // attention): the unit the measured microbatch times are scaled by.
 export function microbatchWork(cfg) {

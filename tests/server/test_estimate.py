@@ -44,3 +44,24 @@ def test_the_page_counts_parameters_and_memory_as_pynode_does():
     # two peers at 0.1 s and 0.3 s a microbatch share the default 4: 4 / (10 + 10/3) s
     assert got[0]["step"] == pytest.approx(4 / (10 + 10 / 3))
     assert got[2]["step"] > got[0]["step"] > got[1]["step"]
+
+
+def test_the_page_says_sizes_and_a_tabs_budget_as_pynode_does():
+    """The estimate said 12017889.1 MiB where Start's refusal said 11.5 TiB; it says sizes
+    in the refusal's words now, against the budget a tab plans with."""
+    from pynode.platform import PAGE_HEAP_BUDGET
+    from pynode.run.assemble import size_text
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed (make test installs it)")
+    sizes = [0, 2**20 - 1, 812.3 * 2**20, 1023.96 * 2**20, 1.5 * 2**30, 2**40 * 11.5, 2**52]
+    script = (f"import * as e from {json.dumps(ESTIMATE.as_uri())};"
+              f"console.log(JSON.stringify([e.TAB_MEMORY_BUDGET, "
+              f"{json.dumps(sizes)}.map(e.sizeText)]));")
+    done = subprocess.run([node, "--input-type=module", "-e", script], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    budget, said = json.loads(done.stdout)
+    assert budget == PAGE_HEAP_BUDGET
+    assert said == [size_text(n) for n in sizes], said
