@@ -75,7 +75,7 @@ def test_choosing_a_checkpoint_shows_it_and_only_the_button_resumes(local_browse
         server.close()
     state_hash = load_checkpoint(good.read_bytes()).state_hash
     assert refused[0] == ("checkpoint refused: notes.pt is not a valid DaisyChain checkpoint "
-                          "(CheckpointError: not a checkpoint: a .pt checkpoint is a zip "
+                          "(not a checkpoint: a .pt checkpoint is a zip "
                           "archive, and this file is text)"), refused
     assert refused[1], "a file that is no checkpoint has no preview"
     assert rows["model"].startswith(MODEL), rows

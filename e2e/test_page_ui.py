@@ -139,11 +139,11 @@ def test_errors_show_next_to_the_action_and_download_waits_for_a_run(
         name = download.value.suggested_filename
     finally:
         server.close()
-    assert re.fullmatch(r"could not start: MemoryRefusal: this config needs about 1[45]\.\d "
+    assert re.fullmatch(r"could not start: this config needs about 1[45]\.\d "
                         r"GiB, only \d+\.\d [MG]iB a tab can hold; choose a smaller one \(width, "
                         r"layers, sequence, microbatch size\)", too_big[0]), too_big[0]
     assert too_big[1] < 15, f"refused after {too_big[1]:.0f} s"
-    assert refused == "could not start: ConfigError: heads (4) must divide width (30)"
+    assert refused == "could not start: heads (4) must divide width (30)"
     assert alert == refused and top_when_shown == refused, (alert, top_when_shown)
     assert 0 < gap < 120, f"the error is {gap} px below the Start button"
     assert s["state"] == "done" and s["step"] == 2, s["error"]
@@ -186,7 +186,7 @@ def test_a_value_the_browser_blocks_clears_the_refusal_before_it(local_browser, 
         state = status(page)["state"]
     finally:
         server.close()
-    assert before == ("could not start: ConfigError: heads (4) must divide width (30)",) * 2
+    assert before == ("could not start: heads (4) must divide width (30)",) * 2
     assert blocked, "layers 0 is out of the field's range: the browser stops the submit"
     assert after == {"beside": True, "top": True}, after
     assert generate_before == "could not generate: choose a .pt file to generate from"
@@ -308,6 +308,45 @@ def test_bad_and_unknown_room_codes_end_next_to_the_room_controls(
         assert wait_s - 0.5 < seconds < wait_s + 5, (name, seconds)
         assert pending_hidden, "the waiting line gives way to the reason"
     assert ended["real"][2] not in host_saw, "a page that gave up left the room"
+
+
+def test_refusals_use_the_forms_words_and_say_what_to_do(local_browser, tmp_path, console):
+    """A newcomer trial: "could not start: ConfigError: lr must be in (0, 1), got 0" beside
+    a field labelled "learning rate"; Generate before any run said "RoomError: no run has
+    started on this peer yet: no state to save or to generate from" and left the prompt in
+    the output box. The page now says the form's words, no Python class, and the ways on."""
+    server = local_server(tmp_path)
+    try:
+        page = open_page(local_browser, f"{server.url}/?create=1", console)
+        wait_booted(page)
+        page.fill("#config-form [name=lr]", "0")
+        page.click("#start")
+        page.wait_for_selector("#form-error", state="visible")
+        lr = (page.inner_text("#form-error"), page.inner_text("#alert-text"))
+        page.fill("#config-form [name=lr]", "0.003")
+        page.fill("#config-form [name=sync_every]", "1")
+        page.fill("#config-form [name=replicas]", "2")
+        page.click("#start")
+        page.wait_for_function("() => document.querySelector('#form-error').textContent"
+                               ".includes('replicas')")
+        replicas = page.inner_text("#form-error")
+        page.click("#generate")
+        page.wait_for_selector("#generate-error", state="visible")
+        generate = (page.inner_text("#generate-error"), page.inner_text("#generate-output"))
+        page.click("#download-kit")
+        page.wait_for_function("() => document.querySelector('#generate-error').textContent"
+                               ".startsWith('no inference kit')")
+        kit = page.inner_text("#generate-error")
+        shown = page.inner_text("#messages")
+    finally:
+        server.close()
+    assert lr == ("could not start: learning rate must be in (0, 1), got 0",) * 2, lr
+    assert replicas.startswith("could not start: replicas 2 needs sync every H > 1"), replicas
+    no_model = ("this page has no model yet: start a run (or keep the page open until one "
+                "starts in this room), or choose a .pt file under model")
+    assert generate == (f"could not generate: {no_model}", ""), generate
+    assert kit == f"no inference kit: {no_model}", kit
+    assert "Error:" not in shown and "learning rate must be" in shown, shown
 
 
 def test_the_estimate_follows_the_task_and_says_a_size_no_tab_holds(local_browser, tmp_path,

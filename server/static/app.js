@@ -43,6 +43,20 @@ const MOST = { steps: MAX_STEPS, sync_every: MAX_STEPS };
 // A form field's label, as the page names the field in its messages.
 const labelOf = (field) => field.closest("label").firstChild.textContent.trim();
 
+// Python's reason as the page says it: no exception class before it ("ConfigError: ",
+// "MemoryRefusal: ": names a person never sees elsewhere on the page) and each setting by
+// its label in `form` where Python's name differs ("lr must be in (0, 1)": the field says
+// "learning rate"; "sync_every", "tokens" of the Generate panel: "bytes"). A run's failure
+// keeps Python's words in status(); the page shows them so.
+function plainly(text, form = $("config-form")) {
+  let said = text.replace(/\b[A-Z][A-Za-z]*(?:Error|Refusal|Lost|TooLarge): /g, "");
+  for (const field of form.querySelectorAll("label > input[type=number][name]")) {
+    const label = labelOf(field); // not a flag's name: --seq stays --seq
+    if (label !== field.name) said = said.replace(new RegExp(`(?<![-\\w])${field.name}\\b`, "g"), label);
+  }
+  return said;
+}
+
 // Why `text`, the field `label` of run setting `name`, holds no value for it (as
 // `parse` reads it), in the page's words, or null.
 function numberProblem(name, label, text, parse) {
@@ -158,17 +172,19 @@ function renderAlert(s) {
   const shown = last && `${last.at} ${last.text}` !== dismissedError &&
     last.text !== s.roomProblem ? last : null;
   $("alert").hidden = !shown;
-  $("alert-text").textContent = shown ? shown.text : "";
+  $("alert-text").textContent = shown ? plainly(shown.text) : "";
 }
 
 // An action's failure, next to the action's buttons and at the top (with the others), both
 // at once: render() waits for the next animation frame, which a busy or hidden tab delays,
 // and the top would say nothing (or an older error) while the text beside the button shows.
+// Said as the page says it (plainly) in both places and in Messages.
 function actionError(text) {
-  $("form-error").textContent = text;
-  $("form-error").hidden = !text;
-  if (!text) return;
-  node.say("error", text);
+  const said = plainly(text);
+  $("form-error").textContent = said;
+  $("form-error").hidden = !said;
+  if (!said) return;
+  node.say("error", said);
   renderAlert(node.status());
 }
 
@@ -399,7 +415,7 @@ function renderReadiness(s) {
   const ready = s.peers.filter((p) => p.approved && (p.self ? s.state === "ready" : p.trainable));
   let text, kind;
   if (s.state === "failed") {
-    [text, kind] = [`Stopped: ${s.error}`, "stopped"];
+    [text, kind] = [`Stopped: ${plainly(s.error)}`, "stopped"];
   } else if (s.state === "training" && s.paused) {
     [text, kind] = [`Paused after step ${s.step} of ${s.steps} by the leader.`, "waiting"];
   } else if (s.state === "training") {
@@ -451,7 +467,7 @@ function renderProgress(s) {
   $("progress-line").innerHTML = training
     ? `Step ${s.step} of ${s.steps}, loss ${fmtLoss(s.loss)}, state hash ${short(s.hash)},
        probe ${short(s.probe)}; ${doing}; leader ${escape(s.leader)}.`
-    : escape(s.state === "failed" ? `Stopped: ${s.error}` : "Not training.");
+    : escape(s.state === "failed" ? `Stopped: ${plainly(s.error)}` : "Not training.");
   $("history").tBodies[0].innerHTML = s.history.slice(-10).reverse().map((h) =>
     `<tr><td>${h.step}</td><td>${fmtLoss(h.loss)}</td><td>${short(h.hash)}</td></tr>`).join("");
   drawLoss(s.history);
@@ -520,7 +536,7 @@ function drawLoss(history) {
 
 function renderChecks(s) {
   const failed = s.checks.filter((r) => !r.passed && !r.skipped);
-  $("checks-line").textContent = !s.checks.length ? (s.state === "failed" ? s.error : "Loading Python…")
+  $("checks-line").textContent = !s.checks.length ? (s.state === "failed" ? plainly(s.error) : "Loading Python…")
     : failed.length ? `FAILED: ${failed.map((r) => `${r.check} ${r.result}`).join("; ")}`
       : `Checks passed: units == lookup tables == integer ops == GEMM backend; computing with ${s.gemm}, kernels ${s.kernels}.`;
   $("checks-line").className = failed.length ? "error" : "";
@@ -531,7 +547,7 @@ function renderChecks(s) {
 
 function renderMessages(s) {
   $("messages").innerHTML = s.messages.slice(-30).reverse().map((m) =>
-    `<li class="${escape(m.level)}"><time>${clock(new Date(m.at))}</time> ${escape(m.text)}</li>`).join("");
+    `<li class="${escape(m.level)}"><time>${clock(new Date(m.at))}</time> ${escape(plainly(m.text))}</li>`).join("");
 }
 
 // A run that starts on this page, whoever leads it (this page's Start too), settles a Start
@@ -888,13 +904,21 @@ let generating = null; // the panel's generation under way: {stopped}
 $("generate-form").addEventListener("focusin", () => generator.boot().catch(() => {}));
 
 function showGenerateError(text) {
-  $("generate-error").textContent = text;
+  $("generate-error").textContent = plainly(text, $("generate-form"));
   $("generate-error").hidden = !text;
 }
 
 // The .pt the generate panel works from: the chosen file's, or this page's state (null).
 async function generateSource() {
-  if ($("generate-form").elements.source.value !== "file") return null;
+  if ($("generate-form").elements.source.value !== "file") {
+    // before any run, in words and with the ways on ("RoomError: no run has started on
+    // this peer yet: no state to save or to generate from")
+    if (!node.state.run) {
+      throw new Error("this page has no model yet: start a run (or keep the page open " +
+        "until one starts in this room), or choose a .pt file under model");
+    }
+    return null;
+  }
   const file = $("generate-file").files[0];
   if (!file) throw new Error("choose a .pt file to generate from");
   return file.arrayBuffer();
@@ -951,6 +975,7 @@ $("generate-form").addEventListener("submit", timed((event) => {
       `${done.stopped ? ", stopped" : ""}.`;
   })().catch((err) => {
     showGenerateError(`could not generate: ${err.message}`);
+    if (output.textContent === request.prompt) output.textContent = ""; // nothing generated
     $("generate-line").textContent = "";
   }).finally(() => {
     generating = null;
