@@ -108,11 +108,18 @@ def test_the_kit_gives_the_cli_bytes_offline(tmp_path: Path):
         shown = CASES[2][0] + bytes.fromhex(want[2]).decode("utf-8", "replace")
         page.wait_for_function("(t) => document.querySelector('#output').textContent === t",
                                arg=shown, timeout=30_000)
-        page.fill("#form [name=temperature]", "")  # an emptied field: the form's NaN
-        page.click("#generate")
-        page.wait_for_function("() => document.querySelector('#output').textContent === "
-                               "'error: temperature must be a finite number >= 0, got NaN'",
-                               timeout=30_000)
+        # an emptied field, an empty prompt: in the page's Generate panel's words (it said
+        # "tokens must be an integer ..., got NaN" for its "bytes" field)
+        empties = []
+        for name, value in (("temperature", ""), ("tokens", ""), ("prompt", "")):
+            page.fill(f"#form [name={name}]", value)
+            page.evaluate("() => { document.querySelector('#output').textContent = ''; }")
+            page.click("#generate")
+            page.wait_for_function("() => document.querySelector('#output').textContent"
+                                   ".startsWith('error: ')", timeout=30_000)
+            empties.append(page.inner_text("#output"))
+            page.fill(f"#form [name={name}]", {"temperature": "0", "tokens": "5"}.get(
+                name, CASES[2][0]))
         form_refusals = []
         # (what the browser's own checks let through: "2.5" bytes never submits)
         for name, value in (("temperature", "1e-40"), ("tokens", "1e20")):
@@ -143,7 +150,12 @@ def test_the_kit_gives_the_cli_bytes_offline(tmp_path: Path):
         with pytest.raises(GenerateError) as caught:
             Sampling(**{"tokens": 5, "temperature": 0.7, **sampling})
         python_refusals.append(str(caught.value))
-    assert form_refusals == python_refusals
+    assert empties == ['error: temperature must be a number, got ""',
+                       'error: bytes must be a whole number, got ""',
+                       "error: the prompt is empty: write at least one character for the "
+                       "model to continue"], empties
+    # pynode's words, the form's field named as the form names it
+    assert form_refusals == [r.replace("tokens", "bytes") for r in python_refusals]
     with pytest.raises(GenerateError) as caught:
         bytes(generator.generate(b"The ", Sampling(tokens=5, temperature=1.2e-38)))
     assert overflow == str(caught.value), overflow

@@ -160,16 +160,23 @@ export class PageNode extends EventTarget {
       if (entry) entry.status = m;
       this.changed();
     });
-    on("denied", (m) => this.leave(`this page leaves the room: ${m.reason || "the host declined"}`,
-      "refused"));
-    on("removed", (m) => this.leave(`this page leaves the room: ${m.reason || "removed by the host"}`,
-      "removed"));
+    // out for good, with the ways on (it said "this page leaves the room: the host
+    // declined", under a "failed" badge); a run's state still downloads
+    const kept = () => (this.state.run ? "; Download checkpoint (.pt) keeps the state " +
+      "this page reached" : "");
+    on("denied", () => this.leave("the host refused this page: ask the host, then reload " +
+      `this page to ask again, or make a new private room${kept()}`, "refused"));
+    on("removed", () => this.leave("the host removed this page from the room: ask the " +
+      `host, then reload this page to join again, or make a new private room${kept()}`,
+    "removed"));
     on("error", (m) => {
       if (m.code === "replaced") { // another page holds this id or took the host role
         this.giveUp(`this page left the room: ${m.message}`);
       } else if (m.code === "bad_room" && !this.state.peerId) {
-        this.giveUp(`"${this.signaling.target.room}" is not a room code (a room link ends in ` +
-          "?room= and 22 letters, digits, - or _): check the link, or make a new private room");
+        const code = this.signaling.target.room;
+        this.giveUp(`${code ? `"${code}" is not a room code` : "the link has no room code"} ` +
+          "(a room link ends in ?room= and 22 letters, digits, - or _): check the link, or " +
+          "make a new private room");
       } else {
         this.say("error", `server: ${m.message} (${m.code})`);
       }
@@ -563,7 +570,11 @@ export class PageNode extends EventTarget {
     if (this.state.role !== "host") throw new Error(`only the host may ${type}`);
     if (!this.roster.has(peerId)) throw new Error(`no peer ${peerId} in this room`);
     if (type !== "approve") this.dismissed.add(peerId);
-    return this.signaling.send(type, { peer: peerId });
+    const sent = this.signaling.send(type, { peer: peerId });
+    // the host's own record of what it did (a refusal said nothing there)
+    if (sent && type === "deny") this.say("info", `refused peer ${peerId}: it is out of the room`);
+    if (sent && type === "remove") this.say("info", `removed peer ${peerId} from the room`);
+    return sent;
   }
 
   // The connectivity matrix as this page knows it: its own links and the rows the other
@@ -625,6 +636,6 @@ export class PageNode extends EventTarget {
       };
     });
     return JSON.parse(JSON.stringify({ ...s, steps: s.config?.steps ?? null, peers,
-      links: this.links() }));
+      links: this.left ? [] : this.links() })); // out of the room: no links (they closed)
   }
 }

@@ -74,7 +74,8 @@ export class Signaling extends EventTarget {
 
   joinFields() {
     const fields = {};
-    if (this.target.room) fields.room = this.target.room;
+    // an empty code too: the server refuses it as no room code (it joined the auto room)
+    if (this.target.room !== undefined) fields.room = this.target.room;
     if (this.token) fields.token = this.token;
     if (this.fresh) fields.fresh = true;
     return fields;

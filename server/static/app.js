@@ -14,9 +14,13 @@ import { TAB_MEMORY_BUDGET, memoryBytes, paramCount, sizeText, stepSeconds }
   from "/static/estimate.js";
 
 const params = new URLSearchParams(location.search);
-// a link pasted with a space or a line break after it was refused as no room code
-const roomCode = (params.get("room") || "").trim();
-const target = params.get("create") ? { create: true } : roomCode ? { room: roomCode } : {};
+// a link pasted with a space or a line break after it was refused as no room code; codes
+// are made lowercase (server/rooms.py), so one uppercased on its way is the same room (it
+// waited for an approval no host was asked for); `?room=` with no code is a bad link, not
+// the automatic room
+const roomCode = (params.get("room") || "").trim().toLowerCase();
+const target = params.get("create") ? { create: true }
+  : params.has("room") ? { room: roomCode } : {};
 const node = new PageNode(target, { break_gate: params.get("break_gate") === "1",
   backend: params.get("backend"), approvalWaitS: Number(params.get("approval_wait")) || null });
 const generator = new PageGenerator({ backend: params.get("backend") });
@@ -136,7 +140,7 @@ node.addEventListener("joined", (e) => {
 function renderRoom(s) {
   // a page the host has not approved yet is not "ready" to anyone reading the header
   // nor is one that left the room (gave up, removed, refused) while not training
-  const badge = s.outOfRoom && (s.state === "ready" || s.state === "booting") ? "not in a room"
+  const badge = s.outOfRoom ? "not in a room" // refused or removed: not "failed"
     : s.state === "ready" && s.peerId && !s.approved ? "waiting" : s.state;
   $("state-badge").textContent = badge;
   $("state-badge").className = `badge state-${badge.replaceAll(" ", "-")}`;
@@ -178,11 +182,13 @@ function renderAlert(s) {
 // An action's failure, next to the action's buttons and at the top (with the others), both
 // at once: render() waits for the next animation frame, which a busy or hidden tab delays,
 // and the top would say nothing (or an older error) while the text beside the button shows.
-// Said as the page says it (plainly) in both places and in Messages.
-function actionError(text) {
+// Said as the page says it (plainly) in both places and in Messages. `box`: the text beside
+// the action's controls (the run form's, or the steer panel's: a refused change showed
+// under the run form, far from the control that made it).
+function actionError(text, box = $("form-error")) {
   const said = plainly(text);
-  $("form-error").textContent = said;
-  $("form-error").hidden = !said;
+  box.textContent = said;
+  box.hidden = !said;
   if (!said) return;
   node.say("error", said);
   renderAlert(node.status());
@@ -610,7 +616,7 @@ function settleRefusal(box) {
   renderAlert(node.status());
 }
 $("config-form").addEventListener("invalid", () => settleRefusal($("form-error")), true);
-$("steer").addEventListener("invalid", () => settleRefusal($("form-error")), true);
+$("steer").addEventListener("invalid", () => settleRefusal($("steer-error")), true);
 $("generate-form").addEventListener("invalid", () => settleRefusal($("generate-error")), true);
 
 $("config-form").addEventListener("submit", timed((event) => {
@@ -648,13 +654,15 @@ $("config-form").addEventListener("submit", timed((event) => {
 
 $("log-scale").addEventListener("change", timed(() => render()));
 
+const steerError = (text) => actionError(text, $("steer-error"));
+
 function steer(request) {
-  actionError("");
+  steerError("");
   node.steer(request).then(() => { // a change that applies settles the one refused before it
     const last = node.status().messages.findLast((m) => m.level === "error");
     if (/^(change )?not applied/.test(last?.text ?? "")) dismissedError = `${last.at} ${last.text}`;
     render();
-  }, (err) => actionError(`not applied: ${err.message}`));
+  }, (err) => steerError(`not applied: ${err.message}`));
 }
 
 $("pause").addEventListener("click", timed(() => steer({ pause: true })));
@@ -667,13 +675,13 @@ $("steer").addEventListener("submit", timed((event) => {
   if ($("steer-steps").value) {
     const problem = numberProblem("steps", "steps", $("steer-steps").value, whole);
     if (problem) {
-      actionError(`not applied: ${problem}`);
+      steerError(`not applied: ${problem}`);
       return;
     }
     request.steps = given($("steer-steps").value);
   }
   if (!Object.keys(request).length) { // it did nothing and said nothing
-    actionError("not applied: give a learning rate or a number of steps to change");
+    steerError("not applied: give a learning rate or a number of steps to change");
     return;
   }
   steer(request);
