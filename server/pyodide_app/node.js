@@ -137,6 +137,24 @@ export class PageNode extends EventTarget {
   }
 
   // ------------------------------------------------------------------ signaling
+  // The server's refusal of something this page sent. A signal relayed to a peer that has
+  // just left is refused (no_peer: "no approved peer with that id"): the roster says who
+  // left; the refusal showed as an error twice beside "peer X left the room" (a host's tab
+  // closing). A host's approval of a peer gone meanwhile is still said.
+  onServerError(m) {
+    if (m.code === "no_peer" && m.message.startsWith("no approved peer")) return;
+    if (m.code === "replaced") { // another page holds this id or took the host role
+      this.giveUp(`this page left the room: ${m.message}`);
+    } else if (m.code === "bad_room" && !this.state.peerId) {
+      const code = this.signaling.target.room;
+      this.giveUp(`${code ? `"${code}" is not a room code` : "the link has no room code"} ` +
+        "(a room link ends in ?room= and 22 letters, digits, - or _): check the link, or " +
+        "make a new private room");
+    } else {
+      this.say("error", `server: ${m.message} (${m.code})`);
+    }
+  }
+
   wireSignaling() {
     const on = (type, fn) => this.signaling.addEventListener(type, (e) => fn(e.detail));
     on("joined", (m) => {
@@ -169,18 +187,7 @@ export class PageNode extends EventTarget {
     on("removed", () => this.leave("the host removed this page from the room: ask the " +
       `host, then reload this page to join again, or make a new private room${kept()}`,
     "removed"));
-    on("error", (m) => {
-      if (m.code === "replaced") { // another page holds this id or took the host role
-        this.giveUp(`this page left the room: ${m.message}`);
-      } else if (m.code === "bad_room" && !this.state.peerId) {
-        const code = this.signaling.target.room;
-        this.giveUp(`${code ? `"${code}" is not a room code` : "the link has no room code"} ` +
-          "(a room link ends in ?room= and 22 letters, digits, - or _): check the link, or " +
-          "make a new private room");
-      } else {
-        this.say("error", `server: ${m.message} (${m.code})`);
-      }
-    });
+    on("error", (m) => this.onServerError(m));
     on("socket", (m) => {
       // closed by this page (it gave up waiting for approval): nothing reconnects. Said
       // once an outage, as a native peer does (each failed retry of one server restart

@@ -180,3 +180,14 @@ def test_the_leaders_stop_is_said_as_a_stop():
     said = [m["text"] for m in replay([run, fewer, stop])["messages"]]
     assert said[-2:] == ["from step 5: steps 300, lr 0.002",
                          "the leader stopped the run at step 283"], said
+
+
+def test_a_signal_to_a_peer_that_just_left_is_no_error_on_the_page():
+    """The host's tab closed: its members' pages said "server: no approved peer with that id
+    in this room (no_peer)" twice beside "peer X left the room" (a newcomer trial). A host's
+    action on a peer gone meanwhile is still said."""
+    relayed = {"code": "no_peer", "message": "no approved peer with that id in this room"}
+    approved = {"code": "no_peer", "message": "no peer abc to approve"}
+    state = replay([["onServerError", relayed], ["onServerError", approved]])
+    assert [m["text"] for m in state["messages"]] == [
+        "server: no peer abc to approve (no_peer)"], state["messages"]
