@@ -1040,8 +1040,9 @@ window.addEventListener("pagehide", () => {
 });
 addSliders();
 // any other field of the form (the task: the estimate went on showing the gpt's figures
-// for mlp) changes the estimate at once too
-$("config-form").addEventListener("change", () => renderEstimate(node.status()));
+// for mlp) changes the estimate at once too: as it is edited, not as it loses focus (on
+// "change", the estimate's new height moved Start from under a click that blurred a field)
+$("config-form").addEventListener("input", () => renderEstimate(node.status()));
 addSteeredNotes();
 probeServerText();
 node.boot();
