@@ -597,11 +597,11 @@ def test_a_removed_page_says_removed_everywhere_and_offers_nothing_of_a_member(
     assert (own["approved"], own_row["approved"]) == (False, False), own_row
     assert "approved" not in row_text and "removed" in row_text, row_text
     assert badge == "member (removed)", badge
-    assert "removed by the host" in banner, banner
+    assert "the host removed this page" in banner, banner
     assert closed == {"#start": True, "#upload": True}, closed
     assert others == [], "the roster it saw before it was removed is kept up to date no more"
-    assert refused and "removed by the host" in refused and "once approved" not in refused, \
-        refused
+    assert refused and "the host removed this page" in refused \
+        and "once approved" not in refused, refused
 
 
 def test_the_page_fits_a_phones_screen(local_browser, tmp_path, console):

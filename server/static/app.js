@@ -18,7 +18,8 @@ const params = new URLSearchParams(location.search);
 // are made lowercase (server/rooms.py), so one uppercased on its way is the same room (it
 // waited for an approval no host was asked for); `?room=` with no code is a bad link, not
 // the automatic room
-const roomCode = (params.get("room") || "").trim().toLowerCase();
+const typed = (params.get("room") || "").trim();
+const roomCode = /^[A-Za-z0-9_-]{22}$/.test(typed) ? typed.toLowerCase() : typed;
 const target = params.get("create") ? { create: true }
   : params.has("room") ? { room: roomCode } : {};
 const node = new PageNode(target, { break_gate: params.get("break_gate") === "1",
