@@ -609,8 +609,8 @@ def test_the_page_fits_a_phones_screen(local_browser, tmp_path, console):
     peers table ran out of its panel and the prompt box out of the Generate panel (a
     newcomer trial). The page is the screen's width; wide tables scroll in their panel."""
     server = local_server(tmp_path)
+    context = local_browser.new_context(viewport={"width": 390, "height": 844})
     try:
-        context = local_browser.new_context(viewport={"width": 390, "height": 844})
         page = context.new_page()
         page.on("pageerror", lambda e: console.append(f"page error: {e}"))
         page.goto(f"{server.url}/?create=1")
@@ -624,8 +624,8 @@ def test_the_page_fits_a_phones_screen(local_browser, tmp_path, console):
             prompt: document.querySelector('#generate-form textarea').getBoundingClientRect()
                 .right <= document.getElementById('generate-panel').getBoundingClientRect()
                 .right})""")
-        context.close()
     finally:
+        context.close()
         server.close()
     assert sizes["page"] <= sizes["view"], sizes
     assert sizes["out"] == [] and sizes["prompt"], sizes

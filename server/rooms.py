@@ -156,11 +156,12 @@ class Rooms:
         the page that holds `token` reloaded, so nothing of its old self lives on (its
         links, its part in a run): a host's token gives the host role to a new peer id, and
         any other token is not used (the page asks again, as a new peer)."""
-        key = code if code is not None else self._signer.room_key_for_address(address_group)
         claim = self._signer.verify(token) if token else None
-        if claim is not None and claim.room != key:
-            claim = None
         with self._lock:
+            key = (self._private_key(code) if code is not None
+                   else self._signer.room_key_for_address(address_group))
+            if claim is not None and claim.room != key:
+                claim = None
             if code is not None and claim is not None and self._revoked.is_revoked(key, claim.peer):
                 if not claim.host:
                     self.note(address_group, "%s: peer %s, which the host removed or "
@@ -185,6 +186,15 @@ class Rooms:
                 if not room.members and not room.approved_ids:
                     self._forget(room)  # refused into a room made for it: leave no trace
                 raise
+
+    def _private_key(self, code: str) -> str:
+        """The room `code` names: its own, or where no room has it, the room of the code in
+        lower case. Codes are made lowercase (PEER_ID_ALPHABET), and one read out or retyped
+        comes back in capitals at times (such a link waited for an approval no host was
+        asked for); codes token_urlsafe made before are mixed-case, and taken as given."""
+        if code in self._rooms or code.lower() not in self._rooms:
+            return code
+        return code.lower()
 
     def create(self, link: PeerLink, address_group: str) -> str:
         """Make a private room with a fresh code; the caller is its approved host."""

@@ -152,7 +152,7 @@ async def join_command(args: argparse.Namespace) -> int:
     take_room_from_link(args)
     ws_url(args.server)  # a malformed address or room code: said before the unit checks
     if args.room is not None:
-        args.room = check_room_code(args.room)
+        check_room_code(args.room)
     cfg, resume = start_plan(args)
     check_output_flags(args)
     if args.timeout is not None and args.timeout <= 0:

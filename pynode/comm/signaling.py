@@ -44,15 +44,13 @@ ROOM_CODE = re.compile(r"[A-Za-z0-9_-]{22}")
 
 
 def check_room_code(code: str) -> str:
-    """`code` if it has a room code's form, lowercased (the server makes codes lowercase,
-    server/rooms.py: one uppercased on its way is the same room, not a wait for a host who
-    is never asked); SignalingError otherwise, said here rather than after the unit checks
-    and the server's refusal (a well-formed code that is no room's is told only as a wait:
-    the server answers it as a room whose host has not decided)."""
+    """`code` if it has a room code's form; SignalingError otherwise, said here rather than
+    after the unit checks and the server's refusal (a well-formed code that is no room's is
+    told only as a wait: the server answers it as a room whose host has not decided)."""
     if not ROOM_CODE.fullmatch(code):
         raise SignalingError(f"--room {code!r} is not a room code: a code is the 22 letters, "
                              "digits, - and _ after ?room= in the host's link")
-    return code.lower()
+    return code
 
 
 def split_link(server: str) -> tuple[str, str | None]:

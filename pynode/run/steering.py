@@ -78,9 +78,13 @@ class Steering:
             except ConfigError as exc:
                 self.report("event", {"level": "error", "text": f"change not applied: {exc}"})
                 change = None
-        if change is not None and is_stop(change):
+        ending = change is not None and is_stop(change)
+        if ending:
             self.paused = False  # the run ends here, as on Stop: a pause would hold it open
-        admitted = [] if self.paused else self.admit_joiners(run)
+        # nobody joins a run at the word that ends it (its sync would hold the Stop already:
+        # that page said "Finished" where the others said "Stopped"); a joiner waiting then
+        # is told the run is gone, as at any run's end
+        admitted = [] if self.paused or ending else self.admit_joiners(run)
         return json.dumps({"admit": admitted, "change": change, "pause": self.paused}).encode()
 
     def steer(self, lr: float | None = None, steps: int | None = None,

@@ -643,6 +643,7 @@ export class PageNode extends EventTarget {
       };
     });
     return JSON.parse(JSON.stringify({ ...s, steps: s.config?.steps ?? null, peers,
-      links: this.left ? [] : this.links() })); // out of the room: no links (they closed)
+      // out of the room (refused, removed, given up): no links, they closed
+      links: s.outOfRoom ? [] : this.links() }));
   }
 }

@@ -14,12 +14,10 @@ import { TAB_MEMORY_BUDGET, memoryBytes, paramCount, sizeText, stepSeconds }
   from "/static/estimate.js";
 
 const params = new URLSearchParams(location.search);
-// a link pasted with a space or a line break after it was refused as no room code; codes
-// are made lowercase (server/rooms.py), so one uppercased on its way is the same room (it
-// waited for an approval no host was asked for); `?room=` with no code is a bad link, not
+// a link pasted with a space or a line break after it was refused as no room code (a code
+// in capitals reaches its room: server/rooms.py); `?room=` with no code is a bad link, not
 // the automatic room
-const typed = (params.get("room") || "").trim();
-const roomCode = /^[A-Za-z0-9_-]{22}$/.test(typed) ? typed.toLowerCase() : typed;
+const roomCode = (params.get("room") || "").trim();
 const target = params.get("create") ? { create: true }
   : params.has("room") ? { room: roomCode } : {};
 const node = new PageNode(target, { break_gate: params.get("break_gate") === "1",
@@ -44,21 +42,25 @@ const NUMBER_FIELDS = { width: whole, layers: whole, heads: whole, seq: whole,
 const MAX_STEPS = 10_000_000;
 const MOST = { steps: MAX_STEPS, sync_every: MAX_STEPS };
 
-
 // A form field's label, as the page names the field in its messages.
 const labelOf = (field) => field.closest("label").firstChild.textContent.trim();
 
 // Python's reason as the page says it: no exception class before it ("ConfigError: ",
-// "MemoryRefusal: ": names a person never sees elsewhere on the page) and each setting by
-// its label in `form` where Python's name differs ("lr must be in (0, 1)": the field says
-// "learning rate"; "sync_every", "tokens" of the Generate panel: "bytes"). A run's failure
-// keeps Python's words in status(); the page shows them so.
+// "MemoryRefusal: ", "ResumeDisagreement: ": names a person never sees elsewhere on the
+// page) and each setting by its label in `form` where Python's name differs ("lr must be in
+// (0, 1)": the field says "learning rate"; "sync_every"; "tokens" of the Generate panel:
+// "bytes"). A word of a flag, a path, a file name or an address stays (--seq, seq.pt,
+// /data/lr/). A run's failure keeps Python's words in status(); the page shows them so.
+const renames = new Map(); // form id -> [[pattern, label], ...]
 function plainly(text, form = $("config-form")) {
-  let said = text.replace(/\b[A-Z][A-Za-z]*(?:Error|Refusal|Lost|TooLarge): /g, "");
-  for (const field of form.querySelectorAll("label > input[type=number][name]")) {
-    const label = labelOf(field); // not a flag's name: --seq stays --seq
-    if (label !== field.name) said = said.replace(new RegExp(`(?<![-\\w])${field.name}\\b`, "g"), label);
+  if (!renames.has(form.id)) {
+    renames.set(form.id, [...form.querySelectorAll("label > input[type=number][name]")]
+      .filter((field) => labelOf(field) !== field.name)
+      .map((field) => [new RegExp(`(?<![\\w./=?&#:-])${field.name}(?![\\w-]|[./=]\\w)`, "g"),
+        labelOf(field)]));
   }
+  let said = text.replace(/\b[A-Z][a-z]+(?:[A-Z][a-z]+)+: /g, "");
+  for (const [pattern, label] of renames.get(form.id)) said = said.replace(pattern, label);
   return said;
 }
 
@@ -139,8 +141,8 @@ node.addEventListener("joined", (e) => {
 });
 
 function renderRoom(s) {
-  // a page the host has not approved yet is not "ready" to anyone reading the header
-  // nor is one that left the room (gave up, removed, refused) while not training
+  // a page the host has not approved yet is not "ready" to anyone reading the header,
+  // nor is one that left the room (gave up, removed, refused) "failed"
   const badge = s.outOfRoom ? "not in a room" // refused or removed: not "failed"
     : s.state === "ready" && s.peerId && !s.approved ? "waiting" : s.state;
   $("state-badge").textContent = badge;
@@ -311,7 +313,7 @@ function renderEstimate(s) {
   const cfg = {};
   for (const [name, parse] of Object.entries(NUMBER_FIELDS)) cfg[name] = parse(form.elements[name].value);
   if (form.elements.task.value !== "gpt" || Object.keys(NUMBER_FIELDS).some((name) =>
-    !Number.isFinite(cfg[name]) || !form.elements[name].checkValidity())) {
+    !Number.isFinite(cfg[name]) || !form.elements[name].validity.valid)) { // no "invalid" event
     $("estimate").textContent = "";
     $("estimate").classList.remove("error");
     return;
@@ -565,6 +567,7 @@ function settleStartRefusal(s) {
   if (!s.run || s.run === settledRun || s.state !== "training") return;
   settledRun = s.run;
   if ($("form-error").textContent.startsWith("could not start")) actionError("");
+  steerError(""); // a refused change of the run before is about that run
   const last = s.messages.findLast((m) => m.level === "error");
   if (last?.text.startsWith("could not start")) dismissedError = `${last.at} ${last.text}`;
 }

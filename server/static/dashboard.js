@@ -101,7 +101,8 @@ function drawRun(run) {
     section.children[1].className = "run-line";
     section.children[3].className = "run-chart";
     main.appendChild(section);
-    entry = { section, chart: null, size: -1 };
+    // when the run registered here, fixed once (its age comes rounded, after a fetch)
+    entry = { section, chart: null, size: -1, started: new Date(Date.now() - run.age_s * 1000) };
     shown.set(run.run, entry);
   }
   const [title, line, tableBox, chartBox] = entry.section.children;
@@ -111,7 +112,7 @@ function drawRun(run) {
   // two cards of one command on one machine told apart
   const first = run.points[0];
   line.textContent = `${run.command} · ${run.world} rank${run.world === 1 ? "" : "s"} · ` +
-    `started ${clock(new Date(Date.now() - run.age_s * 1000))} · ` +
+    `started ${clock(entry.started)} · ` +
     (last ? `loss ${last[1].toFixed(4)} at step ${last[0]}` : "no step yet") +
     (first && first[0] > 1 ? ` (from step ${first[0]})` : "");
   tableBox.replaceChildren(rankTable(run));

@@ -410,18 +410,6 @@ def test_the_peers_room_code_form_is_the_servers():
     assert ROOM_CODE.pattern == CODE_PATTERN.pattern
 
 
-def test_a_room_code_uppercased_on_its_way_is_the_same_room():
-    """The server makes codes of lowercase letters and digits; `--room` in capitals (read
-    out, or a chat's formatting) waited 300 s for a host never asked: it is lowercased."""
-    from pynode.comm.signaling import check_room_code, split_link
-    from server.rooms import PEER_ID_ALPHABET
-
-    assert PEER_ID_ALPHABET == PEER_ID_ALPHABET.lower()
-    assert check_room_code("B43M9ASECAGPFN01HVF299") == "b43m9asecagpfn01hvf299"
-    assert split_link("http://h:8000/?room=B43M9ASECAGPFN01hvf299") == (
-        "http://h:8000/", "b43m9asecagpfn01hvf299")
-
-
 def test_version_says_the_packages(capsys):
     import pynode
 

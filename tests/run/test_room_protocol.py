@@ -564,6 +564,11 @@ def test_the_leaders_change_and_pause_carry_over_to_the_next_leader(checks):
         pages[0].peer.task.cancel()
         (step,) = paused_at
         for page in pages[1:]:
+            # the takeover's report: the config and changes agreed at that boundary, not
+            # yet the lost leader's lr of it (the new leader's word brings that again)
+            (took,) = page.kinds("leader")
+            assert took["schedule"] == [], took["schedule"]
+            assert took["config"] == page.kinds("run")[0]["config"], took["config"]
             controls = page.kinds("control")
             assert controls[-1] == {"step": step, "paused": False}
             assert [c["change"] for c in controls if c.get("change")] == [
@@ -642,6 +647,37 @@ def test_a_joiner_admitted_with_a_change_syncs_into_the_changed_run(checks):
         got = await replayed(checks, 400, schedule)
         assert late.hashes() and all(got[s] == h for s, h in late.hashes().items())
         assert page.hashes() == got
+    run(body())
+
+
+def test_a_stop_admits_no_joiner_into_the_run_it_ends(checks):
+    """A peer waiting to join as the leader stopped was admitted by the Stop's own word:
+    synced into a run that ended at once, its page said "Finished" where the others said
+    "Stopped" (its run report held the Stop already; a review)."""
+    async def yielding(_trainer) -> None:
+        await asyncio.sleep(0.01)
+
+    async def body():
+        net = MemoryNetwork()
+        page = Page(net, "tab0", checks, before_step=(yielding,))
+        await asyncio.sleep(0.05)
+        leader = page.peer
+        await leader.start({**CONFIG, "steps": 400})
+        await wait_for_step(page, 2)
+        leader.steer(pause=True)
+        while not page.kinds("control"):
+            await asyncio.sleep(0.01)
+        late = Page(net, "late", checks)
+        while not leader.run.joins:
+            await asyncio.sleep(0.01)
+        leader.steer(stop=True)
+        await settle([page])
+        deadline = asyncio.get_running_loop().time() + 30
+        while late.kinds("joining")[-1]["run"] is not None:  # the run's end said to it
+            assert asyncio.get_running_loop().time() < deadline, late.reports
+            await asyncio.sleep(0.01)
+        assert page.kinds("done") and not page.kinds("failed")
+        assert not late.kinds("run"), "synced into the run its Stop ended"
     run(body())
 
 

@@ -57,9 +57,10 @@ def test_a_failover_at_a_changed_boundary_keeps_the_change_once():
     control = ["onReport", "control", {"step": 4, "paused": False, "change": change}]
     earlier = ["onReport", "control",
                {"step": 2, "paused": False, "change": {"step": 2, "steps": 50}}]
-    # the config and changes the group agreed on at boundary 4 (pynode/run/takeover.py)
+    # the config and changes the group agreed on at boundary 4 (pynode/run/takeover.py):
+    # the page takes them whole (a seed the page never saw changed: the report's wins)
     leader = ["onReport", "leader", {"leader": "me", "lost": "lead", "step": 4, "ranks": ["me"],
-                                     "config": {"steps": 50, "lr": 0.003},
+                                     "config": {"steps": 50, "lr": 0.003, "seed": 9},
                                      "schedule": [{"step": 2, "steps": 50}]}]
     state = replay([run, step(1), step(2), earlier, step(3), step(4), control, step(5),
                     leader, control, step(5)])
@@ -67,6 +68,7 @@ def test_a_failover_at_a_changed_boundary_keeps_the_change_once():
     assert [h["step"] for h in state["history"]] == [1, 2, 3, 4, 5]
     status = state["status"]  # the run as steered: the change kept once, where it applies
     assert status["config"]["lr"] == 0.002 and status["steps"] == 50, status["config"]
+    assert status["config"]["seed"] == 9, status["config"]
 
 
 def test_a_resumed_checkpoints_changes_are_history_the_resume_goes_on_from():
@@ -92,11 +94,11 @@ def test_a_page_the_host_declined_stays_out_once_its_checks_pass():
     passing later do not make it 'ready' (the banner then said it waited for approval)."""
     checks = {"type": "checks", "ready": True, "rows": [], "backend": "wasm_simd",
               "kernels": "wasm", "webgpu": None}
-    state = replay([["leave", "this page leaves the room: the host declined"],
+    state = replay([["leave", "the host refused this page: ask the host, ..."],
                     ["onWorker", {"type": "state", "state": "booting"}],
                     ["onWorker", checks]])
     assert state["state"] == "failed" and state["signalingClosed"] is True, state
-    assert state["roomProblem"] == "this page leaves the room: the host declined"
+    assert state["roomProblem"] == "the host refused this page: ask the host, ..."
     assert state["error"] == state["roomProblem"]
     assert state["posted"] == [{"type": "leave", "reason": state["roomProblem"]}]
     # a duplicate of this tab took its place: its run stops too (it trained on alone)
@@ -114,10 +116,10 @@ def test_a_page_removed_mid_run_keeps_its_steps_and_never_says_finished():
     failover do not change the page (it took over alone and said Finished, approved)."""
     run = ["onReport", "run", {"run": "r", "leader": "lead", "config": {"steps": 60},
                                "ranks": ["lead", "me"], "joined_at": None}]
-    removed = ["leave", "this page leaves the room: removed by the host"]
+    removed = ["leave", "the host removed this page from the room: ask the host, ..."]
     leader = ["onReport", "leader", {"leader": "me", "lost": "lead", "step": 2, "ranks": ["me"]}]
     stopped = ["onReport", "event", {"level": "warn", "text": "stopped training at step 3: "
-                                     "this page leaves the room: removed by the host"}]
+                                     "the host removed this page from the room: ..."}]
     done = ["onReport", "done", {"step": 60, "hash": "h60"}]
     state = replay([["onRoster", {"peers": [{"id": "me", "role": "member",
                                              "state": "approved"}]}],

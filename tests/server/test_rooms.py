@@ -146,6 +146,26 @@ def test_unknown_code_answers_like_a_real_room() -> None:
     assert rooms.counts()["rooms"] == 1  # the unclaimed room is gone with its last peer
 
 
+def test_a_code_in_capitals_reaches_its_room_and_a_mixed_case_one_stays_its_own() -> None:
+    """Codes are made lowercase; the link with its code in capitals (read out, retyped)
+    waited for an approval no host was asked for. A code token_urlsafe made before is
+    mixed-case and stays exactly its own room (SERVER.md)."""
+    rooms, code, host_id, host, guest_id, guest = private_room()
+    host.take()
+    shouting = FakeLink()
+    shouting_id = rooms.join(shouting, "10.0.0.12", code.upper(), None)
+    assert shouting.frames[0]["room"] == code and shouting.frames[0]["state"] == "pending"
+    listed = [p["id"] for p in host.frames[-1]["peers"]]
+    assert shouting_id in listed and guest_id in listed, host.frames[-1]
+    old = "Ab" * 11  # a mixed-case code (an older room's, or a made-up one)
+    first, second, lower = FakeLink(), FakeLink(), FakeLink()
+    rooms.join(first, "10.0.0.13", old, None)
+    rooms.join(second, "10.0.0.14", old, None)
+    rooms.join(lower, "10.0.0.15", old.lower(), None)
+    assert first.frames[0]["room"] == second.frames[0]["room"] == old
+    assert lower.frames[0]["room"] == old.lower()
+
+
 def test_host_token_reclaims_a_room_after_restart() -> None:
     rooms, code, host_id, host, guest_id, guest = private_room()
     rooms.handle(host_id, host, {"v": 1, "type": "approve", "peer": guest_id})
