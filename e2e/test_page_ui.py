@@ -366,6 +366,13 @@ def test_refusals_use_the_forms_words_and_say_what_to_do(local_browser, tmp_path
                                ".startsWith('no inference kit')")
         kit = page.inner_text("#generate-error")
         shown = page.inner_text("#messages")
+        # a file's name keeps its words ("seq" is the sequence field's name)
+        named = tmp_path / "seq.pt"
+        named.write_text("notes, not a checkpoint\n")
+        page.set_input_files("#upload", str(named))
+        page.wait_for_function("() => document.querySelector('#form-error').textContent"
+                               ".startsWith('checkpoint refused')")
+        file_said = page.inner_text("#form-error")
     finally:
         server.close()
     assert lr == ("could not start: learning rate must be in (0, 1), got 0",) * 2, lr
@@ -375,6 +382,8 @@ def test_refusals_use_the_forms_words_and_say_what_to_do(local_browser, tmp_path
     assert generate == (f"could not generate: {no_model}", ""), generate
     assert kit == f"no inference kit: {no_model}", kit
     assert "Error:" not in shown and "learning rate must be" in shown, shown
+    assert file_said.startswith("checkpoint refused: seq.pt is not a valid DaisyChain "
+                                "checkpoint (not a checkpoint: "), file_said
 
 
 def test_the_estimate_follows_the_task_and_says_a_size_no_tab_holds(local_browser, tmp_path,
