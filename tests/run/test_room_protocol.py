@@ -605,28 +605,34 @@ def test_a_peer_without_controls_that_takes_over_a_paused_run_goes_on(checks):
     run(body())
 
 
+async def paused_with_a_joiner(checks) -> tuple[Page, Page]:
+    """tab0 leads a 400-step run, paused after step 2, and `late` waits to join it."""
+    async def yielding(_trainer) -> None:
+        await asyncio.sleep(0.01)  # alone, the leader's loop would never let the test in
+
+    net = MemoryNetwork()
+    page = Page(net, "tab0", checks, before_step=(yielding,))
+    await asyncio.sleep(0.05)
+    await page.peer.start({**CONFIG, "steps": 400})
+    await wait_for_step(page, 2)
+    page.peer.steer(pause=True)
+    while not page.kinds("control"):
+        await asyncio.sleep(0.01)
+    late = Page(net, "late", checks)
+    while not page.peer.run.joins:
+        await asyncio.sleep(0.01)
+    return page, late
+
+
 def test_a_joiner_admitted_with_a_change_syncs_into_the_changed_run(checks):
     """The leader resumes a pause with a new lr while a peer waits to join: one control word
     admits it and carries the change. The joiner skips that word, so its sync must carry the
     changed run (it used to carry the old lr: a fork at the next step)."""
     from pynode.core.checkpoint import load_checkpoint
 
-    async def yielding(_trainer) -> None:
-        await asyncio.sleep(0.01)  # alone, the leader's loop would never let the test in
-
     async def body():
-        net = MemoryNetwork()
-        page = Page(net, "tab0", checks, before_step=(yielding,))
-        await asyncio.sleep(0.05)
+        page, late = await paused_with_a_joiner(checks)
         leader = page.peer
-        await leader.start({**CONFIG, "steps": 400})
-        await wait_for_step(page, 2)
-        leader.steer(pause=True)
-        while not page.kinds("control"):
-            await asyncio.sleep(0.01)
-        late = Page(net, "late", checks)
-        while not leader.run.joins:
-            await asyncio.sleep(0.01)
         # while it waits it says so, to its page and in its hello, and starts nothing else
         assert late.kinds("joining") == [{"run": leader.run.id, "leader": "tab0"}]
         assert late.peer.hello()["state"] == "joining"
@@ -654,23 +660,9 @@ def test_a_stop_admits_no_joiner_into_the_run_it_ends(checks):
     """A peer waiting to join as the leader stopped was admitted by the Stop's own word:
     synced into a run that ended at once, its page said "Finished" where the others said
     "Stopped" (its run report held the Stop already; a review)."""
-    async def yielding(_trainer) -> None:
-        await asyncio.sleep(0.01)
-
     async def body():
-        net = MemoryNetwork()
-        page = Page(net, "tab0", checks, before_step=(yielding,))
-        await asyncio.sleep(0.05)
-        leader = page.peer
-        await leader.start({**CONFIG, "steps": 400})
-        await wait_for_step(page, 2)
-        leader.steer(pause=True)
-        while not page.kinds("control"):
-            await asyncio.sleep(0.01)
-        late = Page(net, "late", checks)
-        while not leader.run.joins:
-            await asyncio.sleep(0.01)
-        leader.steer(stop=True)
+        page, late = await paused_with_a_joiner(checks)
+        page.peer.steer(stop=True)
         await settle([page])
         deadline = asyncio.get_running_loop().time() + 30
         while late.kinds("joining")[-1]["run"] is not None:  # the run's end said to it
