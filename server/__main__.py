@@ -205,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         monkey_patch()  # before Flask, threads or sockets exist
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
     from server.app import create_app, make_threaded_server
+    from server.tokens import SecretError
 
     try:
         app = create_app(cfg)
@@ -232,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: cannot listen on {cfg.host} port {cfg.port}: "
                   f"{exc.strerror or exc}", file=sys.stderr)
         return 1
+    except SecretError as exc:  # its key file or data folder: bad input, as a bad setting
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except (DaisyError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

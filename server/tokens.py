@@ -22,6 +22,7 @@ from pathlib import Path
 from pynode.core.errors import DaisyError
 
 SECRET_FILE = "signaling.key"
+MIN_KEY_BYTES = 16  # as the configured secret's 16 characters
 
 
 class SecretError(DaisyError):
@@ -36,30 +37,62 @@ class ResumeClaim:
 
 
 def load_secret(secret: str | None, data_dir: Path) -> bytes:
-    """The configured secret, else the one persisted in ``data_dir`` (created on first use)."""
+    """The configured secret, else the one persisted in ``data_dir`` (created on first use).
+    SecretError, saying what to do, for a key file that is not a key: one cut short or empty
+    (a crash between creating and writing it) would sign tokens anyone can forge."""
     if secret is not None:
         if len(secret) < 16:
             raise SecretError("the signaling secret must be at least 16 characters")
         return secret.encode("utf-8")
+    if data_dir.exists() and not data_dir.is_dir():
+        raise SecretError(f"the server's data folder {data_dir} is a file: give a folder "
+                          "(--data-dir; it holds the signaling key, revocations and uploads)")
     path = data_dir / SECRET_FILE
     try:
-        return bytes.fromhex(path.read_text().strip())
+        return _read_key(path)
     except FileNotFoundError:
         pass
-    except (OSError, ValueError) as exc:
-        raise SecretError(f"unreadable signaling secret {path}: {exc}") from exc
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
         fresh = secrets.token_bytes(32)
-        # O_EXCL: if two servers start at once, the second reads the first one's key.
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(fresh.hex() + "\n")
+        # written whole to a file of its own, then linked in place: a second server
+        # starting at once reads the first one's key, never a file not yet written
+        spare = path.with_name(f".{SECRET_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(spare, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(fresh.hex() + "\n")
+            os.link(spare, path)
+        finally:
+            spare.unlink(missing_ok=True)
         return fresh
     except FileExistsError:
-        return bytes.fromhex(path.read_text().strip())
+        return _read_key(path)
     except OSError as exc:
         raise SecretError(f"cannot create signaling secret {path}: {exc}") from exc
+
+
+def _read_key(path: Path) -> bytes:
+    """The key in `path` (hex); FileNotFoundError if there is none; SecretError for a file
+    that holds no key of at least MIN_KEY_BYTES."""
+    fix = ("remove it and start the server again to make a new one (tokens it signed, a "
+           "room's resume and a dashboard run's, stop working), or set `secret` in --config")
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise  # the caller makes one
+    except OSError as exc:
+        raise SecretError(f"unreadable signaling secret {path} ({exc.strerror or exc}): "
+                          f"{fix}") from exc
+    try:
+        key = bytes.fromhex(text.strip())
+    except ValueError:
+        raise SecretError(f"signaling secret {path} is no key (not hexadecimal): {fix}") \
+            from None
+    if len(key) < MIN_KEY_BYTES:
+        raise SecretError(f"signaling secret {path} holds {len(key)} bytes, fewer than "
+                          f"{MIN_KEY_BYTES} (cut short?): {fix}")
+    return key
 
 
 def _b64(data: bytes) -> str:

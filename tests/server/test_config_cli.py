@@ -135,6 +135,33 @@ def test_secret_is_created_once_and_kept(tmp_path: Path) -> None:
         load_secret(None, tmp_path / "state")
 
 
+def test_a_key_file_that_holds_no_key_is_refused_with_the_way_out(tmp_path: Path) -> None:
+    """An empty signaling.key (a crash between creating and writing it) was used as the
+    key, and a 1-byte one too: every token it signs, anyone could forge (a trial)."""
+    state = tmp_path / "state"
+    state.mkdir()
+    key = state / "signaling.key"
+    for text, said in (("", "holds 0 bytes"), ("ab\n", "holds 1 bytes"),
+                       ("zz not hex", "is no key (not hexadecimal)")):
+        key.write_text(text)
+        with pytest.raises(SecretError) as refused:
+            load_secret(None, state)
+        assert said in str(refused.value), str(refused.value)
+        assert "remove it and start the server again to make a new one" in str(refused.value)
+        assert key.read_text() == text, "the file stays as it was"
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a folder\n")
+    with pytest.raises(SecretError, match=r"data folder .*notes\.txt is a file: give a folder"):
+        load_secret(None, notes)
+    assert notes.read_text() == "not a folder\n"
+    done = subprocess.run([sys.executable, "-m", "server", "--port", "0", "--data-dir",
+                           str(notes)], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert done.returncode == 2 and "is a file: give a folder" in done.stderr, done.stderr
+    fresh = tmp_path / "fresh"  # made whole, no stray files beside it
+    assert len(load_secret(None, fresh)) == 32
+    assert [p.name for p in fresh.iterdir()] == ["signaling.key"]
+
+
 def test_token_bucket_refills_at_its_rate() -> None:
     now = [0.0]
     bucket = TokenBucket(rate=2, burst=3, clock=lambda: now[0])
