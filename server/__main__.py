@@ -40,7 +40,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--data-url", action="append", metavar="URL",
                         help="parquet shard URL or path (repeat; default FineWeb-Edu 10BT)")
     parser.add_argument("--data-dir", type=Path,
-                        help="server state folder (signaling key, revocations)")
+                        help="server state folder: signaling key, revocations, uploads "
+                             "(default $DAISYCHAIN_SERVER_DATA, else <cache>/server)")
     parser.add_argument("--ice-server", action="append", metavar="URL",
                         help="a stun: or turn: URL handed to approved peers (repeat; "
                              "docs/NETWORKS.md)")
@@ -183,8 +184,10 @@ def main(argv: list[str] | None = None) -> int:
         missing = [url for url in cfg.data_urls if not url.startswith(("http://", "https://"))
                    and not Path(url.removeprefix("file://")).is_file()]
         if missing:  # else every slice would be the built-in fallback text
-            print(f"error: data shard {missing[0]}: no such file (a shard is an http(s) URL "
-                  "or a local parquet file)", file=sys.stderr)
+            what = ("is a folder: give each parquet file in it (repeat --data-url)"
+                    if Path(missing[0].removeprefix("file://")).is_dir() else "no such file")
+            print(f"error: data shard {missing[0]}: {what} (a shard is an http(s) URL or a "
+                  "local parquet file)", file=sys.stderr)
             return 2
         unreadable = local_shard_problem(cfg.data_urls)
         if unreadable:  # it was found only when a run asked for text, and stopped it

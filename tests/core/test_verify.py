@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 
@@ -24,6 +25,18 @@ def test_verify_passes_on_the_shipped_units(capsys):
     for row in ("unit mul8", "unit requant16", "unit relu8", "LUT == integer op", "exact gate",
                 "bit generator", "kernel gate", "backend per shape"):
         assert row in out
+
+
+def test_verify_json_marks_no_timing_row_failed(capsys):
+    """`verify --json` of a passing verify gave every timing row "passed": false: a script
+    checking all of them called a healthy machine failed (a trial)."""
+    assert verify.verify_command(json_rows=True) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()
+            if line.startswith("{")]
+    timings = [r for r in rows if r["result"] == "measured"]
+    assert timings and all(r["passed"] is None for r in timings)
+    assert not [r for r in rows if r["passed"] is False], rows
+    assert all(r["passed"] is True for r in rows if r["result"] == "pass")
 
 
 def test_backend_per_shape_rows_name_a_gated_backend_and_its_times():

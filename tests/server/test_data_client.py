@@ -96,6 +96,12 @@ def test_the_server_refuses_a_local_shard_that_is_not_there(tmp_path, capsys):
     assert main(["--port", "0", "--data-dir", str(tmp_path), "--data-url", str(missing)]) == 2
     err = capsys.readouterr().err
     assert f"error: data shard {missing}: no such file" in err
+    # a folder of shards is named as a folder, not as missing (a trial)
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    assert main(["--port", "0", "--data-dir", str(tmp_path), "--data-url", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: data shard {folder}: is a folder: give each parquet file in it" in err, err
 
 
 def test_a_data_server_nobody_runs_is_said_as_such(capsys):
