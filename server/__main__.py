@@ -170,6 +170,24 @@ def stop_on_ctrl_c(httpd: Any) -> None:
     gevent.signal_handler(signal.SIGINT, stop, signal.SIGINT)
 
 
+def missing_parts(cfg: Any) -> list[str]:
+    """A warning for each part a page needs that this server has not fetched (the Pyodide
+    runtime, the chart library): it started as usual, and its host learnt of them only when
+    a friend's page failed (a trial)."""
+    from server.chartlib import check_uplot, uplot_path
+    from server.runtime_routes import resolve_runtime_dir
+
+    said = []
+    for part, check in (("pages cannot run Python", lambda: resolve_runtime_dir(cfg)),
+                        ("pages and /dashboard draw no charts",
+                         lambda: check_uplot(uplot_path()))):
+        try:
+            check()
+        except DaisyError as exc:
+            said.append(f"warning: {part}: {exc}")
+    return said
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -250,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         if reach:
             print(reach, flush=True)
         print(data_line(cfg.data_urls), flush=True)
+        for line in missing_parts(cfg):
+            print(line, flush=True)
         if not args.dev_server:
             stop_on_ctrl_c(httpd)
         httpd.serve_forever()

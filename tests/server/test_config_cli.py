@@ -162,6 +162,22 @@ def test_a_key_file_that_holds_no_key_is_refused_with_the_way_out(tmp_path: Path
     assert [p.name for p in fresh.iterdir()] == ["signaling.key"]
 
 
+def test_a_server_says_at_start_which_parts_a_page_needs_it_has_not_fetched(
+        tmp_path: Path, monkeypatch) -> None:
+    """Started without the runtime and the chart library, the server said nothing: its
+    host learnt of them when a friend's page failed (a trial)."""
+    from server.__main__ import missing_parts
+    from server.config import ServerConfig
+
+    cfg = ServerConfig.from_dict({"data_dir": str(tmp_path / "state")})
+    monkeypatch.setenv("DAISYCHAIN_CACHE", str(tmp_path / "empty-cache"))
+    said = missing_parts(cfg)
+    assert [line.split(": ")[1] for line in said] == [
+        "pages cannot run Python", "pages and /dashboard draw no charts"], said
+    assert "python -m server.runtime fetch" in said[0], said
+    assert "python -m server.chartlib fetch" in said[1], said
+
+
 def test_token_bucket_refills_at_its_rate() -> None:
     now = [0.0]
     bucket = TokenBucket(rate=2, burst=3, clock=lambda: now[0])
