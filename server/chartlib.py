@@ -67,7 +67,8 @@ def fetch_uplot(*, force: bool = False) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m server.chartlib", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m server.chartlib", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["fetch", "path"])
     parser.add_argument("--force", action="store_true", help="fetch again even if present")
     args = parser.parse_args(argv)

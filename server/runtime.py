@@ -307,7 +307,8 @@ def _folder_bytes(folder: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m server.runtime", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m server.runtime", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["fetch", "verify", "path"])
     parser.add_argument("--force", action="store_true", help="fetch again even if present")
     args = parser.parse_args(argv)

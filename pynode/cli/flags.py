@@ -328,7 +328,8 @@ def parse_capacity(text: str | None, peers: int) -> dict[int, float] | None:
     except ValueError as exc:
         raise ConfigError(f"--capacity must be numbers like 1,2,5, got {text!r}") from exc
     if len(values) != peers or not all(0 < v < math.inf for v in values):  # nan, inf too
-        raise ConfigError(f"--capacity needs {peers} positive finite numbers, got {text!r}")
+        raise ConfigError(f"--capacity needs {peers} positive finite numbers, one per peer "
+                          f"(--peers {peers}), got {text!r}")
     return dict(enumerate(values))
 
 

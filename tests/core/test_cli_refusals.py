@@ -436,7 +436,8 @@ def test_capacity_that_is_not_positive_and_finite_is_one_line(capacity):
     from pynode.cli.flags import parse_capacity
     from pynode.config import ConfigError
 
-    with pytest.raises(ConfigError, match=r"--capacity needs 2 positive finite numbers"):
+    with pytest.raises(ConfigError, match=r"--capacity needs 2 positive finite numbers, one "
+                       r"per peer \(--peers 2\)"):  # the flag it must agree with, named
         parse_capacity(capacity, 2)
 
 
