@@ -111,6 +111,10 @@ class DataService:
         if isinstance(exc, DataUnavailableError):  # still backing off: already logged
             return str(exc)
         reason = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+            # a local file: "gone.parquet: No such file or directory", not Python's
+            # "FileNotFoundError: [Errno 2] No such file or directory: 'gone.parquet'"
+            reason = f"{public_name(url)}: {exc.strerror}"
         for name in (url, url.removeprefix("file://")):  # as given, and as opened
             reason = reason.replace(name, public_name(url))
         reason = reason[:300]

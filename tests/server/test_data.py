@@ -207,3 +207,5 @@ def test_a_local_shard_given_as_a_file_url_keeps_its_folder_to_itself(data_app,
     body = get(data_app(urls=(gone,)), seed=0, step=0, index=0, bytes=B).json
     assert body["source"] == "builtin" and "gone.parquet" in body["reason"]
     assert str(tmp_path) not in body["reason"], body["reason"]
+    # in words, as a person reads it (it was Python's FileNotFoundError repr; a trial)
+    assert body["reason"] == "gone.parquet: No such file or directory", body["reason"]
