@@ -192,10 +192,12 @@ def test_faults_across_the_mesh_cost_time_not_bits(tabs, natives, native_referen
     assert leader.hashes() == expected
     assert history_hashes(host) == expected
     assert stalled.proc.poll() is None and max(stalled.hashes()) == 2
-    # the closed tab said goodbye (it left), the others were lost
+    # the killed and the stalled peer were lost; the closed tab left or, when its link was
+    # still sending a step's large message as it closed, was lost too (its goodbye came
+    # after the link closed: BROWSER.md). That a closed tab says goodbye is
+    # test_failover.py's (its leader tab); here it failed 2 CI runs in 4 on a fast machine.
     lost = {peer: int(step) for peer, step in
             re.findall(r"(?:lost )?peer (\S+) (?:left )?at step (\d+)", leader.messages())}
-    assert f"peer {tab_id} left at step" in leader.messages()
     assert set(lost) == {killed.peer_id, stalled.peer_id, tab_id}, leader.messages()
     assert lost[killed.peer_id] == lost[stalled.peer_id] == 3 and lost[tab_id] >= 5
 
