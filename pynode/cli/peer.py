@@ -22,7 +22,7 @@ from pynode.config import RunConfig
 from pynode.core import checkpoint
 from pynode.run.assemble import build_trainer
 from pynode.run.outer import stop_if_cancelled
-from pynode.run.protocol import RoomError
+from pynode.run.protocol import RoomError, goodbye
 from pynode.run.schedule import is_stop
 from pynode.run.trainer import StepResult, Trainer
 
@@ -203,7 +203,8 @@ class NativePeer:
         self.signaling = SignalingClient(self.args.server, room=self.args.room,
                                          create=self.args.create)
         # Listening before the join: the first roster or offer must find us ready.
-        self.mesh = NativeMesh(self.signaling, self.net, self.args.ice_server, self.on_link)
+        self.mesh = NativeMesh(self.signaling, self.net, self.args.ice_server, self.on_link,
+                               goodbye())
         self.mesh.show(self.shown)
         self.net.call(self.listen)
         joined = await self.net.run(self.signaling.start())

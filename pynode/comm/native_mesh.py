@@ -92,9 +92,14 @@ class NativeMesh(Mesh):
 
     def __init__(self, signaling: SignalingClient, net: NetThread,
                  ice_servers: Sequence[str] = (),
-                 on_link: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_link: Callable[[dict[str, Any]], None] | None = None,
+                 goodbye: bytes = b"") -> None:
         self.signaling, self.net, self.ice_servers = signaling, net, tuple(ice_servers)
         self.on_link = on_link
+        # what a peer's "bye" on its ui channel delivers as that peer's message (the room
+        # protocol's goodbye): a closing tab's, ahead of a large message still queued on its
+        # data channel, which the tab closes before it is sent
+        self.goodbye = goodbye
         self.links: dict[str, Link] = {}  # network loop only
         self.ui: dict[str, dict[str, Any]] = {}
         self.sent_bytes = 0
@@ -247,6 +252,10 @@ class NativeMesh(Mesh):
             message = json.loads(text)
             if isinstance(message, dict):
                 self.ui[peer] = {**self.ui.get(peer, {}), **message}
+
+    def _said_bye(self, peer: str) -> None:
+        if self.goodbye:
+            self._message(peer, self.goodbye)
 
     def _opened(self, peer: str) -> None:
         self._open = self._open | {peer}

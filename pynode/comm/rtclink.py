@@ -35,7 +35,8 @@ SCAN_BYTES = 16 * 1024
 class Link:
     """One peer connection; lives on the network loop. `mesh` is the NativeMesh it
     belongs to (pynode.comm.native_mesh): its signaling and ICE servers, its `links`, and
-    the callbacks a link reports to (_opened, _unreachable, _message, _ui_message, _gone)."""
+    the callbacks a link reports to (_opened, _unreachable, _message, _ui_message, _said_bye,
+    _gone)."""
 
     def __init__(self, mesh: Any, peer: str) -> None:
         from aiortc import RTCPeerConnection
@@ -181,6 +182,8 @@ class Link:
             elif kind == "scanned" and self.scan_started is not None:
                 self.mbps = round(int(rest) / 1e6 / max(now - self.scan_started, 1e-6), 2)
                 self.scan_started = None
+            elif kind == "bye":  # a closing tab's goodbye, ahead of its data channel's queue
+                self.mesh._said_bye(self.peer)
             else:
                 self.mesh._ui_message(self.peer, text)
 

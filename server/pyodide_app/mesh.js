@@ -7,6 +7,7 @@
 // HIGH_WATER, resuming on `bufferedamountlow`, so a large gradient never floods memory.
 //
 // Events: open {peer}, gone {peer}, message {peer, data: ArrayBuffer}, ui {peer, msg},
+// bye {peer} (it closes on purpose: sayBye),
 // error {peer, text}, unreachable {peer} (ICE found no working candidate pair),
 // routes {rows} (this page's links, every SHARE_EVERY heartbeats).
 
@@ -111,6 +112,7 @@ class Link {
         }
         return;
       }
+      if (kind === "bye") return mesh.emit("bye", { peer }); // a closing page's goodbye
       if (kind === "scanned") {
         if (this.scanStarted !== null) {
           this.mbps = Math.round(Number(rest) / 1e3 / Math.max(now - this.scanStarted, 1e-3) * 100) / 100;
@@ -352,6 +354,13 @@ export class Mesh extends EventTarget {
   send(peer, buffer) {
     const link = this.links.get(peer);
     if (link && link.isOpen) link.send(buffer);
+  }
+
+  // A closing page's goodbye on every open link's "ui" channel: its own SCTP stream, so it
+  // goes out ahead of the rest of a large message still queued on "data" (which the page
+  // closes before it is sent); the others then say this peer left, not that it was lost.
+  sayBye() {
+    for (const link of this.links.values()) if (link.isOpen) link.sendUiText("bye");
   }
 
   sendUi(obj, peer = null) {

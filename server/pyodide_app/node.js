@@ -237,8 +237,11 @@ export class PageNode extends EventTarget {
   // worker gave its bytes at boot; it may not run again now), so the others say the page
   // left, not that they lost it. A link still sending a large message gets it too late:
   // those peers say it was lost, as before.
+  // As the page goes: "bye" on the ui channels first (out at once, Mesh.sayBye), then the
+  // protocol's goodbye behind this page's other messages on "data", where it gets through.
   sayGoodbye() {
     if (!this.goodbye || !this.mesh) return;
+    this.mesh.sayBye();
     for (const peer of this.mesh.openPeers()) this.mesh.send(peer, this.goodbye);
   }
 
@@ -316,6 +319,11 @@ export class PageNode extends EventTarget {
       this.state.bytes_received += e.detail.data.byteLength;
       this.worker.postMessage({ type: "message", peer: e.detail.peer, data: e.detail.data },
         [e.detail.data]);
+    });
+    this.mesh.addEventListener("bye", (e) => {
+      if (!this.goodbye) return; // booting: no run to leave
+      const data = this.goodbye.slice().buffer; // the same bytes every peer sends
+      this.worker.postMessage({ type: "message", peer: e.detail.peer, data }, [data]);
     });
     this.mesh.addEventListener("ui", (e) => {
       this.info.set(e.detail.peer, { ...(this.info.get(e.detail.peer) || {}), ...e.detail.msg });

@@ -153,3 +153,28 @@ def test_the_pages_mesh_uses_the_servers_ice_servers_once_approved():
         given,  # approved: the server's servers and its relay-only switch
         {"iceServers": given["iceServers"]},  # a token resume: a fresh config
     ]
+
+
+def test_a_peers_bye_on_its_ui_channel_reads_as_its_goodbye():
+    """A closing tab says `bye` on each link's ui channel, ahead of a large message still
+    queued on its data channel; the mesh hands the room protocol's goodbye on as that
+    peer's message (so the others say it left, not that they lost it)."""
+    from pynode.comm.rtclink import Link
+    from pynode.run.protocol import goodbye
+
+    async def body(farewell: bytes) -> list[tuple[str, bytes | None]]:
+        mesh = NativeMesh(FakeSignaling(), InlineNet(), goodbye=farewell)
+        link = Link(mesh, "tab")
+        link.receive_ui('{"state": "training"}')
+        link.receive_ui("bye")
+        link.receive_ui("scanned 100")  # no scan of this side's under way: nothing
+        await asyncio.sleep(0.05)
+        assert mesh.ui["tab"] == {"state": "training"}  # ui rows are shown, not delivered
+        link.close()
+        got = []
+        while not mesh._events.empty():
+            got.append(mesh._events.get_nowait())
+        return [event for event in got if event[1] is not None]  # None: the link's end
+
+    assert asyncio.run(body(goodbye())) == [("tab", goodbye())]
+    assert asyncio.run(body(b"")) == []  # a mesh without a protocol's goodbye: nothing
