@@ -73,8 +73,24 @@ def _read_checked(spec: str, size: int, mtime_ns: int) -> np.ndarray:
     if have != digest:
         raise DataFileError(f"the run's data file {path} has sha256 {have[:16]}..., the run's "
                             f"is {digest[:16]}...: the file changed, or this peer has another")
-    text = parquet_text(path, raw) if raw.startswith(PARQUET_MAGIC) else raw
+    if raw.startswith(PARQUET_MAGIC):
+        text = parquet_text(path, raw)
+    elif path.lower().endswith(".parquet"):  # trained on as text, it gave a run of junk
+        raise DataFileError(not_parquet(path, raw))
+    else:
+        text = raw
     return np.frombuffer(text, dtype=np.uint8)
+
+
+def not_parquet(path: str, raw: bytes) -> str:
+    """Why a file named .parquet that does not begin with PAR1 is refused."""
+    if raw.startswith(b"version https://git-lfs"):
+        what = ("a Git LFS pointer, not the shard: fetch the file itself (git lfs pull, or "
+                "download it)")
+    else:
+        what = "a failed or partial download, or another kind of file under that name?"
+    return f"{path} is named .parquet but is not a parquet file ({len(raw):,} bytes, " \
+           f"no PAR1 at its start): {what}"
 
 
 def is_text_type(kind: Any) -> bool:

@@ -111,10 +111,19 @@ def test_generate_and_the_kit_need_no_data_file(text_file, tmp_path, capsys):
     assert rc == 2 and hashes == [] and "DataFileError" in err, err
 
 
-@pytest.mark.parametrize("case", ["missing", "short", "no_text_column", "numbers", "damaged"])
+@pytest.mark.parametrize("case", ["missing", "short", "no_text_column", "numbers", "damaged",
+                                  "lfs_pointer", "page"])
 def test_an_unusable_data_file_is_one_line_and_exit_2(tmp_path, capsys, case):
     path = tmp_path / "data.txt"
-    if case == "short":
+    if case in ("lfs_pointer", "page"):  # named .parquet, not one: it trained on as text
+        path = tmp_path / "000_00000.parquet"
+        path.write_bytes(b"version https://git-lfs.github.com/spec/v1\noid sha256:" + b"ab" * 32
+                         + b"\nsize 2151000000\n" if case == "lfs_pointer"
+                         else b"<!DOCTYPE html><html><body>" + b"Not found. " * 300)
+        expected = ("000_00000.parquet is named .parquet but is not a parquet file ("
+                    + ("135 bytes, no PAR1 at its start): a Git LFS pointer, not the shard"
+                       if case == "lfs_pointer" else "3,327 bytes"))
+    elif case == "short":
         path.write_text("too short", encoding="utf-8")
         expected = "holds 9 bytes of text, not more than one sequence (17)"
     elif case == "no_text_column":
