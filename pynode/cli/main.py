@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import select
+import signal
 import sys
 from typing import NoReturn
 
@@ -195,6 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         # a local peer of train --peers says which (the whole group hears a terminal's Ctrl-C)
         who = f"rank {args.rank}: " if args.command == "_peer" else ""
+        if args.command == "_peer":  # leaving: a terminal's Ctrl-C and its leader's (which
+            # passes one on) both reach it; the second landed in torch's exit hooks, a
+            # traceback, in 2 of 3 tries (a trial)
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, signal.SIG_IGN)
         # join's lines carry the time (report.say): its last one too
         tell = say if args.command == "join" else plain
         if terminated():
