@@ -56,9 +56,16 @@ def file_text(spec: str) -> np.ndarray:
     try:
         stat = Path(path).stat()
     except OSError as exc:
-        raise DataFileError(f"the run's data file {path} cannot be read here "
-                            f"({exc.strerror or exc}): every peer needs it at that path") from None
+        raise DataFileError(unreadable(path, exc)) from None
     return _read_checked(spec, stat.st_size, stat.st_mtime_ns)
+
+
+def unreadable(path: str, exc: OSError) -> str:
+    where = ("" if Path(path).is_absolute() else
+             " (a relative path, read from the folder the command runs in; a resume can give "
+             "--data with the file's path from here: the same file goes on bit for bit)")
+    return (f"the run's data file {path} cannot be read here ({exc.strerror or exc}): every "
+            f"peer needs it at that path{where}")
 
 
 @lru_cache(maxsize=2)
@@ -67,8 +74,7 @@ def _read_checked(spec: str, size: int, mtime_ns: int) -> np.ndarray:
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:
-        raise DataFileError(f"the run's data file {path} cannot be read here "
-                            f"({exc.strerror or exc}): every peer needs it at that path") from None
+        raise DataFileError(unreadable(path, exc)) from None
     have = hashlib.sha256(raw).hexdigest()
     if have != digest:
         raise DataFileError(f"the run's data file {path} has sha256 {have[:16]}..., the run's "

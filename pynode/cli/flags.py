@@ -353,9 +353,11 @@ def resume_notes(stored: dict, step: int, given: dict) -> list[str]:
     notes = []
     for name, value in given.items():
         old = stored.get(name)
-        if old == value:
-            continue
+        if old == value or name == "data" and same_file(old, value):
+            continue  # the checkpoint's data file, read from another folder: the same text
         flag = "--" + name.replace("_", "-")
+        if name == "data":
+            value, old = data_shown(value), data_shown(old)
         if name == "steps":
             # a finished checkpoint has no run of its own left to continue
             own = ("; without --steps the resume is the checkpoint's own run, bit for bit"
@@ -368,6 +370,20 @@ def resume_notes(stored: dict, step: int, given: dict) -> list[str]:
                          f"{step} this is another run than the checkpoint's (drop {flag} to "
                          "continue it bit for bit)")
     return notes
+
+
+def same_file(old: Any, new: Any) -> bool:
+    """Whether two `data` values name files of the same sha256 (their paths may differ)."""
+    files = [isinstance(v, str) and datafile.is_file_spec(v) for v in (old, new)]
+    return all(files) and datafile.split_spec(old)[1] == datafile.split_spec(new)[1]
+
+
+def data_shown(value: Any) -> Any:
+    """A `data` value as the user gave it: a file's path, not its config form."""
+    if isinstance(value, str) and datafile.is_file_spec(value):
+        path, digest = datafile.split_spec(value)
+        return f"{path} (sha256 {digest[:12]}...)"
+    return value
 
 
 def unsaved_note(args: argparse.Namespace) -> str | None:

@@ -93,6 +93,39 @@ def test_a_resume_refuses_a_data_file_that_changed(text_file, tmp_path, capsys):
     assert "the file changed, or this peer has another" in err
 
 
+def test_a_resume_elsewhere_reads_the_same_file_by_another_path(text_file, tmp_path, capsys,
+                                                                monkeypatch):
+    """A run on a relative --data path, resumed from another folder: the refusal says the
+    path is relative and how to give it; given so, the resume is the same run (no note that
+    it replaces the checkpoint's file, whose internal form it showed), bit for bit."""
+    monkeypatch.chdir(tmp_path)
+    saved = str(tmp_path / "run.pt")
+    rc, _, _ = run(["train", "--steps", "1", *SMALL, "--data", text_file.name, "--save", saved],
+                   capsys, tmp_path, "first")
+    assert rc == 0
+    rc, straight, _ = run(["train", "--resume", saved, "--steps", "2", *SMALL[-3:]], capsys,
+                          tmp_path, "straight")
+    assert rc == 0 and len(straight) == 1
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    rc, hashes, err = run(["train", "--resume", saved, "--steps", "2", *SMALL[-3:]], capsys,
+                          tmp_path, "lost")
+    assert rc == 2 and hashes == []
+    assert ("the run's data file notes.txt cannot be read here (No such file or directory): "
+            "every peer needs it at that path (a relative path, read from the folder the "
+            "command runs in; a resume can give --data") in err, err
+    rc, hashes, err = run(["train", "--resume", saved, "--steps", "2", *SMALL[-3:], "--data",
+                           f"../{text_file.name}"], capsys, tmp_path, "elsewhere")
+    assert rc == 0 and hashes == straight
+    assert "replaces the checkpoint's" not in err, err
+    other = tmp_path / "other.txt"
+    other.write_text("other words " * 100, encoding="utf-8")
+    rc, _, err = run(["train", "--resume", saved, "--steps", "2", *SMALL[-3:], "--data",
+                      "../other.txt"], capsys, tmp_path, "other")
+    assert rc == 0 and "note: --data ../other.txt (sha256 " in err, err
+    assert "replaces the checkpoint's 'notes.txt (sha256 " in err and "file:" not in err, err
+
+
 def test_generate_and_the_kit_need_no_data_file(text_file, tmp_path, capsys):
     """A model trained on a file samples without it: generate and kit read the checkpoint
     alone (they refused, naming the moved file, since building the model read the data);
