@@ -250,11 +250,11 @@ def leader_lost_note(rank: int, args: argparse.Namespace) -> str:
     """What a cluster rank > 0 says when rank 0 is gone: only rank 0 saves, so the run's
     state is on rank 0's machine, if anywhere."""
     save = getattr(args, "save", None)
-    where = f"--save {save}" if save else "--save, if it was given one"
+    where = f"its --save {save}" if save else "its --save (if it was given one)"
     # this rank's status line above may be a step past what rank 0 saved (a newcomer read
     # rank 1's step 56 against rank 0's "saved ... (step 55)" and could not tell which held)
     return (f"rank {rank}: rank 0 left the run. Only rank 0 saves, on its machine: after a "
-            f"Ctrl-C or SIGTERM its {where} holds the last step every rank agreed on (this "
+            f"Ctrl-C or SIGTERM {where} holds the last step every rank agreed on (this "
             "rank's step above may be one past it), else its last --save-every checkpoint "
             "does; to go on, start every rank again, rank 0 with --resume that file")
 

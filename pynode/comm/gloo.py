@@ -471,8 +471,8 @@ def _connect_blocking(
         first = str(exc).splitlines()[0]
         if hosts_store and "EADDRINUSE" in first:
             raise CommError(f"MASTER_PORT {port} is in use on this machine (another program, "
-                            "or a run still there): give every rank another MASTER_PORT") \
-                from None
+                            "or a run still there, or another rank 0: is this one's RANK "
+                            "right?): give every rank another MASTER_PORT") from None
         message = f"no gloo store at {addr}:{port}: {first}"
         raise PeerLost([0], message) from None
     keys, previous = f"{base}0/", None

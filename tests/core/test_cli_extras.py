@@ -295,3 +295,15 @@ def test_a_local_peer_that_is_leaving_lets_a_second_interrupt_pass():
                           text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0 and done.stdout == "exit 130\n", done.stderr[-2000:]
     assert done.stderr == "rank 1: interrupted\n"
+
+
+def test_a_cluster_ranks_note_of_a_lost_rank_0_reads_without_its_save():
+    """Rank 1 given no --save does not know rank 0's: `its --save, if it was given one holds
+    ...` read as one garbled clause (a trial)."""
+    import argparse
+
+    from pynode.cli.group import leader_lost_note
+
+    note = leader_lost_note(1, argparse.Namespace(save=None))
+    assert ("after a Ctrl-C or SIGTERM its --save (if it was given one) holds the last step "
+            "every rank agreed on") in note, note
