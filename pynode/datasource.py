@@ -77,10 +77,10 @@ def microbatch_bytes(
         text = whole_text_part(data, part, length)
         return byte_windows(text, seed, step, index, rows, length)
     want = rows * length
-    raw = server_text(data, {"seed": seed, "step": step, "index": index, "bytes": want},
-                      fallback)
+    raw, reply = server_slice(data, {"seed": seed, "step": step, "index": index, "bytes": want},
+                              fallback)
     if len(raw) > want or len(raw) < want - 3:
-        raise DataSourceError(f"data server returned {len(raw)} bytes, asked for {want}")
+        raise DataSourceError(short_slice(data, len(raw), rows, length, reply))
     padded = np.full(want, PAD_BYTE, dtype=np.uint8)
     padded[: len(raw)] = np.frombuffer(raw, dtype=np.uint8)
     return padded.reshape(rows, length).astype(np.int32)
@@ -138,8 +138,27 @@ def text_part(text: np.ndarray, part: str) -> np.ndarray:
     return text[:cut] if part == "train" else text[cut:]
 
 
+def short_slice(data: str, got: int, rows: int, length: int, reply: dict) -> str:
+    """Why a /data slice of another size than asked for stops the run: a row group of
+    shorter text than a microbatch (the server joins documents within one row group)."""
+    want = rows * length
+    said = f"data server {data} answered {got} bytes for a microbatch of {want}"
+    if got > want or "row_group" not in reply:
+        return f"{said}: not a DaisyChain server of this version?"
+    return (f"{said} ({rows} rows of --seq {length}): row group {reply['row_group']} of "
+            f"{reply.get('url', 'its shard')} holds less text than that; the shard needs row "
+            "groups of more text (write it with a larger row_group_size), or the run a smaller "
+            "--seq or --microbatch-size")
+
+
 def server_text(data: str, query: dict, fallback: str) -> bytes:
     """The UTF-8 text the server `data` answers for `query`; DataSourceError if none."""
+    return server_slice(data, query, fallback)[0]
+
+
+def server_slice(data: str, query: dict, fallback: str) -> tuple[bytes, dict]:
+    """The UTF-8 text the server `data` answers for `query`, and its whole reply;
+    DataSourceError if none."""
     if fallback != "builtin":
         query = {**query, "fallback": 0}
     url = f"{data.rstrip('/')}/data?{urlencode(query)}"
@@ -171,7 +190,7 @@ def server_text(data: str, query: dict, fallback: str) -> bytes:
         log.warning("data server %s cannot read its shards (%s): it serves the built-in corpus "
                     "in their place while they fail (--data-fallback builtin)", data,
                     reply.get("reason", "no reason given"))
-    return raw
+    return raw, reply
 
 
 def error_body(exc: HTTPError) -> dict:
