@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pynode import datafile
 from pynode.cli.signals import terminated
 from pynode.config import RunConfig
 from pynode.core.errors import DaisyError
@@ -84,8 +85,18 @@ def run_header(trainer: Trainer) -> str:
              + ("  (no cross-peer checks: not yet in outer steps)" if cfg.cross_check else "")
              if cfg.outer else "")
     return (f"task {cfg.task}  backend {gemm_summary(trainer.gemm)}  "
-            f"params {params:,}  from step {trainer.state.step}{outer}{warmup_note(cfg)}"
-            + (f"  ({note})" if (note := clip_note(cfg)) else ""))
+            f"params {params:,}  from step {trainer.state.step}{data_note(cfg)}{outer}"
+            f"{warmup_note(cfg)}" + (f"  ({note})" if (note := clip_note(cfg)) else ""))
+
+
+def data_note(cfg: RunConfig) -> str:
+    """For the header: the text a run trains on, where it is not the built-in corpus (a
+    file's path, a server's address), so that a wrong file is seen at once."""
+    if cfg.data == "builtin":
+        return ""
+    if datafile.is_file_spec(cfg.data):
+        return f"  data {datafile.split_spec(cfg.data)[0]}"
+    return f"  data {cfg.data.partition('#')[0]}"
 
 
 DEFAULT_WARMUP = RunConfig().warmup

@@ -72,12 +72,15 @@ def test_every_sequence_comes_from_one_document_or_its_neighbour_of_the_parquet(
 def test_train_on_a_file_is_reproducible_and_is_not_the_built_in_text(text_file, tmp_path,
                                                                       capsys):
     argv = ["train", "--steps", "2", *SMALL]
-    rc1, first, _ = run([*argv, "--data", str(text_file)], capsys, tmp_path, "a")
+    rc1, first, said = run([*argv, "--data", str(text_file)], capsys, tmp_path, "a")
     rc2, again, _ = run([*argv, "--data", str(text_file)], capsys, tmp_path, "b")
-    rc3, builtin, _ = run(argv, capsys, tmp_path, "c")
+    rc3, builtin, said_builtin = run(argv, capsys, tmp_path, "c")
     assert rc1 == rc2 == rc3 == 0
     assert first == again and len(first) == 2
     assert first != builtin
+    # the header says which text (a wrong file was seen nowhere); the default, nothing
+    assert f"from step 0  data {text_file}\n" in said, said
+    assert "  data " not in said_builtin, said_builtin
 
 
 def test_a_resume_refuses_a_data_file_that_changed(text_file, tmp_path, capsys):
