@@ -166,7 +166,13 @@ def server_slice(data: str, query: dict, fallback: str) -> tuple[bytes, dict]:
         reply = json.loads(http_get_text(url))
     except HTTPError as exc:  # natively; the page's open_url hands over a 503's body
         if exc.code != 503:
-            raise DataSourceError(f"data server {data} answered {exc.code} for {url}") from exc
+            root = data.rstrip("/").removesuffix("/data")
+            hint = (f": --data takes the server's own address, {root}, not its /data"
+                    if root != data.rstrip("/") else
+                    ": is it a DaisyChain server (python -m server)? --data takes its address, "
+                    "http://HOST:PORT" if exc.code == 404 else "")
+            raise DataSourceError(f"data server {data} answered {exc.code} for {url}{hint}") \
+                from exc
         reply = error_body(exc)
     except OSError as exc:  # urllib's URLError wraps what the connection met: say that
         reason = getattr(exc, "reason", exc)

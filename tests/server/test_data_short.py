@@ -34,3 +34,28 @@ def test_a_row_group_shorter_than_a_microbatch_is_named_with_its_cure(tmp_path):
     assert " of rg1.parquet holds less text than that; the shard needs row groups of more " \
         "text (write it with a larger row_group_size), or the run a smaller --seq or " \
         "--microbatch-size" in said, said
+
+
+def test_a_data_url_given_with_its_data_path_or_of_another_server_says_what_to_give(tmp_path):
+    """`--data http://HOST:PORT/data` (SERVER.md's /data section read as the address) was
+    answered `404 for http://HOST:PORT/data/data?...`, with no word of what to give."""
+    from server_testkit import LiveServer
+
+    from server import ServerConfig, create_app
+
+    live = LiveServer(create_app(ServerConfig(data_dir=tmp_path / "state",
+                                              static_dir=tmp_path / "no-static")))
+    try:
+        said = {}
+        for given in (f"{live.url}/data", f"{live.url}/data/", f"{live.url}/other"):
+            with pytest.raises(datasource.DataSourceError) as caught:
+                datasource.microbatch_bytes(given, 1, 0, 0, 2, 32)
+            said[given] = str(caught.value)
+    finally:
+        live.stop()
+    for given in (f"{live.url}/data", f"{live.url}/data/"):
+        assert said[given].endswith(f": --data takes the server's own address, {live.url}, "
+                                    "not its /data"), said[given]
+    assert said[f"{live.url}/other"].endswith(
+        ": is it a DaisyChain server (python -m server)? --data takes its address, "
+        "http://HOST:PORT"), said
