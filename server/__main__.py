@@ -137,8 +137,8 @@ def data_line(urls: tuple[str, ...]) -> str:
 
 def local_shard_problem(urls: tuple[str, ...]) -> str | None:
     """"PATH: what is wrong" for the first local shard that is no parquet file with a text
-    column (its footer read, as /data reads it), or None. Remote shards are read when a
-    run first asks for text: their server may be down now and up then."""
+    column and a row (its footer read, as /data reads it), or None. Remote shards are read
+    when a run first asks for text: their server may be down now and up then."""
     from server.shards import ShardError, read_footer
 
     for url in urls:

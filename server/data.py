@@ -10,10 +10,14 @@ the built-in answer into a 503, for peers that would rather wait than train on o
 
 from __future__ import annotations
 
+import http
 import http.client
 import logging
+import math
+import socket
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from importlib import resources
@@ -74,21 +78,19 @@ class DataService:
         common = {"seed": seed, "step": step, "index": index}
         shard = slicing.pick_shard(seed, step, len(self.shards.urls))
         url = self.shards.urls[shard]
-        try:
-            return {**common, **self._from_shard(shard, url, seed, step, index, nbytes)}
-        except (OSError, ValueError, KeyError, http.client.HTTPException, pa.ArrowException,
-                DaisyError) as exc:
-            reason = self._mark_down(url, exc)
+        reason = self._still_down(url)
+        if reason is None:
+            try:
+                return {**common, **self._from_shard(shard, url, seed, step, index, nbytes)}
+            except (OSError, ValueError, KeyError, http.client.HTTPException,
+                    pa.ArrowException, DaisyError) as exc:
+                reason = self._mark_down(url, exc)
         if not fallback:
-            raise DataUnavailableError(f"shard {shard} unavailable: {reason}")
+            raise DataUnavailableError(reason)
         return {**common, **self._from_builtin(seed, step, index, nbytes), "reason": reason}
 
     def _from_shard(self, shard: int, url: str, seed: int, step: int, index: int,
                     nbytes: int) -> dict[str, Any]:
-        with self._lock:
-            until, reason = self._down.get(url, (0.0, ""))
-        if time.monotonic() < until:
-            raise DataUnavailableError(f"{reason} (retrying in {until - time.monotonic():.0f} s)")
         meta = self.shards.metadata(url)
         group = slicing.pick_row_group(seed, step, shard, meta.rows_per_group)
         docs = _Docs(self.shards.row_group_text(url, group))
@@ -107,21 +109,23 @@ class DataService:
         return {"text": window.text, "nbytes": len(window.text.encode("utf-8")),
                 "source": "builtin", "corpus": name, "offset": window.start}
 
-    def _mark_down(self, url: str, exc: Exception) -> str:
-        if isinstance(exc, DataUnavailableError):  # still backing off: already logged
-            return str(exc)
-        reason = f"{type(exc).__name__}: {exc}"
-        if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
-            # a local file: "gone.parquet: No such file or directory", not Python's
-            # "FileNotFoundError: [Errno 2] No such file or directory: 'gone.parquet'"
-            reason = f"{public_name(url)}: {exc.strerror}"
-        for name in (url, url.removeprefix("file://")):  # as given, and as opened
-            reason = reason.replace(name, public_name(url))
-        reason = reason[:300]
+    def _still_down(self, url: str) -> str | None:
+        """Why `url` is not tried now, or None once its back-off is over."""
         with self._lock:
-            self._down[url] = (time.monotonic() + self._retry_s, reason)
-        log.warning("data shard %s failed, serving the built-in corpus: %s", url, reason)
-        return reason
+            until, cause = self._down.get(url, (0.0, ""))
+        if time.monotonic() >= until:
+            return None
+        return down_reason(url, cause, until - time.monotonic())
+
+    def _mark_down(self, url: str, exc: Exception) -> str:
+        cause = cause_in_words(exc)
+        for name in (url, url.removeprefix("file://")):  # as given, and as opened
+            cause = cause.replace(name, public_name(url))
+        cause = cause[:300]
+        with self._lock:
+            self._down[url] = (time.monotonic() + self._retry_s, cause)
+        log.warning("data shard %s failed, serving the built-in corpus: %s", url, cause)
+        return down_reason(url, cause, self._retry_s)
 
     def corpus(self) -> tuple[bytes, str]:
         """The built-in corpus bytes and a name saying which one it is."""
@@ -135,6 +139,39 @@ def public_name(url: str) -> str:
     """How an answer names a shard: its URL, or for a file on this server its name alone
     (where the operator keeps files is nobody else's business)."""
     return url if url.startswith(("http://", "https://")) else Path(url).name
+
+
+def down_reason(url: str, cause: str, retry_in_s: float) -> str:
+    """What /data says of a shard it cannot read (its `reason`, or its 503's `message`):
+    the shard by name, not by index; the cause; and that the server, not the asker,
+    tries it again."""
+    return (f"shard {public_name(url)}: {cause}; the server tries it again in "
+            f"{max(1, math.ceil(retry_in_s))} s")
+
+
+def cause_in_words(exc: Exception) -> str:
+    """Why a shard read failed, as a person says it: "HTTP 404 Not Found", "connection
+    refused", "No such file or directory", not Python's reprs of urllib's errors."""
+    if isinstance(exc, urllib.error.HTTPError):
+        try:
+            phrase = http.HTTPStatus(exc.code).phrase
+        except ValueError:
+            phrase = str(exc.reason)
+        return f"HTTP {exc.code} {phrase}"
+    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    if isinstance(reason, TimeoutError):
+        return "no answer in time (timed out)"
+    if isinstance(reason, socket.gaierror):
+        return f"its host name does not resolve ({reason.strerror})"
+    if isinstance(reason, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(reason, OSError) and reason.strerror:
+        return reason.strerror
+    if isinstance(reason, DaisyError):  # ShardError, RangeRequestError: already in words
+        return str(reason)
+    if isinstance(reason, str):
+        return reason
+    return f"{type(reason).__name__}: {reason}"
 
 
 def _load_corpus(path: Path | None) -> tuple[bytes, str]:

@@ -31,7 +31,7 @@ TEXT_COLUMN = "text"
 
 
 class ShardError(DaisyError, ValueError):
-    """A shard that is not a parquet file with a text column."""
+    """A shard that is not a parquet file with a text column and at least one row."""
 
 
 @dataclass(frozen=True)
@@ -154,6 +154,8 @@ def read_footer(f: Any) -> ShardMeta:
     kind = metadata.schema.to_arrow_schema().field(TEXT_COLUMN).type
     if not is_text_type(kind):
         raise ShardError(f"its {TEXT_COLUMN!r} column holds {kind}, not text")
+    if metadata.num_rows == 0:  # else accepted at start, and every slice asked of it failed
+        raise ShardError(f"no rows (its {TEXT_COLUMN!r} column is empty)")
     rows = tuple(metadata.row_group(i).num_rows for i in range(metadata.num_row_groups))
     return ShardMeta(size=size, footer_bytes=footer_len + 8, metadata=metadata,
                      rows_per_group=rows)

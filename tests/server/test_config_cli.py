@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from server.__main__ import config_from_args, main, parse_args
+from server.__main__ import config_from_args, local_shard_problem, main, parse_args
 from server.addresses import address_group, client_address
 from server.config import ServerConfig, ServerConfigError
 from server.ratelimit import LinesPerKey, TokenBucket
@@ -356,3 +356,21 @@ def test_a_local_shard_that_cannot_serve_text_is_refused_at_start(tmp_path: Path
         assert main(["--data-url", str(shard), "--data-dir", str(tmp_path)]) == 2
         assert capsys.readouterr().err == f"error: data shard {shard}: {said}\n"
     assert "gevent.monkey" not in sys.modules or not _patched()
+
+
+def test_a_local_shard_with_no_rows_is_refused_at_start(tmp_path: Path, capsys) -> None:
+    """An empty parquet file with a text column was "checked" at start, then every run on
+    it stopped: "shard 0 unavailable: ValueError: the shard has no rows"."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    empty = tmp_path / "empty.parquet"  # one row group of no rows
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), empty)
+    no_groups = tmp_path / "no_groups.parquet"  # a writer closed before any row group
+    pq.ParquetWriter(no_groups, pa.schema([("text", pa.string())])).close()
+    for shard in (empty, no_groups):
+        # asked first: a shard it lets through would start a server that never returns
+        assert local_shard_problem((str(shard),)) is not None
+        assert main(["--data-url", str(shard), "--data-dir", str(tmp_path)]) == 2
+        assert capsys.readouterr().err == \
+            f"error: data shard {shard}: no rows (its 'text' column is empty)\n"

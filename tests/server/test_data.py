@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 
@@ -12,6 +13,8 @@ from server import create_app
 
 B = 300  # bytes per slice in these tests
 SHARDS = ("000_00000.parquet", "001_00000.parquet")
+# What /data says of a shard it skips while it backs off from a failure: the same words.
+RETRY = re.compile(r"shard \S+: .+; the server tries it again in ([1-9]|[12][0-9]|30) s")
 
 
 def footer_bytes(path: Path) -> int:
@@ -92,12 +95,15 @@ def test_unreachable_source_falls_back_with_a_marker(make_config, closed_port) -
     app = create_app(make_config())  # make_config points at a closed loopback port
     body = get(app, seed=1, step=2, index=3, bytes=B).json
     assert body["source"] == "builtin"
-    assert "refused" in body["reason"].lower() or "URLError" in body["reason"]
+    # in words, naming the shard: it was "shard 0 unavailable: URLError: <urlopen error
+    # [Errno 111] Connection refused>" (a trial)
+    assert body["reason"] == (f"shard http://127.0.0.1:{closed_port}/shard.parquet: "
+                              "connection refused; the server tries it again in 30 s")
     corpus, _ = app.extensions["daisychain.data"].corpus()
     got = body["text"].encode("utf-8")
     assert corpus[body["offset"]:body["offset"] + len(got)] == got
     again = get(app, seed=1, step=2, index=3, bytes=B).json
-    assert "retrying in" in again.pop("reason")
+    assert RETRY.fullmatch(again.pop("reason")), body["reason"]
     assert again == {k: v for k, v in body.items() if k != "reason"}
     strict = get(app, seed=1, step=2, index=3, bytes=B, fallback=0)
     assert strict.status_code == 503 and strict.json["error"] == "source_unavailable"
@@ -107,10 +113,12 @@ def test_unreachable_source_falls_back_with_a_marker(make_config, closed_port) -
 def test_a_failing_shard_is_not_retried_at_once(data_app, served) -> None:
     app = data_app(urls=(f"{served.base}/not_parquet.parquet",))
     body = get(app, seed=0, step=0, index=0, bytes=B).json
-    assert body["source"] == "builtin" and "ShardError" in body["reason"]
+    assert body["source"] == "builtin" and body["reason"] == (
+        f"shard {served.base}/not_parquet.parquet: not a parquet file (no PAR1 trailer); "
+        "the server tries it again in 30 s")
     asked = len(served.requests)
     body = get(app, seed=0, step=1, index=0, bytes=B).json
-    assert body["source"] == "builtin" and "retrying" in body["reason"]
+    assert body["source"] == "builtin" and RETRY.fullmatch(body["reason"]), body["reason"]
     assert len(served.requests) == asked
 
 
@@ -119,7 +127,9 @@ def test_a_server_ignoring_range_is_refused_not_downloaded(make_config, shard_di
     plain = range_server(shard_dir, honor_range=False)
     app = create_app(make_config(data_urls=(f"{plain.base}/{SHARDS[0]}",)))
     body = get(app, seed=0, step=0, index=0, bytes=B).json
-    assert body["source"] == "builtin" and "RangeRequestError" in body["reason"]
+    assert body["source"] == "builtin"
+    assert body["reason"].startswith(f"shard {plain.base}/{SHARDS[0]}: {plain.base}/"
+                                     f"{SHARDS[0]} answered 200 to a range request"), body
 
 
 def test_redirects_and_local_paths_work(data_app, served, shard_dir) -> None:
@@ -143,7 +153,8 @@ def test_a_text_column_that_holds_no_text_is_a_named_shard_error(data_app, tmp_p
     app = data_app(urls=(str(path),))
     body = get(app, seed=1, step=2, index=3, bytes=B).json
     assert body["source"] == "builtin"
-    assert body["reason"] == "ShardError: its 'text' column holds int64, not text"
+    assert body["reason"] == ("shard numbers.parquet: its 'text' column holds int64, not "
+                              "text; the server tries it again in 30 s")
     assert str(tmp_path) not in body["reason"]
     strict = get(app, seed=1, step=3, index=3, bytes=B, fallback=0)
     assert strict.status_code == 503 and strict.json["error"] == "source_unavailable"
@@ -186,7 +197,8 @@ def test_a_shard_too_short_for_a_trailer_is_named_as_no_parquet(data_app, tmp_pa
     empty.write_bytes(b"")
     body = get(data_app(urls=(str(empty),)), seed=0, step=0, index=0, bytes=B).json
     assert body["source"] == "builtin"
-    assert body["reason"] == "ShardError: not a parquet file (0 bytes)"
+    assert body["reason"] == ("shard empty.parquet: not a parquet file (0 bytes); the server "
+                              "tries it again in 30 s")
 
 
 def test_text_stored_as_a_dictionary_is_text(data_app, tmp_path) -> None:
@@ -208,4 +220,44 @@ def test_a_local_shard_given_as_a_file_url_keeps_its_folder_to_itself(data_app,
     assert body["source"] == "builtin" and "gone.parquet" in body["reason"]
     assert str(tmp_path) not in body["reason"], body["reason"]
     # in words, as a person reads it (it was Python's FileNotFoundError repr; a trial)
-    assert body["reason"] == "gone.parquet: No such file or directory", body["reason"]
+    assert body["reason"] == ("shard gone.parquet: No such file or directory; the server "
+                              "tries it again in 30 s"), body["reason"]
+
+
+def test_a_shard_that_cannot_be_read_is_named_with_its_cause_in_words(data_app,
+                                                                      served) -> None:
+    """It was "shard 0 unavailable: HTTPError: HTTP Error 404: NOT FOUND (retrying in 29 s)":
+    an index nobody sees, Python's repr, and a retry the trainer read as its own."""
+    missing = f"{served.base}/missing.parquet"
+    app = data_app(urls=(missing,))
+    said = f"shard {missing}: HTTP 404 Not Found; the server tries it again in"
+    body = get(app, seed=0, step=0, index=0, bytes=B).json
+    assert body["source"] == "builtin" and body["reason"] == f"{said} 30 s"
+    again = get(app, seed=0, step=1, index=0, bytes=B).json
+    assert again["reason"].startswith(said) and RETRY.fullmatch(again["reason"])
+    # what a trainer without --data-fallback builtin prints: the 503's message
+    strict = get(app, seed=0, step=2, index=0, bytes=B, fallback=0)
+    assert strict.status_code == 503 and strict.json["error"] == "source_unavailable"
+    assert strict.json["message"].startswith(said) and RETRY.fullmatch(strict.json["message"])
+    for reply in (body["reason"], again["reason"], strict.json["message"]):
+        assert "Error" not in reply and "shard 0" not in reply, reply
+
+
+def test_an_empty_remote_shard_is_said_as_an_empty_local_one_is_at_start(
+        data_app, range_server, tmp_path) -> None:
+    """A shard with a text column and no rows: every slice failed with "the shard has no
+    rows". A local one is refused at start (test_config_cli); a remote one is found when
+    first read, and said in the same words."""
+    import pyarrow as pa
+
+    from server.__main__ import local_shard_problem
+
+    path = tmp_path / "empty.parquet"
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), path)
+    url = f"{range_server(tmp_path).base}/empty.parquet"
+    body = get(data_app(urls=(url,)), seed=0, step=0, index=0, bytes=B).json
+    at_start = local_shard_problem((str(path),))
+    assert at_start == f"{path}: no rows (its 'text' column is empty)"
+    assert body["source"] == "builtin"
+    assert body["reason"] == (f"shard {url}: {at_start.removeprefix(f'{path}: ')}; the server "
+                              "tries it again in 30 s")

@@ -61,6 +61,10 @@ def test_a_server_without_its_shards_stops_the_run_naming_the_flag(runs):
     last = done.err.strip().splitlines()[-1]
     assert last.startswith("error: DataSourceError: data server http://127.0.0.1:"), last
     assert "cannot read its shards" in last and "--data-fallback builtin" in last
+    # the shard by its URL, the cause in words, and who retries (it was "shard 0
+    # unavailable: URLError: <urlopen error [Errno 111] Connection refused>")
+    assert "(shard http://127.0.0.1:9/x: connection refused; the server tries it again in " \
+        in last, last
     assert "Traceback" not in done.err and done.log == []
     assert not (runs["folder"] / "down.pt").exists()
 
