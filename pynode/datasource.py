@@ -151,11 +151,6 @@ def short_slice(data: str, got: int, rows: int, length: int, reply: dict) -> str
             "--seq or --microbatch-size")
 
 
-def server_text(data: str, query: dict, fallback: str) -> bytes:
-    """The UTF-8 text the server `data` answers for `query`; DataSourceError if none."""
-    return server_slice(data, query, fallback)[0]
-
-
 def server_slice(data: str, query: dict, fallback: str) -> tuple[bytes, dict]:
     """The UTF-8 text the server `data` answers for `query`, and its whole reply;
     DataSourceError if none."""

@@ -233,12 +233,12 @@ export class PageNode extends EventTarget {
     if (this.mesh) this.mesh.close();
   }
 
-  // This tab goes (pagehide): each peer's link is handed the run protocol's `bye` (the
-  // worker gave its bytes at boot; it may not run again now), so the others say the page
-  // left, not that they lost it. A link still sending a large message gets it too late:
-  // those peers say it was lost, as before.
-  // As the page goes: "bye" on the ui channels first (out at once, Mesh.sayBye), then the
-  // protocol's goodbye behind this page's other messages on "data", where it gets through.
+  // This tab goes (pagehide): the others must say the page left, not that they lost it.
+  // "bye" on each link's ui channel first (Mesh.sayBye): out at once, where the run
+  // protocol's `bye` on "data" waits behind a large message the page closes before it is
+  // sent; the receivers hand it on as that `bye`. Then the `bye` itself on "data" (the
+  // worker gave its bytes at boot; it may not run again now), behind this page's other
+  // messages, where it gets through.
   sayGoodbye() {
     if (!this.goodbye || !this.mesh) return;
     this.mesh.sayBye();

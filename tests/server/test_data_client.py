@@ -152,7 +152,7 @@ def test_what_to_do_about_a_data_server_is_said_in_the_words_of_its_runtime(monk
                          (unreadable, "cannot read its shards (shard 0 unavailable)")):
         monkeypatch.setattr(datasource, "http_get_text", answer)
         with pytest.raises(datasource.DataSourceError) as caught:
-            datasource.server_text("http://127.0.0.1:9", {"seed": 1}, "none")
+            datasource.server_slice("http://127.0.0.1:9", {"seed": 1}, "none")
         said = str(caught.value)
         assert f"data server http://127.0.0.1:9 {what}" in said, said
         if in_page:
