@@ -9,3 +9,29 @@ generate.py generation bytes per second, KV cache vs the window recomputed each 
 
 Results and the commands that produced them: benchmarks/README.md.
 """
+
+import argparse
+
+
+def bench_parser(name: str, doc: str) -> argparse.ArgumentParser:
+    """The parser of `python -m pynode bench NAME`: its module docstring's first line (its
+    usage and what it measures) as the description, defaults shown."""
+    head = doc.strip().splitlines()[0]
+    what = head.split("`: ", 1)[1] if "`: " in head else head  # past the usage line's `...`
+    return argparse.ArgumentParser(prog=f"python -m pynode bench {name}", description=what,
+                                   formatter_class=_WithDefaults)
+
+
+class _WithDefaults(argparse.HelpFormatter):
+    """A flag's help ends with its default where it has one its help does not say."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if (not action.option_strings or action.default in (None, False, argparse.SUPPRESS)
+                or "default" in text):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+CONFIG_HELP = ("RunConfig overrides, as inline JSON: '{\"width\": 128, \"layers\": 4}' "
+               "(the fields: python -m pynode train --help)")

@@ -19,7 +19,6 @@ tabs) uses the same session with a private network namespace.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pynode
+from pynode.bench import CONFIG_HELP, bench_parser
 
 SOURCE_ROOT = Path(pynode.__file__).resolve().parent.parent  # holds pynode/ and server/
 CHROMIUM_FLAGS = [
@@ -282,11 +282,10 @@ def measure(config: dict) -> dict:
 def main(argv: list[str]) -> int:
     from pynode.config import RunConfig
 
-    parser = argparse.ArgumentParser(prog="python -m pynode bench browser",
-                                     description=__doc__.splitlines()[0])
+    parser = bench_parser("browser", __doc__)
     parser.add_argument("--json", action="store_true", help="one JSON object")
     parser.add_argument("--steps", type=int, default=6, help="steps on each side")
-    parser.add_argument("--config", default="{}", help="RunConfig overrides as JSON")
+    parser.add_argument("--config", default="{}", help=CONFIG_HELP)
     args = parser.parse_args(argv)
     cfg = RunConfig.from_dict({**json.loads(args.config), "steps": args.steps})
     try:

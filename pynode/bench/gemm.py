@@ -15,13 +15,13 @@ but marked exact=false. A last row measures the live audit's cost at 512^3.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections.abc import Callable
 
 import numpy as np
 
+from pynode.bench import bench_parser
 from pynode.bench.machine import machine_info, machine_line
 from pynode.core import rng
 from pynode.core.gemm import (
@@ -161,7 +161,7 @@ def _table_line(row: dict) -> None:
 
 def main(argv: list[str]) -> int:
     """CLI entry: `python -m pynode bench gemm [--json] [--repeats N]`."""
-    parser = argparse.ArgumentParser(prog="pynode bench gemm", description=__doc__.split("\n")[0])
+    parser = bench_parser("gemm", __doc__)
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--repeats", type=int, default=7, help="timed rounds; the best is kept")
     args = parser.parse_args(argv)

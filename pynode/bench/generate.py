@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pynode.bench import CONFIG_HELP, bench_parser
 from pynode.bench.machine import machine_info, machine_line
 from pynode.config import RunConfig
 
@@ -166,11 +167,11 @@ def init_checkpoint(cfg: RunConfig, params: dict) -> bytes:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pynode bench generate")
+    parser = bench_parser("generate", __doc__)
     parser.add_argument("--json", action="store_true", help="one JSON object")
     parser.add_argument("--tokens", type=int, default=256, help="bytes per timed generation")
     parser.add_argument("--repeats", type=int, default=3, help="timed generations (best of)")
-    parser.add_argument("--config", default="{}", help="RunConfig overrides as JSON")
+    parser.add_argument("--config", default="{}", help=CONFIG_HELP)
     parser.add_argument("--checkpoint", help="time this .pt's model instead")
     parser.add_argument("--backend", help="force a GEMM backend (default: the best gated)")
     parser.add_argument("--kernels", choices=["numba", "numpy"], help="force the kernels")

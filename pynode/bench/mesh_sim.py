@@ -15,12 +15,12 @@ is one inner step: the same tokens as a per-step run's step) and the reduction f
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import time
 from typing import Any
 
+from pynode.bench import CONFIG_HELP, bench_parser
 from pynode.bench.machine import machine_info, machine_line
 from pynode.comm.mesh import MemoryMesh, MemoryNetwork
 from pynode.config import RunConfig
@@ -137,9 +137,9 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pynode bench mesh-sim")
+    parser = bench_parser("mesh-sim", __doc__)
     parser.add_argument("--peers", default="4,16,64,256", help="peer counts, comma-separated")
-    parser.add_argument("--config", default="{}", help="RunConfig overrides as JSON")
+    parser.add_argument("--config", default="{}", help=CONFIG_HELP)
     parser.add_argument("--sync-every", type=int, metavar="H",
                         help="also run each peer count with one reduction every H steps")
     parser.add_argument("--replicas", type=int, metavar="R", default=1,

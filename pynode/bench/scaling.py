@@ -27,7 +27,6 @@ to the same values.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -38,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pynode.bench import CONFIG_HELP, bench_parser
 from pynode.bench.machine import machine_info, machine_line
 from pynode.config import RunConfig
 from pynode.run.stepclock import PHASES
@@ -138,13 +138,13 @@ def phase_table(one: dict, two: dict) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pynode bench scaling")
+    parser = bench_parser("scaling", __doc__)
     parser.add_argument("--json", action="store_true", help="one JSON object")
     parser.add_argument("--steps", type=int, default=20,
                         help="steps of each run (the first, which starts up, is not timed)")
     parser.add_argument("--rounds", type=int, default=5,
                         help="alternations of 1 and 2 peers; the scaling is their median")
-    parser.add_argument("--config", default="{}", help="RunConfig overrides as JSON")
+    parser.add_argument("--config", default="{}", help=CONFIG_HELP)
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be 1 or more, got {args.rounds}")

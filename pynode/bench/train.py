@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 
+from pynode.bench import CONFIG_HELP, bench_parser
 from pynode.bench.machine import machine_info, machine_line
 from pynode.config import RunConfig
 from pynode.extras import require
@@ -96,11 +97,11 @@ def measure(task: str, cfg: RunConfig, steps: int) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pynode bench train")
+    parser = bench_parser("train", __doc__)
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per task")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one task here
-    parser.add_argument("--config", default="{}", help="RunConfig overrides as JSON")
+    parser.add_argument("--config", default="{}", help=CONFIG_HELP)
     args = parser.parse_args(argv)
     require("bench train (it compares the int8 GPT with the float task)", "torch")
     cfg = RunConfig.from_dict(json.loads(args.config))

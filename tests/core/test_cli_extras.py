@@ -307,3 +307,20 @@ def test_a_cluster_ranks_note_of_a_lost_rank_0_reads_without_its_save():
     note = leader_lost_note(1, argparse.Namespace(save=None))
     assert ("after a Ctrl-C or SIGTERM its --save (if it was given one) holds the last step "
             "every rank agreed on") in note, note
+
+
+@pytest.mark.parametrize("name", ["gemm", "train", "scaling", "mesh-sim", "browser", "generate"])
+def test_each_benchmarks_help_says_what_it_measures_and_its_defaults(name, capsys):
+    """`bench train --help` and others had no description and no defaults; gemm's usage
+    read `pynode bench gemm` (a trial)."""
+    from pynode.cli.main import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["bench", name, "--help"])
+    said = capsys.readouterr().out
+    assert done.value.code == 0
+    usage, _, rest = said.partition("\n\n")
+    assert usage.startswith(f"usage: python -m pynode bench {name} "), said
+    assert not rest.startswith("options:"), said  # a description first
+    if "--config" in said:
+        assert "as inline JSON" in said and "(default: {})" in said, said
