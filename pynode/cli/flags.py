@@ -56,6 +56,9 @@ CONFIG_HELP = {
 }
 
 
+CONFIG_CHOICES = {"data_fallback": ("none", "builtin")}  # fields of a few fixed values
+
+
 def add_config_flags(parser: argparse.ArgumentParser, helps: dict[str, str] | None = None) -> None:
     """One flag per RunConfig field (--microbatch-size for microbatch_size, ...); `helps`
     replaces CONFIG_HELP's text of a field where a command reads it differently."""
@@ -65,7 +68,7 @@ def add_config_flags(parser: argparse.ArgumentParser, helps: dict[str, str] | No
         kind = {"int": int, "float": float, "str": str}[str(f.type)]
         flag = "--" + name.replace("_", "-")
         default = getattr(defaults, name)
-        parser.add_argument(flag, type=kind, default=None,
+        parser.add_argument(flag, type=kind, default=None, choices=CONFIG_CHOICES.get(name),
                             help=f"{texts.get(name, '')}(default {default})")
 
 
@@ -363,8 +366,8 @@ def resume_notes(stored: dict, step: int, given: dict) -> list[str]:
             own = ("; without --steps the resume is the checkpoint's own run, bit for bit"
                    if isinstance(old, int) and old > step else "")
             notes.append(f"note: --steps {value} (the checkpoint's run has {old}): from step "
-                         f"{step} the learning rate follows the schedule of a {value}-step "
-                         f"run{own}")
+                         f"{step} the learning rate follows the schedule of a run of {value} "
+                         f"steps{own}")
         else:
             notes.append(f"note: {flag} {value} replaces the checkpoint's {old!r}: from step "
                          f"{step} this is another run than the checkpoint's (drop {flag} to "

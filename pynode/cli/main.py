@@ -122,8 +122,17 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
     command's usage (argparse tells it with the top level's, which lists no flag)."""
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        args.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+        hints = [OTHER_FLAGS[flag.split("=")[0]] for flag in unknown
+                 if flag.split("=")[0] in OTHER_FLAGS]
+        args.commands[args.command].error(
+            f"unrecognized arguments: {' '.join(unknown)}" + "".join(f" ({h})" for h in hints))
     return args
+
+
+# flags of `python -m server` a trainer is given by mistake: host and trainer name one
+# thing differently
+OTHER_FLAGS = {"--data-url": "--data-url is the server's; a run takes --data with the "
+                             "server's address, http://HOST:PORT, or a file"}
 
 
 def stdout_gone() -> bool:

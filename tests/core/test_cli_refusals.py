@@ -225,7 +225,7 @@ def test_a_resume_with_other_config_flags_says_what_changes(tmp_path, capsys):
     assert any("--lr 0.001 replaces the checkpoint's 0.003: from step 3" in n for n in notes)
     assert any("--seed 7 replaces the checkpoint's 1" in n for n in notes)
     assert any("--steps 5 (the checkpoint's run has 4): from step 3 the learning rate "
-               "follows the schedule of a 5-step run" in n for n in notes)
+               "follows the schedule of a run of 5 steps" in n for n in notes)
     assert "step 5  loss" in err
     err = trained(["train", "--resume", saved, "--seed", "1", "--width", "32", "--save", saved,
                    *quick], capsys)
@@ -293,6 +293,20 @@ def test_a_mistyped_flag_is_told_with_its_commands_usage(capsys):
         assert stopped.value.code == 2
         assert f"usage: python -m pynode {command} " in err
         assert f"python -m pynode {command}: error: unrecognized arguments: {unknown}" in err
+
+
+def test_the_servers_data_flag_given_to_a_run_names_the_runs(capsys):
+    """`train --data-url` (the server's flag) was a bare `unrecognized arguments` (a
+    trial); the same refusal says which flag a run takes, and the data flags' choices."""
+    with pytest.raises(SystemExit) as stopped:
+        main(["train", "--data-url", "x.parquet", "--steps", "1"])
+    assert stopped.value.code == 2
+    assert ("error: unrecognized arguments: --data-url x.parquet (--data-url is the server's; "
+            "a run takes --data with the server's address, http://HOST:PORT, or a file)"
+            ) in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["train", "--data-fallback", "maybe"])
+    assert "invalid choice: 'maybe' (choose from 'none', 'builtin')" in capsys.readouterr().err
 
 
 def test_a_mistyped_command_is_told_with_the_commands_users_run(capsys):
@@ -533,7 +547,7 @@ def test_a_finished_checkpoints_resume_note_offers_no_run_to_continue():
     from pynode.cli.flags import resume_notes
 
     (finished,) = resume_notes({"steps": 4}, 4, {"steps": 6})
-    assert finished.endswith("follows the schedule of a 6-step run"), finished
+    assert finished.endswith("follows the schedule of a run of 6 steps"), finished
     (halfway,) = resume_notes({"steps": 4}, 2, {"steps": 6})
     assert halfway.endswith("without --steps the resume is the checkpoint's own run, bit for "
                             "bit"), halfway
