@@ -749,6 +749,40 @@ def test_the_host_hears_of_each_request_to_join(local_browser, tmp_path, console
     assert told_member == [], told_member  # members approve nobody
 
 
+def test_the_host_approves_with_a_click_while_its_run_renders(local_browser, tmp_path,
+                                                              console):
+    """A press and release on Approve, 150 ms apart, as a person clicks, while the host's
+    page trains (its peers table re-rendered tens of times a second). The table was
+    rewritten whole each time, so the button under the pointer was a new one by the
+    release and no click landed (a trial: 0 of 5)."""
+    server = local_server(tmp_path)
+    try:
+        host = open_page(local_browser, f"{server.url}/?create=1", console)
+        wait_booted(host)
+        for name, value in {**TINY, "steps": "100000"}.items():
+            host.fill(f"#config-form [name={name}]", value)
+        host.click("#start")
+        wait(host, "s => s.state === 'training' && s.step >= 1", 120_000)
+        member = open_page(local_browser, f"{server.url}/?room={status(host)['room']}", console)
+        member_id = status(member)["peerId"]
+        button = host.locator(f'tr[data-peer="{member_id}"] button[data-approve]')
+        button.wait_for(timeout=30_000)
+        steps = status(host)["step"]
+        button.scroll_into_view_if_needed()
+        box = button.bounding_box()
+        host.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        host.mouse.down()
+        host.wait_for_timeout(150)
+        host.mouse.up()
+        wait(member, "s => s.approved", 15_000)
+        rendered = status(host)["step"] - steps  # the run went on under the pointer
+        host.evaluate("(request) => daisychain.steer(request)", {"stop": True})
+        wait(host, "s => ['done', 'failed'].includes(s.state)", 60_000)
+    finally:
+        server.close()
+    assert rendered >= 2, rendered
+
+
 def test_the_room_hears_of_a_peer_that_left_between_runs(local_browser, tmp_path, console):
     """A member that left outside a run (a closed tab, a native peer's Ctrl-C) only lost its
     row: the host's page said nothing of it, where a peer leaving a run is a message."""

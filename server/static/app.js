@@ -366,12 +366,45 @@ function addSteeredNotes() {
   }
 }
 
+// A table's rows kept by key, each cell rewritten only when what it shows changed. The
+// peers table was rewritten whole on every frame that changed (tens a second in a run), so
+// the Approve, Refuse or Remove button under a host's pointer was a new element by the
+// time the button was released, and no click landed (a trial: 0 of 5).
+const shownHtml = new WeakMap(); // cell -> the HTML it was last given
+function patchRows(body, rows) {
+  const kept = new Map();
+  for (const tr of [...body.rows]) {
+    if (kept.has(tr.dataset.peer)) tr.remove(); // one row a key
+    else kept.set(tr.dataset.peer, tr);
+  }
+  rows.forEach((row, index) => {
+    let tr = kept.get(row.key);
+    kept.delete(row.key);
+    if (!tr) {
+      tr = document.createElement("tr");
+      tr.dataset.peer = row.key;
+    }
+    if (tr.className !== row.className) tr.className = row.className;
+    while (tr.cells.length > row.cells.length) tr.deleteCell(-1);
+    row.cells.forEach(([className, html], i) => {
+      const td = tr.cells[i] || tr.insertCell();
+      if (td.className !== className) td.className = className;
+      if (shownHtml.get(td) !== html) {
+        td.innerHTML = html;
+        shownHtml.set(td, html);
+      }
+    });
+    if (body.rows[index] !== tr) body.insertBefore(tr, body.rows[index] || null);
+  });
+  for (const tr of kept.values()) tr.remove();
+}
+
 function renderPeers(s) {
   const host = s.role === "host";
   const problems = Object.values(s.linkProblems);
   $("link-problems").hidden = !problems.length;
   $("link-problems").innerHTML = problems.map((text) => `<li>${escape(text)}</li>`).join("");
-  $("peers").tBodies[0].innerHTML = s.peers.map((p) => {
+  patchRows($("peers").tBodies[0], s.peers.map((p) => {
     // this page's own row says it left the room ("removed", "refused"): status().outOfRoom
     const approval = p.approval !== "approved" && p.approval !== "pending" ? escape(p.approval)
       : p.approved
@@ -381,16 +414,17 @@ function renderPeers(s) {
           : "pending";
     const forked = p.hash && s.hash && p.step === s.step && p.hash !== s.hash ? " forked" : "";
     const gemm = p.gemm ? `${p.gemm}${p.kernels ? ` / ${p.kernels}` : ""}` : "–";
-    return `<tr class="${p.self ? "self" : ""}${forked}" data-peer="${escape(p.id)}"><td><code class="peer-id">${escape(p.id)}</code>${p.self ? " (you)" : ""}</td>
-      <td>${escape(p.role)}${p.id === s.leader ? ", leader" : ""}</td><td>${approval}</td>
-      <td>${escape(s.linkProblems[p.id] ? "no connection" : p.state || (p.connected ? "" : p.approved ? "not connected" : "waits for approval"))}</td>
-      <td class="runtime">${escape(p.runtime || "–")}</td><td>${escape(gemm)}</td>
-      <td class="cores">${p.cores ?? "–"}</td><td class="ram">${fmtBytes(p.ram)}</td>
-      <td class="microbatch">${fmtMs(p.microbatch_seconds)}</td><td class="share">${fmtShare(p.share)}</td>
-      <td class="tokens">${fmtRate(p.tokens_per_s)}</td><td>${fmtMB(p.bytes_sent)}</td>
-      <td>${fmtMB(p.bytes_received)}</td><td>${p.step}</td>
-      <td>${fmtLoss(p.loss)}</td><td>${short(p.hash)}</td><td>${short(p.probe)}</td></tr>`;
-  }).join("");
+    return { key: p.id, className: `${p.self ? "self" : ""}${forked}`, cells: [
+      ["", `<code class="peer-id">${escape(p.id)}</code>${p.self ? " (you)" : ""}`],
+      ["", `${escape(p.role)}${p.id === s.leader ? ", leader" : ""}`], ["", approval],
+      ["", escape(s.linkProblems[p.id] ? "no connection" : p.state || (p.connected ? "" : p.approved ? "not connected" : "waits for approval"))],
+      ["runtime", escape(p.runtime || "–")], ["", escape(gemm)],
+      ["cores", `${p.cores ?? "–"}`], ["ram", fmtBytes(p.ram)],
+      ["microbatch", fmtMs(p.microbatch_seconds)], ["share", fmtShare(p.share)],
+      ["tokens", fmtRate(p.tokens_per_s)], ["", fmtMB(p.bytes_sent)],
+      ["", fmtMB(p.bytes_received)], ["", `${p.step}`],
+      ["", fmtLoss(p.loss)], ["", short(p.hash)], ["", short(p.probe)]] };
+  }));
   // The pool: what the approved, connected peers bring together.
   const pool = s.peers.filter((p) => p.approved && p.connected);
   $("pooled").innerHTML = `<td>pooled: ${pool.length} peer(s)</td><td></td><td></td><td></td>
