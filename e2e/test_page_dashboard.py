@@ -77,7 +77,7 @@ def test_two_tabs_and_a_native_peer_on_the_dashboard_steered_by_the_leader(
         for page in (host, tab):
             wait(page, "s => s.paused", 30_000)
         paused = status(host)["step"]
-        native.wait_for(rf"paused at step {paused} by the leader", 30)
+        native.wait_for(rf"paused after step {paused} by the leader", 30)
         assert host.inner_text("#readiness").startswith(f"Paused after step {paused}")
         if os.environ.get("DAISYCHAIN_SCREENSHOTS") == "1":
             SCREENSHOTS.mkdir(exist_ok=True)
@@ -307,11 +307,16 @@ def test_a_runs_table_names_its_backend_briefly_and_shows_held_out_only_when_mea
     try:
         board.goto(f"{server_url}/dashboard")
         plain, measured = board.evaluate(new_run, "plain"), board.evaluate(new_run, "measured")
+        bare = board.evaluate(new_run, "bare")  # a backend said without "(...)" or ";"
         without = REPORT.replace("heldout: 2.4567, ", "")
         assert board.evaluate(without, [plain["run"], plain["token"], 0]) == 200
         assert board.evaluate(REPORT, [measured["run"], measured["token"], 0]) == 200
+        said_bare = REPORT.replace(
+            "'blas_float (torch on 9 shapes: faster there, measured); kernels: numba'",
+            "'blas_float  kernels numba'")
+        assert board.evaluate(said_bare, [bare["run"], bare["token"], 0]) == 200
         seen = {}
-        for run in (plain["run"], measured["run"]):
+        for run in (plain["run"], measured["run"], bare["run"]):
             cell = f"section.run[data-run='{run}'] td[data-col=backend]"
             board.wait_for_selector(cell)
             seen[run] = (board.locator(f"section.run[data-run='{run}'] thead th").all_inner_texts(),
@@ -323,3 +328,4 @@ def test_a_runs_table_names_its_backend_briefly_and_shows_held_out_only_when_mea
     assert backend == "blas_float · numba", backend
     assert title == "blas_float (torch on 9 shapes: faster there, measured); kernels: numba"
     assert "held-out" in seen[measured["run"]][0], seen[measured["run"]]
+    assert seen[bare["run"]][1] == "blas_float · numba", seen[bare["run"]]  # not "... · numba"

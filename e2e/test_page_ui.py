@@ -140,7 +140,8 @@ def test_errors_show_next_to_the_action_and_download_waits_for_a_run(
     finally:
         server.close()
     assert re.fullmatch(r"could not start: this config needs about 1[45]\.\d "
-                        r"GiB, only \d+\.\d [MG]iB a tab can hold; choose a smaller one \(width, "
+                        r"GiB, only \d+\.\d [MG]iB left of the 1\.5 GiB a tab can hold; choose a "
+                        r"smaller one \(width, "
                         r"layers, sequence, microbatch size\)", too_big[0]), too_big[0]
     assert too_big[1] < 15, f"refused after {too_big[1]:.0f} s"
     assert refused == "could not start: heads (4) must divide width (30)"
@@ -499,9 +500,10 @@ def test_a_member_is_told_when_the_hosts_page_is_gone(local_browser, tmp_path, c
         server.close()
     assert not shown_with_host
     assert local_link_said, "a loopback page's share link reaches no other machine"
-    assert said == ("The room's host is not connected (its page closed, or its join --create "
-                    "ended): nobody can approve or remove peers until it comes back. A run "
-                    "goes on without it."), said
+    assert said == ("The room's host is not connected. If its page closed (or its join "
+                    "--create ended), nobody can approve or remove peers in this room any more: "
+                    "whoever else should join needs a new room. If it only lost its "
+                    "connection, it can until it is back. A run goes on without it."), said
     assert away["hostAway"] and away["approved"], away
 
 

@@ -385,10 +385,11 @@ class NativePeer:
             if is_stop(given):  # the run's total set to the step reached
                 say(f"the leader stopped the run at step {given['step']}")
             elif change:
-                say(f"from step {fields['step']}: "
+                # the change's step is the last before it (a schedule's "after step N")
+                say(f"after step {given['step']}: "
                     + ", ".join(f"{k} {v}" for k, v in change.items()))
             else:
-                say(f"{'paused' if fields['paused'] else 'resumed'} at step {fields['step']} "
+                say(f"{'paused' if fields['paused'] else 'resumed'} after step {fields['step']} "
                     "by the leader")
         if kind in ("run", "step", "done", "failed", "leader") and self.mesh is not None:
             self.mesh.show(self.shown)

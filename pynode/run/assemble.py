@@ -92,7 +92,8 @@ def check_memory(cfg: RunConfig, task: Any, rank: int | None = None) -> None:
             who, ask = "", "choose a smaller one" if rank in (None, 0) else ask
         smaller = ("width, layers, sequence, microbatch size" if platform.IN_PYODIDE
                    else "--width, --layers, --seq, --microbatch-size")
-        here = ("a tab can hold" if platform.IN_PYODIDE else "available here")
+        here = (f"left of the {size_text(platform.PAGE_HEAP_BUDGET)} a tab can hold"
+                if platform.IN_PYODIDE else "available here")
         raise MemoryRefusal(f"{who}this config needs about {size_text(need)}, only "
                             f"{size_text(available)} {here}; {ask} ({smaller})")
 

@@ -481,9 +481,9 @@ export class PageNode extends EventTarget {
         const { step: at, ...changed } = f.change;
         this.say("info", isStop(f.change)
           ? `the leader stopped the run at step ${at}`
-          : `from step ${f.step}: ${Object.entries(changed).map(([k, v]) => `${k} ${v}`).join(", ")}`);
+          : `after step ${at}: ${Object.entries(changed).map(([k, v]) => `${k} ${v}`).join(", ")}`);
       } else {
-        this.say("info", f.paused ? `paused after step ${f.step}` : `resumed at step ${f.step}`);
+        this.say("info", `${f.paused ? "paused" : "resumed"} after step ${f.step}`);
       }
     } else if (kind === "bench") {
       s.bench = f;

@@ -43,7 +43,10 @@ const COLUMNS = [
 function shortBackend(r) {
   if (!r.backend) return "";
   const kernels = /kernels:? (\w+)/.exec(r.backend);
-  return r.backend.split(" (")[0].split(";")[0].trim() + (kernels ? ` · ${kernels[1]}` : "");
+  // its first words: before " (", ";" or " kernels" ("blas_float kernels numba" read
+  // "blas_float kernels numba · numba")
+  const name = r.backend.split(" (")[0].split(";")[0].split(" kernels")[0].trim();
+  return name + (kernels ? ` · ${kernels[1]}` : "");
 }
 
 function fixed(value, digits) {

@@ -427,7 +427,7 @@ def test_a_stop_by_the_leader_reads_as_one(capsys):
     NativePeer.report(peer, "control", {"step": 5, "paused": False,
                                         "change": {"step": 5, "steps": 300, "lr": 0.002}})
     said = [line.split(" ", 1)[1] for line in capsys.readouterr().err.splitlines()]
-    assert said == ["the leader stopped the run at step 46", "from step 5: steps 300, lr 0.002"]
+    assert said == ["the leader stopped the run at step 46", "after step 5: steps 300, lr 0.002"]
 
 
 def test_a_stay_peer_stopped_between_runs_says_its_save_holds_the_last_run(tmp_path, capsys):

@@ -180,7 +180,7 @@ def test_the_leaders_stop_is_said_as_a_stop():
     fewer = ["onReport", "control", {"step": 5, "paused": False,
                                      "change": {"step": 5, "steps": 300, "lr": 0.002}}]
     said = [m["text"] for m in replay([run, fewer, stop])["messages"]]
-    assert said[-2:] == ["from step 5: steps 300, lr 0.002",
+    assert said[-2:] == ["after step 5: steps 300, lr 0.002",
                          "the leader stopped the run at step 283"], said
 
 
