@@ -225,6 +225,12 @@ def test_absurd_run_lengths_are_refused_in_the_pages_words(local_browser, tmp_pa
         steer_said = page.inner_text("#steer-error")
         # beside the steer panel's controls, not under the run form (a newcomer trial)
         run_form_quiet = page.is_hidden("#form-error")
+        page.fill("#steer-lr", "0.0005")  # a valid learning rate beside refused steps
+        page.click("#apply-change")
+        page.wait_for_function("() => document.querySelector('#steer-error').innerText"
+                               ".includes('neither')", timeout=30_000)
+        both_said = page.inner_text("#steer-error")
+        page.fill("#steer-lr", "")
         steps_then = status(page)["steps"]
         page.evaluate("(request) => daisychain.steer(request)", {"stop": True})
         wait(page, "s => ['done', 'failed'].includes(s.state)", 60_000)
@@ -236,6 +242,8 @@ def test_absurd_run_lengths_are_refused_in_the_pages_words(local_browser, tmp_pa
                          '"1e30"'), seed_said
     assert (before_run["state"], before_run["run"]) == ("ready", None), before_run
     assert steer_said == 'not applied: steps must be at most 10,000,000, got "1e12"', steer_said
+    assert both_said == ('not applied (neither field: the change is one): steps must be at most '
+                         '10,000,000, got "1e12"'), both_said
     assert run_form_quiet, "the steering refusal shows under the run form too"
     assert steps_then == 5000
 

@@ -693,6 +693,9 @@ $("config-form").addEventListener("submit", timed((event) => {
 $("log-scale").addEventListener("change", timed(() => render()));
 
 const steerError = (text) => actionError(text, $("steer-error"));
+// A change of both fields is applied whole or not at all: said, so that the valid one is
+// not thought applied (a trial: a learning rate dropped beside refused steps, unsaid).
+const notApplied = (both) => `not applied${both ? " (neither field: the change is one)" : ""}: `;
 
 function steer(request) {
   steerError("");
@@ -700,7 +703,7 @@ function steer(request) {
     const last = node.status().messages.findLast((m) => m.level === "error");
     if (/^(change )?not applied/.test(last?.text ?? "")) dismissedError = `${last.at} ${last.text}`;
     render();
-  }, (err) => steerError(`not applied: ${err.message}`));
+  }, (err) => steerError(notApplied("lr" in request && "steps" in request) + err.message));
 }
 
 $("pause").addEventListener("click", timed(() => steer({ pause: true })));
@@ -713,7 +716,7 @@ $("steer").addEventListener("submit", timed((event) => {
   if ($("steer-steps").value) {
     const problem = numberProblem("steps", "steps", $("steer-steps").value, whole);
     if (problem) {
-      steerError(`not applied: ${problem}`);
+      steerError(notApplied(Boolean($("steer-lr").value)) + problem);
       return;
     }
     request.steps = given($("steer-steps").value);
