@@ -47,6 +47,17 @@ def host_and_member(browser: Any, server: LocalServer, console: list[str]) -> tu
     return host, open_page(browser, f"{server.url}/?room={status(host)['room']}", console)
 
 
+def training_alone(browser: Any, server: LocalServer, console: list[str], steps: int) -> Any:
+    """A host's page of a new private room training TINY alone for `steps`, past step 1."""
+    page = open_page(browser, f"{server.url}/?create=1", console)
+    wait_booted(page)
+    for name, value in {**TINY, "steps": str(steps)}.items():
+        page.fill(f"#config-form [name={name}]", value)
+    page.click("#start")
+    wait(page, "s => s.state === 'training' && s.step >= 1", 120_000)
+    return page
+
+
 def top(page: Any, selector: str) -> float:
     return page.locator(selector).bounding_box()["y"]
 
@@ -767,12 +778,7 @@ def test_the_host_approves_with_a_click_while_its_run_renders(local_browser, tmp
     release and no click landed (a trial: 0 of 5)."""
     server = local_server(tmp_path)
     try:
-        host = open_page(local_browser, f"{server.url}/?create=1", console)
-        wait_booted(host)
-        for name, value in {**TINY, "steps": "100000"}.items():
-            host.fill(f"#config-form [name={name}]", value)
-        host.click("#start")
-        wait(host, "s => s.state === 'training' && s.step >= 1", 120_000)
+        host = training_alone(local_browser, server, console, steps=100_000)
         member = open_page(local_browser, f"{server.url}/?room={status(host)['room']}", console)
         member_id = status(member)["peerId"]
         button = host.locator(f'tr[data-peer="{member_id}"] button[data-approve]')
@@ -846,12 +852,7 @@ def test_a_page_training_alone_asks_before_it_is_closed_and_says_what_steering_n
     both fields empty did nothing and said nothing."""
     server = local_server(tmp_path)
     try:
-        page = open_page(local_browser, f"{server.url}/?create=1", console)
-        wait_booted(page)
-        for name, value in {**TINY, "steps": "5000"}.items():
-            page.fill(f"#config-form [name={name}]", value)
-        page.click("#start")
-        wait(page, "s => s.state === 'training' && s.step >= 1", 120_000)
+        page = training_alone(local_browser, server, console, steps=5000)
         assert page.is_disabled("#upload")  # a resume is refused during a run
         page.click("#apply-change")  # both fields empty
         page.wait_for_selector("#steer-error", state="visible")

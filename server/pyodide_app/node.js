@@ -234,9 +234,9 @@ export class PageNode extends EventTarget {
   }
 
   // This tab goes (pagehide): the others must say the page left, not that they lost it.
-  // "bye" on each link's ui channel first (Mesh.sayBye): out at once, where the run
-  // protocol's `bye` on "data" waits behind a large message the page closes before it is
-  // sent; the receivers hand it on as that `bye`. Then the `bye` itself on "data" (the
+  // "bye" on each link's ui channel first (Mesh.sayBye): its own stream, ahead of a large
+  // message queued on "data" (not always out before the page's WebRTC goes: BROWSER.md);
+  // the receivers hand it on as the run protocol's `bye`. Then that `bye` on "data" (the
   // worker gave its bytes at boot; it may not run again now), behind this page's other
   // messages, where it gets through.
   sayGoodbye() {

@@ -93,8 +93,9 @@ def test_the_page_plans_against_what_is_left_of_its_heap_budget(monkeypatch):
     monkeypatch.setattr(platform, "IN_PYODIDE", True)
     monkeypatch.setattr(platform, "heap_bytes", lambda: heap[0])
     assert platform.memory_bytes() == platform.PAGE_HEAP_BUDGET - heap[0]
-    with pytest.raises(MemoryRefusal, match=r"needs about 1[45]\.\d GiB, only 1\.2 GiB a "
-                       r"tab can hold; choose a smaller one \(width, layers, sequence"):
+    with pytest.raises(MemoryRefusal, match=r"needs about 1[45]\.\d GiB, only 1\.2 GiB left "
+                       r"of the 1\.5 GiB a tab can hold; choose a smaller one \(width, layers, "
+                       r"sequence"):
         check_memory(RunConfig(width=2048, layers=12, heads=8), load_task("gpt"))
     check_memory(RunConfig(), load_task("gpt"))
     heap[0] = platform.PAGE_HEAP_LIMIT + 2**20
