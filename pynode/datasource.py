@@ -22,7 +22,7 @@ from pynode import platform
 from pynode.core.errors import DaisyError
 from pynode.corpus import builtin_corpus, byte_windows
 from pynode.datafile import DataFileError, file_text, is_file_spec, split_spec
-from pynode.platform import http_get_text
+from pynode.platform import failure_words, http_get_text
 
 PAD_BYTE = 0x20  # /data may answer up to 3 bytes short (whole UTF-8 characters)
 # Held-out loss on (RunConfig.eval_every): the last 1/HELDOUT_SHARE of a built-in or file
@@ -170,10 +170,10 @@ def server_slice(data: str, query: dict, fallback: str) -> tuple[bytes, dict]:
                 from exc
         reply = error_body(exc)
     except OSError as exc:  # urllib's URLError wraps what the connection met: say that
-        reason = getattr(exc, "reason", exc)
-        what = ("nothing listens there (connection refused): is the server running, on that "
-                "address and port?" if isinstance(reason, ConnectionRefusedError)
-                else f"{reason}")
+        what = failure_words(exc)
+        if what == "connection refused":
+            what = ("nothing listens there (connection refused): is the server running, on "
+                    "that address and port?")
         raise DataSourceError(f"data server {data} cannot be reached: {what} "
                               f"({here(UNREACHABLE_HINT)})") from exc
     except ValueError as exc:

@@ -112,6 +112,36 @@ def http_get_text(url: str, timeout: float = 30.0) -> str:
         return response.read().decode("utf-8")
 
 
+def failure_words(exc: BaseException) -> str:
+    """Why a read of a URL or file failed, as a person says it ("HTTP 404 Not Found",
+    "connection refused", "No such file or directory"), not Python's reprs of urllib's
+    errors: the server's word of a shard it cannot read, a trainer's of a server."""
+    import http
+    import socket
+    import urllib.error
+
+    from pynode.core.errors import DaisyError
+
+    if isinstance(exc, urllib.error.HTTPError):
+        try:
+            phrase = http.HTTPStatus(exc.code).phrase
+        except ValueError:
+            phrase = str(exc.reason)
+        return f"HTTP {exc.code} {phrase}"
+    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    if isinstance(reason, TimeoutError):
+        return "no answer in time (timed out)"
+    if isinstance(reason, socket.gaierror):
+        return f"its host name does not resolve ({reason.strerror})"
+    if isinstance(reason, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(reason, OSError) and reason.strerror:
+        return reason.strerror
+    if isinstance(reason, DaisyError | str):  # already in words (ShardError, ...)
+        return str(reason)
+    return f"{type(reason).__name__}: {reason}"
+
+
 def _page_get_text(url: str) -> str:
     """http_get_text in the page: a synchronous XMLHttpRequest (the worker may block), its
     failures in the native forms (a JavaScript NetworkError, say a server gone or a host the

@@ -10,14 +10,11 @@ the built-in answer into a 503, for peers that would rather wait than train on o
 
 from __future__ import annotations
 
-import http
 import http.client
 import logging
 import math
-import socket
 import threading
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from importlib import resources
@@ -29,6 +26,7 @@ from flask import Blueprint, current_app, jsonify, request
 from flask.typing import ResponseReturnValue
 
 from pynode.core.errors import DaisyError
+from pynode.platform import failure_words
 from server import slicing
 from server.config import ServerConfig
 from server.shards import Shards
@@ -118,7 +116,7 @@ class DataService:
         return down_reason(url, cause, until - time.monotonic())
 
     def _mark_down(self, url: str, exc: Exception) -> str:
-        cause = cause_in_words(exc)
+        cause = failure_words(exc)
         for name in (url, url.removeprefix("file://")):  # as given, and as opened
             cause = cause.replace(name, public_name(url))
         cause = cause[:300]
@@ -147,31 +145,6 @@ def down_reason(url: str, cause: str, retry_in_s: float) -> str:
     tries it again."""
     return (f"shard {public_name(url)}: {cause}; the server tries it again in "
             f"{max(1, math.ceil(retry_in_s))} s")
-
-
-def cause_in_words(exc: Exception) -> str:
-    """Why a shard read failed, as a person says it: "HTTP 404 Not Found", "connection
-    refused", "No such file or directory", not Python's reprs of urllib's errors."""
-    if isinstance(exc, urllib.error.HTTPError):
-        try:
-            phrase = http.HTTPStatus(exc.code).phrase
-        except ValueError:
-            phrase = str(exc.reason)
-        return f"HTTP {exc.code} {phrase}"
-    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-    if isinstance(reason, TimeoutError):
-        return "no answer in time (timed out)"
-    if isinstance(reason, socket.gaierror):
-        return f"its host name does not resolve ({reason.strerror})"
-    if isinstance(reason, ConnectionRefusedError):
-        return "connection refused"
-    if isinstance(reason, OSError) and reason.strerror:
-        return reason.strerror
-    if isinstance(reason, DaisyError):  # ShardError, RangeRequestError: already in words
-        return str(reason)
-    if isinstance(reason, str):
-        return reason
-    return f"{type(reason).__name__}: {reason}"
 
 
 def _load_corpus(path: Path | None) -> tuple[bytes, str]:
