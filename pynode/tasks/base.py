@@ -45,10 +45,6 @@ class Task(Protocol):
     sample(cfg, step, index) -> batch   microbatch `index` of `step`: same bits on every peer
     loss(model, params, batch, key)     -> (loss float32, grads {name: float32 array})
 
-    Optional: `products_stay = True` says the model never writes into a GEMM's operands
-    or result after the call (as pynode.core.layers), so the per-call product check may
-    run beside the model and be settled after the microbatch (Gemm.defer_checks).
-
     Optional: check_data(cfg) raises an error for data this peer cannot read, before any
     step (a DaisyError is said as it is, any other as TaskDataError with its type);
     build_model never reads data (generation and checkpoint checks build the model
