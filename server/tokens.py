@@ -41,8 +41,8 @@ def load_secret(secret: str | None, data_dir: Path) -> bytes:
     SecretError, saying what to do, for a key file that is not a key: one cut short or empty
     (a crash between creating and writing it) would sign tokens anyone can forge."""
     if secret is not None:
-        if len(secret) < 16:
-            raise SecretError("the signaling secret must be at least 16 characters")
+        if len(secret) < MIN_KEY_BYTES:
+            raise SecretError(f"the signaling secret must be at least {MIN_KEY_BYTES} characters")
         return secret.encode("utf-8")
     if data_dir.exists() and not data_dir.is_dir():
         raise SecretError(f"the server's data folder {data_dir} is a file: give a folder "
