@@ -377,7 +377,7 @@ class NativePeer:
         elif kind == "leader":
             self.shown["leader"] = fields["leader"]
             who = "this peer" if fields["leader"] == self.room.id else fields["leader"]
-            say(f"the run goes on from step {fields['step']} led by {who}, with "
+            say(f"the run goes on after step {fields['step']} led by {who}, with "
                 f"{len(fields['ranks'])} peer(s)")
         elif kind == "control":
             given = fields.get("change") or {}

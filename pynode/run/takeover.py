@@ -150,7 +150,7 @@ class Takeover:
             left = peer in self.departed
             self.report("event", {"level": "info" if left else "warn", "text":
                                   f"{'peer ' + peer + ' left' if left else 'lost peer ' + peer}"
-                                  f" with the leader {gone}: the run goes on from step {step} "
+                                  f" with the leader {gone}: the run goes on after step {step} "
                                   "without it"})
 
     async def follow(self, run: Run, leader: str, head: dict[str, Any], gone: str,

@@ -462,14 +462,14 @@ export class PageNode extends EventTarget {
       if (f.run) this.say("info", `asked ${f.leader} to join its run: admitted at its next ` +
         "step (not while it is paused)");
     } else if (kind === "leader") {
-      // The leader vanished: the run goes on from step f.step (steps past it are computed
+      // The leader vanished: the run goes on after step f.step (steps past it are computed
       // again, to the same hashes), led by f.leader. The new leader's word at that boundary
       // carries the old one's change of it again: the record keeps only those before it.
       Object.assign(s, { leader: f.leader, step: f.step,
         history: s.history.filter(h => h.step <= f.step),
         config: f.config, schedule: f.schedule, stoppedFrom: null });
       s.failovers.push({ lost: f.lost, leader: f.leader, step: f.step });
-      this.say("warn", `the run goes on from step ${f.step} led by ` +
+      this.say("warn", `the run goes on after step ${f.step} led by ` +
         `${f.leader === s.peerId ? "this page" : f.leader}, with ${f.ranks.length} peer(s)`);
     } else if (kind === "control") {
       s.paused = f.paused;

@@ -472,7 +472,7 @@ def test_a_member_lost_with_the_leader_is_named(checks, reference):
             assert page.hashes() == {s + 1: h for s, h in enumerate(reference[:8])}
             (change,) = page.kinds("leader")
             named = [e["text"] for e in page.kinds("event") if "tab3" in e["text"]]
-            assert named == [f"lost peer tab3 with the leader tab0: the run goes on from step "
+            assert named == [f"lost peer tab3 with the leader tab0: the run goes on after step "
                              f"{change['step']} without it"], page.kinds("event")
     run(body())
 
