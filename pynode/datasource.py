@@ -34,6 +34,12 @@ HELDOUT_STEP = 2**62
 PARTS = ("all", "train", "heldout")
 
 log = logging.getLogger(__name__)
+
+# A data server's answer: given up on after ANSWER_TIMEOUT_S; a line once it has been
+# SLOW_ANSWER_S without one (a server that took the connection and hangs kept a run
+# silent for the whole timeout, a trial).
+ANSWER_TIMEOUT_S = 30.0
+SLOW_ANSWER_S = 5.0
 _warned: set[str] = set()  # servers whose built-in fallback this process has warned of
 
 
@@ -158,7 +164,7 @@ def server_slice(data: str, query: dict, fallback: str) -> tuple[bytes, dict]:
         query = {**query, "fallback": 0}
     url = f"{data.rstrip('/')}/data?{urlencode(query)}"
     try:
-        reply = json.loads(http_get_text(url))
+        reply = json.loads(_answer(data, url))
     except HTTPError as exc:  # natively; the page's open_url hands over a 503's body
         if exc.code != 503:
             root = data.rstrip("/").removesuffix("/data")
@@ -192,6 +198,24 @@ def server_slice(data: str, query: dict, fallback: str) -> tuple[bytes, dict]:
                     "in their place while they fail (--data-fallback builtin)", data,
                     reply.get("reason", "no reason given"))
     return raw, reply
+
+
+def _answer(data: str, url: str) -> str:
+    """http_get_text(url), saying so, natively, when the data server `data` has taken
+    SLOW_ANSWER_S without an answer (the page's request runs on a worker of its own)."""
+    if platform.IN_PYODIDE:
+        return http_get_text(url, timeout=ANSWER_TIMEOUT_S)
+    import threading
+
+    timer = threading.Timer(SLOW_ANSWER_S, log.warning, (
+        "data server %s has not answered in %g s; waiting up to %g s in all",
+        data, SLOW_ANSWER_S, ANSWER_TIMEOUT_S))
+    timer.daemon = True
+    timer.start()
+    try:
+        return http_get_text(url, timeout=ANSWER_TIMEOUT_S)
+    finally:
+        timer.cancel()
 
 
 def error_body(exc: HTTPError) -> dict:

@@ -141,10 +141,10 @@ def test_what_to_do_about_a_data_server_is_said_in_the_words_of_its_runtime(monk
     flags = ("--data builtin", "--data-fallback", "python -m server")
     page = 'a run with text "built-in corpus" (the run form) needs'
 
-    def refused(*_args):
+    def refused(*_args, **_kwargs):
         raise URLError(ConnectionRefusedError(111, "Connection refused"))
 
-    def unreadable(url, *_args):
+    def unreadable(url, *_args, **_kwargs):
         body = b'{"error": "source_unavailable", "message": "shard 0 unavailable"}'
         raise HTTPError(url, 503, "Service Unavailable", None, io.BytesIO(body))  # type: ignore[arg-type]
 
@@ -159,3 +159,31 @@ def test_what_to_do_about_a_data_server_is_said_in_the_words_of_its_runtime(monk
             assert page in said and not any(flag in said for flag in flags), said
         else:
             assert page not in said and any(flag in said for flag in flags[:2]), said
+
+
+def test_a_data_server_that_takes_the_connection_and_never_answers_is_said(monkeypatch, caplog):
+    """A server that accepts and hangs: a line once it is slow, then the timeout in words
+    (the run sat silent for the whole 30 s, a trial)."""
+    import socket
+    import time
+
+    from pynode import datasource
+
+    hangs = socket.create_server(("127.0.0.1", 0))  # accepts (the backlog), never answers
+    port = hangs.getsockname()[1]
+    monkeypatch.setattr(datasource, "SLOW_ANSWER_S", 0.2)
+    monkeypatch.setattr(datasource, "ANSWER_TIMEOUT_S", 1.5)
+    started = time.monotonic()
+    try:
+        with caplog.at_level("WARNING", logger="pynode.datasource"), \
+                pytest.raises(datasource.DataSourceError) as raised:
+            datasource.server_slice(f"http://127.0.0.1:{port}", {"rows": 1, "length": 8},
+                                    "none")
+    finally:
+        hangs.close()
+    assert 1.4 < time.monotonic() - started < 10
+    assert f"data server http://127.0.0.1:{port} cannot be reached: no answer in time " \
+           "(timed out)" in str(raised.value), raised.value
+    slow = [r.getMessage() for r in caplog.records if "has not answered" in r.getMessage()]
+    assert slow == [f"data server http://127.0.0.1:{port} has not answered in 0.2 s; waiting "
+                    "up to 1.5 s in all"], caplog.text
