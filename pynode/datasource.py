@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from functools import lru_cache
 from urllib.error import HTTPError
 from urllib.parse import urlencode
@@ -34,12 +35,6 @@ HELDOUT_STEP = 2**62
 PARTS = ("all", "train", "heldout")
 
 log = logging.getLogger(__name__)
-
-# A data server's answer: given up on after ANSWER_TIMEOUT_S; a line once it has been
-# SLOW_ANSWER_S without one (a server that took the connection and hangs kept a run
-# silent for the whole timeout, a trial).
-ANSWER_TIMEOUT_S = 30.0
-SLOW_ANSWER_S = 5.0
 _warned: set[str] = set()  # servers whose built-in fallback this process has warned of
 
 
@@ -122,12 +117,13 @@ def url_text(data: str) -> np.ndarray:
     if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
         raise DataSourceError(f"data {data!r}: expected URL#sha256=<64 hex digits>")
     try:
-        raw = http_get_text(url).encode("utf-8")
+        raw = http_get_text(url, slow_note(f"the run's text {url}")).encode("utf-8")
     except HTTPError as exc:
         reason = error_body(exc).get("message")
         raise DataSourceError(f"the run's text {url} answered {exc.code}: {reason}") from exc
     except (OSError, ValueError) as exc:
-        raise DataSourceError(f"the run's text {url} could not be read: {exc}") from exc
+        raise DataSourceError(f"the run's text {url} could not be read: "
+                              f"{failure_words(exc)}") from exc
     have = hashlib.sha256(raw).hexdigest()
     if have != digest:
         raise DataSourceError(f"the text at {url} has sha256 {have[:16]}..., the run's is "
@@ -164,7 +160,7 @@ def server_slice(data: str, query: dict, fallback: str) -> tuple[bytes, dict]:
         query = {**query, "fallback": 0}
     url = f"{data.rstrip('/')}/data?{urlencode(query)}"
     try:
-        reply = json.loads(_answer(data, url))
+        reply = json.loads(http_get_text(url, slow_note(f"data server {data}")))
     except HTTPError as exc:  # natively; the page's open_url hands over a 503's body
         if exc.code != 503:
             root = data.rstrip("/").removesuffix("/data")
@@ -200,22 +196,10 @@ def server_slice(data: str, query: dict, fallback: str) -> tuple[bytes, dict]:
     return raw, reply
 
 
-def _answer(data: str, url: str) -> str:
-    """http_get_text(url), saying so, natively, when the data server `data` has taken
-    SLOW_ANSWER_S without an answer (the page's request runs on a worker of its own)."""
-    if platform.IN_PYODIDE:
-        return http_get_text(url, timeout=ANSWER_TIMEOUT_S)
-    import threading
-
-    timer = threading.Timer(SLOW_ANSWER_S, log.warning, (
-        "data server %s has not answered in %g s; waiting up to %g s in all",
-        data, SLOW_ANSWER_S, ANSWER_TIMEOUT_S))
-    timer.daemon = True
-    timer.start()
-    try:
-        return http_get_text(url, timeout=ANSWER_TIMEOUT_S)
-    finally:
-        timer.cancel()
+def slow_note(what: str) -> Callable[[float, float], None]:
+    """http_get_text's on_slow: a warning that `what` has not answered yet."""
+    return lambda after, limit: log.warning("%s has not answered in %g s; waiting up to %g s "
+                                            "in all", what, after, limit)
 
 
 def error_body(exc: HTTPError) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 
 IN_PYODIDE = sys.platform == "emscripten" or "pyodide" in sys.modules
 
@@ -100,16 +101,34 @@ def has_torch() -> bool:
     return True
 
 
-def http_get_text(url: str, timeout: float = 30.0) -> str:
+# A GET is given up on after HTTP_TIMEOUT_S; `on_slow` is called once it has gone
+# SLOW_ANSWER_S without an answer (a server that took the connection and hung kept a run
+# silent for the whole timeout, a trial).
+HTTP_TIMEOUT_S = 30.0
+SLOW_ANSWER_S = 5.0
+
+
+def http_get_text(url: str, on_slow: Callable[[float, float], object] | None = None) -> str:
     """GET `url` and return its body as text (blocking: a worker thread in the page). As
     natively, an error answer raises urllib's HTTPError (its body readable) and no answer
-    at all OSError."""
+    at all OSError. Natively `on_slow(SLOW_ANSWER_S, HTTP_TIMEOUT_S)` says a slow answer
+    (in the page the request runs on a worker of its own, under the browser's timeout)."""
     if IN_PYODIDE:
         return _page_get_text(url)
+    import threading
     import urllib.request
 
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        return response.read().decode("utf-8")
+    timer = None
+    if on_slow is not None:
+        timer = threading.Timer(SLOW_ANSWER_S, on_slow, (SLOW_ANSWER_S, HTTP_TIMEOUT_S))
+        timer.daemon = True
+        timer.start()
+    try:
+        with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S) as response:
+            return response.read().decode("utf-8")
+    finally:
+        if timer is not None:
+            timer.cancel()
 
 
 def failure_words(exc: BaseException) -> str:

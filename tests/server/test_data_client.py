@@ -161,29 +161,35 @@ def test_what_to_do_about_a_data_server_is_said_in_the_words_of_its_runtime(monk
             assert page not in said and any(flag in said for flag in flags[:2]), said
 
 
-def test_a_data_server_that_takes_the_connection_and_never_answers_is_said(monkeypatch, caplog):
-    """A server that accepts and hangs: a line once it is slow, then the timeout in words
-    (the run sat silent for the whole 30 s, a trial)."""
+@pytest.mark.parametrize("read", ["server", "text"])
+def test_a_server_that_takes_the_connection_and_never_answers_is_said(monkeypatch, caplog,
+                                                                       read):
+    """A data server (--data http://HOST:PORT) or a run's text URL (URL#sha256=...) that
+    accepts and hangs: a line once it is slow, then the timeout in words (the run sat
+    silent for the whole 30 s, a trial)."""
     import socket
     import time
 
-    from pynode import datasource
+    from pynode import datasource, platform
 
     hangs = socket.create_server(("127.0.0.1", 0))  # accepts (the backlog), never answers
-    port = hangs.getsockname()[1]
-    monkeypatch.setattr(datasource, "SLOW_ANSWER_S", 0.2)
-    monkeypatch.setattr(datasource, "ANSWER_TIMEOUT_S", 1.5)
+    address = f"http://127.0.0.1:{hangs.getsockname()[1]}"
+    monkeypatch.setattr(platform, "SLOW_ANSWER_S", 0.2)
+    monkeypatch.setattr(platform, "HTTP_TIMEOUT_S", 1.5)
     started = time.monotonic()
     try:
         with caplog.at_level("WARNING", logger="pynode.datasource"), \
                 pytest.raises(datasource.DataSourceError) as raised:
-            datasource.server_slice(f"http://127.0.0.1:{port}", {"rows": 1, "length": 8},
-                                    "none")
+            if read == "server":
+                datasource.server_slice(address, {"rows": 1, "length": 8}, "none")
+            else:
+                datasource.url_text(f"{address}/t.txt#sha256={'0' * 64}")
     finally:
         hangs.close()
     assert 1.4 < time.monotonic() - started < 10
-    assert f"data server http://127.0.0.1:{port} cannot be reached: no answer in time " \
-           "(timed out)" in str(raised.value), raised.value
+    what, failed = ((f"data server {address}", "cannot be reached") if read == "server" else
+                    (f"the run's text {address}/t.txt", "could not be read"))
+    assert f"{what} {failed}: no answer in time (timed out)" in str(raised.value), raised.value
     slow = [r.getMessage() for r in caplog.records if "has not answered" in r.getMessage()]
-    assert slow == [f"data server http://127.0.0.1:{port} has not answered in 0.2 s; waiting "
-                    "up to 1.5 s in all"], caplog.text
+    assert slow == [f"{what} has not answered in 0.2 s; waiting up to 1.5 s in all"], \
+        caplog.text
