@@ -16,10 +16,10 @@ sum across lanes anywhere (the loops numba emits spend much of their time on per
 sums). u = sum_d 256**d (acc_d - 128 sum_i digit_d(s_i)), exact in int64; every lane
 stays below 2**31 for M <= 2**14.
 
-What the check would need around it (not built): s (one 20-bit entry a row of A, from
-the project RNG), s^T C (vertical, int64) and (s^T A) B compared for a row-major A; the
-right-hand form as now for a column-major A (or this kernel on A^T with B r's digits);
-tails of M % 4 and K % 64; a reference, gate cases and a fallback without VNNI.
+The whole check was later built around this kernel (both identities, tails, C's column
+sums, linked into numba): exact, and slower in the step than the int64 loops it would
+have replaced (docs/VERIFICATION.md item 4, "2026-12-06, evening"). This script keeps
+the kernel's own measurement.
 """
 
 from __future__ import annotations
