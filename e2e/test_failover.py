@@ -10,6 +10,7 @@ the death to the first step completed under the new leader is printed and held t
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -42,7 +43,7 @@ def seconds_to_new_leaders_step(page, lost: str, died_at: float) -> float:
 def test_a_closed_leader_tab_is_replaced_and_no_bit_changes(tabs, natives, native_reference):
     """A tab leads the room's host tab and a native peer; it is closed after step 3. The
     next member in rank order leads, and both survivors end on the reference hashes; the
-    native peer says the leader left (its goodbye came before its links closed)."""
+    native peer names the leader's going (left, or lost when its goodbye came too late)."""
     config = {**SMALL, "seed": 31, "steps": 40}  # still under way when the close lands
     host = tabs.open("?create=1")
     leader = tabs.open(f"?room={status(host)['room']}")
@@ -66,8 +67,11 @@ def test_a_closed_leader_tab_is_replaced_and_no_bit_changes(tabs, natives, nativ
     assert failover["leader"] == ranks[1] and status(host)["state"] == "done"
     assert f"led by {'this peer' if ranks[1] == native.peer_id else ranks[1]}" \
         in native.messages()
-    # the tab said `bye` as it went: it left, it was not lost
-    assert f"the leader {leader_id} left after step" in native.messages(), native.messages()
+    # the tab says `bye` as it goes (it left), but a leader's link is busy with a step's
+    # large message as it closes, and the page's WebRTC may go before even the ui
+    # channel's `bye` is out (BROWSER.md): then it was lost. A CI run saw that once.
+    assert re.search(rf"(the leader {leader_id} left|lost the leader {leader_id}) after step",
+                     native.messages()), native.messages()
     print(f"leader tab closed: {cost:.2f} s from its death to the new leader's first step")
     assert cost <= FAILOVER_BUDGET_S
 

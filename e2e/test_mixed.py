@@ -195,8 +195,8 @@ def test_faults_across_the_mesh_cost_time_not_bits(tabs, natives, native_referen
     # the killed and the stalled peer were lost; the closed tab left or, when its link was
     # still sending a step's large message as it closed, was lost too: its `bye`, on the ui
     # channel ahead of the data channel's queue, still did not get out before the page's
-    # WebRTC was torn down in a CI run (BROWSER.md). That a closed tab says goodbye is
-    # test_failover.py's (its leader tab); here it failed 3 CI runs in 5 on a fast machine.
+    # WebRTC was torn down in a CI run (BROWSER.md; test_failover.py's closed leader tab
+    # too). Here it failed 3 CI runs in 5 on a fast machine.
     lost = {peer: int(step) for peer, step in
             re.findall(r"(?:lost )?peer (\S+) (?:left )?at step (\d+)", leader.messages())}
     assert set(lost) == {killed.peer_id, stalled.peer_id, tab_id}, leader.messages()
