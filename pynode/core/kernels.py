@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import detmath, fastmath, fixedpoint, optim, quant, rng
+from .errors import ShapeError
 
 
 class Kernels:
@@ -39,6 +40,35 @@ class Kernels:
 
     def epilogue(self, acc: np.ndarray, sa: np.ndarray, sb: np.ndarray) -> np.ndarray:
         return quant.epilogue(acc, sa, sb)
+
+    # Whether the product check's sums may ride in quantize_dots and epilogue_checked
+    # (pynode/core/gemm/check.py, "fused"): where they are one pass with the work around
+    # them (native_kernels), not here, where they would be extra numpy passes.
+    fuses_check = False
+
+    def quantize_dots(self, x: np.ndarray, axis: int, key: tuple[int, ...] | None,
+                      w: np.ndarray):
+        """quantize(x, axis, key) and each row's dot with w: dots[..., i] = sum_c
+        q[..., i, c] * w[..., c], exact int64 (wrapping), for w int64 of x's last size
+        (one vector, or one a batch matrix). -> (q, scale, dots)."""
+        q, scale = self.quantize(x, axis, key)
+        lead = x.shape[:-2]
+        if not (isinstance(w, np.ndarray) and w.dtype == np.int64
+                and w.shape in (x.shape[-1:], lead + x.shape[-1:])):
+            raise ShapeError(f"quantize_dots: w must be int64 of shape {x.shape[-1:]} or "
+                             f"{lead + x.shape[-1:]} for x {x.shape}, got {quant.describe(w)}")
+        return q, scale, _row_dots(q, w)
+
+    def epilogue_checked(self, acc: np.ndarray, sa: np.ndarray, sb: np.ndarray,
+                         r: np.ndarray, lhs: np.ndarray) -> tuple[np.ndarray, bool]:
+        """epilogue(acc, sa, sb), and whether acc @ r == lhs (each row's dot with r (N,)
+        int64 against lhs (..., M) int64, wrapping): the per-call check's C side."""
+        out = self.epilogue(acc, sa, sb)  # its refusals first
+        for name, v, want in (("r", r, acc.shape[-1:]), ("lhs", lhs, acc.shape[:-1])):
+            if not (isinstance(v, np.ndarray) and v.dtype == np.int64 and v.shape == want):
+                raise ShapeError(f"epilogue_checked: {name} must be int64 of shape {want} for "
+                                 f"acc {acc.shape}, got {quant.describe(v)}")
+        return out, bool(np.array_equal(_row_dots(acc, r), lhs))
 
     def gelu_with_grad(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return fastmath.gelu_with_grad(x)
@@ -84,6 +114,12 @@ class Kernels:
         return optim.adamw_elementwise(p, g, m, v, scalars)
 
 
+def _row_dots(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """sum_c x[..., i, c] * w[..., c] in int64 (exact mod 2**64), (..., R)."""
+    w = np.asarray(w, np.int64)
+    return np.matmul(x.astype(np.int64), w[..., None])[..., 0]
+
+
 REFERENCE = Kernels()
 
 
@@ -117,8 +153,29 @@ def _cases(seed: int = 0x6A7E):
                         ("transposed", mat.T), ("btransposed", batched.transpose(0, 2, 1)))
         for axis in (-1, -2) for key in (None, (7, 3, 1, 2))
     )
+    for what, x in (("mat", mat), ("batched", batched), ("wide", wide),
+                    ("transposed", mat.T), ("btransposed", batched.transpose(0, 2, 1))):
+        # the check's vectors: r's 20-bit entries, B @ r's sums, and wrapping ones
+        lead = x.shape[:-2] if x.ndim == 3 else ()
+        for size, w in (("r", g.integers(0, 1 << 20, x.shape[-1])),
+                        ("sums", g.integers(-(2**40), 2**40, lead + x.shape[-1:])),
+                        ("wrapping", g.integers(-(2**62), 2**62, x.shape[-1]))):
+            for axis in (-1, -2):
+                for key in (None, (7, 3, 1, 2)):
+                    yield (f"quantize_dots.{what}.{size}.{axis}.{key is not None}",
+                           "quantize_dots", (x, axis, key, w))
     acc = g.integers(-(2**31), 2**31, (3, 17, 9), dtype=np.int64).astype(np.int32)
     yield "epilogue", "epilogue", (acc, normal(3, 17), normal(3, 9))
+    sa, sb = normal(3, 17), normal(3, 9)
+    r = g.integers(0, 1 << 20, 9)
+    right = np.matmul(acc.astype(np.int64), r)  # (3, 17)
+    cell = right.copy()
+    cell[1, 5] += 1
+    for what, lhs in (("right", right), ("cell", cell),
+                      ("top bit", right ^ np.int64(-(2**63)))):
+        yield f"epilogue_checked.{what}", "epilogue_checked", (acc, sa, sb, r, lhs)
+        yield (f"epilogue_checked.2d.{what}", "epilogue_checked",
+               (acc[1], sa[1], sb[1], r, lhs[1]))
     gelu_x = np.concatenate([normal(4099).ravel(), np.array(
         [0, -0.0, 1e-30, -1e-30, -0.7518, 5.0, -5.0, 13.5, -13.5, 40.0, -40.0, 1e30, -1e30], f32)])
     yield "gelu", "gelu_with_grad", (gelu_x,)

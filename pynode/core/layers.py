@@ -65,9 +65,14 @@ def int8_matmul(
     """
     need_gemm(gemm)
     ops = kernels_of(gemm)
-    qa, sa = ops.quantize(a, -1, a_key)  # (M, K) int8, (M,) f32
-    qb, sb = ops.quantize(b, -2, b_key)  # (K, N) int8, (N,) f32
-    return ops.epilogue(gemm.matmul(qa, qb), sa, sb)  # (M, N) f32
+    r = _check_vectors(gemm, b.shape[-1])
+    if r is None:
+        qa, sa = ops.quantize(a, -1, a_key)  # (M, K) int8, (M,) f32
+        qb, sb = ops.quantize(b, -2, b_key)  # (K, N) int8, (N,) f32
+        return ops.epilogue(gemm.matmul(qa, qb), sa, sb)  # (M, N) f32
+    qb, sb, br = ops.quantize_dots(b, -2, b_key, r)  # ..., qb @ r (K,) int64
+    qa, sa, lhs = ops.quantize_dots(a, -1, a_key, br)  # ..., qa @ (qb @ r) (M,) int64
+    return gemm.scaled(qa, qb, sa, sb, r, lhs)  # (M, N) f32
 
 
 def int8_bmm(
@@ -81,9 +86,21 @@ def int8_bmm(
     """Batched `int8_matmul`: a (G, M, K) f32, b (G, K, N) f32 -> (G, M, N) f32."""
     need_gemm(gemm)
     ops = kernels_of(gemm)
-    qa, sa = ops.quantize(a, -1, a_key)  # (G, M, K) int8, (G, M) f32
-    qb, sb = ops.quantize(b, -2, b_key)  # (G, K, N) int8, (G, N) f32
-    return ops.epilogue(gemm.bmm(qa, qb), sa, sb)  # (G, M, N) f32
+    r = _check_vectors(gemm, b.shape[-1])
+    if r is None:
+        qa, sa = ops.quantize(a, -1, a_key)  # (G, M, K) int8, (G, M) f32
+        qb, sb = ops.quantize(b, -2, b_key)  # (G, K, N) int8, (G, N) f32
+        return ops.epilogue(gemm.bmm(qa, qb), sa, sb)  # (G, M, N) f32
+    qb, sb, br = ops.quantize_dots(b, -2, b_key, r)  # ..., (G, K) int64
+    qa, sa, lhs = ops.quantize_dots(a, -1, a_key, br)  # ..., (G, M) int64
+    return gemm.scaled(qa, qb, sa, sb, r, lhs)  # (G, M, N) f32
+
+
+def _check_vectors(gemm: Any, n: int) -> np.ndarray | None:
+    """The per-call check's r for a product of N columns where it rides in the kernels'
+    passes (Gemm.check_vectors), else None: a GEMM without one checks on its own."""
+    vectors = getattr(gemm, "check_vectors", None)
+    return None if vectors is None else vectors(n)
 
 
 # ---------------------------------------------------------------- embedding
@@ -247,10 +264,15 @@ def attend_values(gemm: Any, p: np.ndarray, v: np.ndarray) -> np.ndarray:
     scale then depends on positions <= the query only, and the product stays one GEMM.
     """
     ops = kernels_of(gemm)
-    qv, sv = ops.quantize(v, -1, None)  # (G, T, Dh) int8, (G, T) f32
-    qp, sp = ops.quantize(p * sv[:, None, :], -1, None)  # (G, T, T) int8, (G, T) f32
     ones = np.ones(v.shape[::2], F32)  # (G, Dh) f32
-    return ops.epilogue(gemm.bmm(qp, qv), sp, ones)  # (G, T, Dh) f32
+    r = _check_vectors(gemm, v.shape[-1])
+    if r is None:
+        qv, sv = ops.quantize(v, -1, None)  # (G, T, Dh) int8, (G, T) f32
+        qp, sp = ops.quantize(p * sv[:, None, :], -1, None)  # (G, T, T) int8, (G, T) f32
+        return ops.epilogue(gemm.bmm(qp, qv), sp, ones)  # (G, T, Dh) f32
+    qv, sv, vr = ops.quantize_dots(v, -1, None, r)  # ..., qv @ r (G, T) int64
+    qp, sp, lhs = ops.quantize_dots(p * sv[:, None, :], -1, None, vr)  # ..., (G, T) int64
+    return gemm.scaled(qp, qv, sp, ones, r, lhs)  # (G, T, Dh) f32
 
 
 def attention_forward(gemm: Any, qkv: np.ndarray, heads: int) -> tuple[np.ndarray, AttentionCache]:

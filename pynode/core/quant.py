@@ -136,10 +136,10 @@ def epilogue(acc: np.ndarray, sa: np.ndarray, sb: np.ndarray) -> np.ndarray:
     column scales. Returns (..., M, N) float32.
     """
     if not isinstance(acc, np.ndarray) or acc.dtype != np.int32 or acc.ndim < 2:
-        raise ShapeError(f"epilogue: acc must be an int32 array of >= 2 dims, got {_desc(acc)}")
+        raise ShapeError(f"epilogue: acc must be an int32 array of >= 2 dims, got {describe(acc)}")
     for name, s, want in (("sa", sa, acc.shape[:-1]), ("sb", sb, acc.shape[:-2] + acc.shape[-1:])):
         if not isinstance(s, np.ndarray) or s.dtype != np.float32 or s.shape != want:
-            raise ShapeError(f"epilogue: {name} must be float32 of shape {want}, got {_desc(s)}")
+            raise ShapeError(f"epilogue: {name} must be float32 of shape {want}, got {describe(s)}")
         if not np.isfinite(s).all():
             raise NonFiniteError(f"epilogue: {name} holds NaN or Inf scales")
     y = acc.astype(np.float32)  # (..., M, N) f32; exact below 2**24, else rounded to even
@@ -148,7 +148,8 @@ def epilogue(acc: np.ndarray, sa: np.ndarray, sb: np.ndarray) -> np.ndarray:
     return y
 
 
-def _desc(x: object) -> str:
+def describe(x: object) -> str:
+    """An operand in an error message: its dtype and shape, or its type."""
     if isinstance(x, np.ndarray):
         return f"{x.dtype} {x.shape}"
     return type(x).__name__

@@ -463,6 +463,9 @@ class Score:
     check: bool  # gate + per-call check: every wrong product flagged, every result exact
     check_alone: bool  # the per-call check without the gate in front of it
     detail: str  # the gate's reason, or what the check saw
+    # the check as it rides in the kernels' passes (Gemm.scaled), no gate in front of it;
+    # None where the kernels do not fuse it (the numpy reference)
+    fused_alone: bool | None = None
 
 
 def run_calls(gemm: Any, mutant: Mutant) -> tuple[bool, int]:
@@ -475,6 +478,26 @@ def run_calls(gemm: Any, mutant: Mutant) -> tuple[bool, int]:
         intact = intact and np.array_equal(a, a0) and np.array_equal(b, b0)
         kept.append((got, exact(a0, b0)))
     right = all(got.dtype == np.int32 and np.array_equal(got, want) for got, want in kept)
+    return right and intact, gemm.check.failures
+
+
+def run_fused_calls(gemm: Any, mutant: Mutant) -> tuple[bool, int]:
+    """run_calls through Gemm.scaled, the check fused into the epilogue: A @ (B @ r) from
+    the operands (as quantize_dots gives it), unit scales, so each result is its product
+    in float32; a product too wide for the fused check takes matmul's path."""
+    kept, intact = [], True
+    for a, b in mutant.calls():
+        a0, b0 = a.copy(), b.copy()
+        r = gemm.check_vectors(b.shape[-1])
+        if r is None:
+            got = (gemm.bmm(a, b) if a.ndim == 3 else gemm.matmul(a, b)).astype(np.float32)
+        else:
+            lhs = np.matmul(a.astype(np.int64), np.matmul(b.astype(np.int64), r)[..., None])
+            got = gemm.scaled(a, b, np.ones(a.shape[:-1], np.float32),
+                              np.ones(b.shape[:-2] + b.shape[-1:], np.float32), r, lhs[..., 0])
+        intact = intact and np.array_equal(a, a0) and np.array_equal(b, b0)
+        kept.append((got, exact(a0, b0).astype(np.float32)))
+    right = all(got.tobytes() == want.tobytes() for got, want in kept)
     return right and intact, gemm.check.failures
 
 
@@ -510,9 +533,17 @@ def score(cls: type[Mutant], units: Any, gate: ExactGate, kernels: Kernels = REF
         checked = right and flagged > 0
         detail = f"passed the gate; the check flagged {flagged} product(s); results exact: {right}"
     right_alone, flagged_alone = run_calls(CheckedOnly(cls(), kernels), cls())
+    fused = None
+    if kernels.fuses_check:  # the mutant forced in as the selected backend, no gate
+        gemm = select_gemm(units, order=["numpy_int", "numpy_int"], kernels=kernels,
+                           audit_every=10**9)  # the second: what the demotion falls to
+        gemm.backend = mutant = cls()
+        gemm.audit.calls = 1  # not even the audit's first call: the check alone
+        right_fused, flagged_fused = run_fused_calls(gemm, mutant)
+        fused = right_fused and flagged_fused > 0
     return Score(cls.name, not report.passed, report.failing_case or "",
                  not report.passed or checked,
-                 right_alone and flagged_alone > 0, detail)
+                 right_alone and flagged_alone > 0, detail, fused)
 
 
 def classes() -> list[type[Mutant]]:

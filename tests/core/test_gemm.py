@@ -663,6 +663,80 @@ def test_numba_product_holds_is_exact_on_both_sides_of_its_a_product(layout, sid
             assert not fast.product_holds(a, b, wrong, r), (i, j, delta)
 
 
+needs_fused = pytest.mark.skipif(len(_check_kernels()) < 2, reason="numba not installed")
+
+
+def _floats(shape, seed):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)  # test data
+
+
+@needs_fused
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (3, 7, 5), (64, 200, 33), (2, 4096, 3),
+                                   (5, 9, 256)])
+def test_the_fused_check_finds_any_single_wrong_cell(m, k, n):
+    """The check as it rides in numba's passes: B @ r and A @ (B @ r) while the operands
+    are quantized, out @ r in the epilogue; any one cell off is found, and a right
+    product gives the epilogue's bits."""
+    from pynode.core.gemm.check import ProductCheck
+    from pynode.core.kernels import REFERENCE
+
+    fast = _check_kernels()[1]
+    check = ProductCheck(fast, seed=3)
+    r = check.fused_vectors(n)
+    assert r.dtype == np.int64 and r.shape == (n,) and 0 <= r.min() and r.max() < 2**20
+    qb, sb, br = fast.quantize_dots(_floats((k, n), 1), -2, None, r)
+    qa, sa, lhs = fast.quantize_dots(_floats((m, k), 2), -1, (4, 5), br)
+    out = exact(qa, qb).astype(np.int32)
+    floats, held = fast.epilogue_checked(out, sa, sb, r, lhs)
+    assert held and floats.tobytes() == REFERENCE.epilogue(out, sa, sb).tobytes()
+    cells = np.random.default_rng(5).integers(0, [m, n], size=(25, 2))  # test data only
+    for i, j in cells:
+        for delta in (1, -1, 1 << 16, 1 << 22, -(1 << 30)):
+            wrong = out.copy()
+            wrong[i, j] += delta
+            assert not fast.epilogue_checked(wrong, sa, sb, r, lhs)[1], (i, j, delta)
+        for extreme in (2**31 - 1, -(2**31)):
+            wrong = out.copy()
+            wrong[i, j] = extreme
+            assert not fast.epilogue_checked(wrong, sa, sb, r, lhs)[1], (i, j, extreme)
+
+
+def test_fused_vectors_count_calls_and_leave_wide_products_to_holds():
+    from pynode.core.gemm.check import DRAW_BLOCK, DRAW_LANES, ProductCheck
+
+    check = ProductCheck(seed=7)
+    seen = [check.fused_vectors(5).copy() for _ in range(DRAW_BLOCK + 2)]  # a second block
+    assert check.calls == DRAW_BLOCK + 2
+    assert len({v.tobytes() for v in seen}) == len(seen)  # a fresh vector each call
+    assert check.fused_vectors(0) is None and check.fused_vectors(DRAW_LANES + 1) is None
+    assert check.calls == DRAW_BLOCK + 2  # those are not counted: holds will count them
+    again = ProductCheck(seed=7)
+    assert all(np.array_equal(again.fused_vectors(5), v) for v in seen)  # from the seed
+
+
+@needs_fused
+def test_a_layer_gets_the_right_product_when_the_fused_check_finds_a_wrong_one(units, caplog):
+    from pynode.core.kernels import REFERENCE
+    from pynode.core.layers import int8_bmm, int8_matmul
+
+    fast = _check_kernels()[1]
+    clean = select_gemm(units, order=["numpy_int"], kernels=REFERENCE, check=False)
+    gemm = select_gemm(units, order=[WrongAtOneK(72), "blas_float"], kernels=fast,
+                       audit_every=1_000_000)
+    assert gemm.backend_name == "wrong_at_one_k"
+    x, w = _floats((50, 72), 6), _floats((72, 30), 7)
+    with caplog.at_level("WARNING"):
+        got = int8_matmul(gemm, x, w, b_key=(1, 2))
+    assert got.tobytes() == int8_matmul(clean, x, w, b_key=(1, 2)).tobytes()
+    assert gemm.backend_name == "blas_float" and gemm.check.failures == 1
+    assert "wrong_at_one_k gave a wrong product (50x72x30" in caplog.text
+    gemm = select_gemm(units, order=[WrongAtOneK(72), "numpy_int"], kernels=fast,
+                       audit_every=1_000_000)
+    xs, ws = _floats((4, 6, 72), 8), _floats((4, 72, 7), 9)
+    assert int8_bmm(gemm, xs, ws).tobytes() == int8_bmm(clean, xs, ws).tobytes()
+    assert gemm.backend_name == "numpy_int" and gemm.check.failures == 1
+
+
 def test_the_wrapping_path_for_shapes_beyond_float64():
     from pynode.core.gemm.check import ProductCheck, entry_bits
 

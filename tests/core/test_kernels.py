@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pynode.core import quant
-from pynode.core.errors import NonFiniteError
+from pynode.core.errors import NonFiniteError, ShapeError
 from pynode.core.kernels import REFERENCE, Kernels, gate_kernels
 
 
@@ -71,13 +71,48 @@ class _FixedPointInFloat32(Kernels):
         return total.astype(np.float32) * np.float32(2.0**-frac_bits) / np.float32(divisor)
 
 
+class _DotsSkipTheLastRow(Kernels):
+    """The check's dots of a transposed view left one row short (a loop bound)."""
+
+    name = "dots-short"
+
+    def quantize_dots(self, x, axis, key, w):
+        q, s, dots = super().quantize_dots(x, axis, key, w)
+        if not x.flags.c_contiguous:
+            dots = dots.copy()
+            dots[..., -1] = 0
+        return q, s, dots
+
+
+class _EpilogueAlwaysHolds(Kernels):
+    """The epilogue's check side says every product holds."""
+
+    name = "always-holds"
+
+    def epilogue_checked(self, acc, sa, sb, r, lhs):
+        return self.epilogue(acc, sa, sb), True
+
+
+class _DotsInFloat64(Kernels):
+    """The check's dots summed in float64: exact for the vectors r's size, not past 2**53."""
+
+    name = "dots-f64"
+
+    def quantize_dots(self, x, axis, key, w):
+        q, s = self.quantize(x, axis, key)
+        dots = np.matmul(q.astype(np.float64), w.astype(np.float64)[..., None])[..., 0]
+        with np.errstate(invalid="ignore"):  # past int64: the cast's own junk
+            return q, s, dots.astype(np.int64)
+
+
 def test_reference_passes_its_own_gate():
     report = gate_kernels(REFERENCE)
     assert report.passed and report.cases >= 40
 
 
 @pytest.mark.parametrize("bad", [_OffByOneRounding, _OneUlpGelu, _Stateful, _SumsInNumpyOrder,
-                                 _FusedAdamW, _FixedPointInFloat32])
+                                 _FusedAdamW, _FixedPointInFloat32, _DotsSkipTheLastRow,
+                                 _EpilogueAlwaysHolds, _DotsInFloat64])
 def test_gate_catches_a_wrong_kernel(bad):
     report = gate_kernels(bad())
     assert not report.passed and report.failing_case
@@ -140,6 +175,82 @@ def test_numba_quantize_equals_reference_on_random_shapes(seed):
                 want = REFERENCE.quantize(view, axis, key)
                 got = fast.quantize(view, axis, key)
                 assert np.array_equal(got[0], want[0]) and got[1].tobytes() == want[1].tobytes()
+
+
+@needs_numba
+@pytest.mark.parametrize("seed", range(6))
+def test_numba_quantize_dots_equal_reference_on_random_shapes_and_views(seed):
+    """The check's dots ride in the quantize pass: over the kernel's columns, or its rows
+    for a transposed view, one vector or one a batch matrix, sums that wrap int64."""
+    g = np.random.default_rng(seed)
+    fast = numba_kernels.NumbaKernels()
+    shape = tuple(int(d) for d in g.integers(1, 70, size=int(g.integers(2, 4))))
+    x = (g.standard_normal(shape) * 10.0 ** g.uniform(-30, 30)).astype(np.float32)
+    for view in (x, np.swapaxes(x, -1, -2)):
+        lead = view.shape[:-2] if view.ndim == 3 else ()
+        for w in (g.integers(0, 1 << 20, view.shape[-1]),
+                  g.integers(-(2**62), 2**62, lead + view.shape[-1:])):
+            for axis in (-1, -2):
+                for key in (None, (seed, 1, 2)):
+                    want = REFERENCE.quantize_dots(view, axis, key, w)
+                    got = fast.quantize_dots(view, axis, key, w)
+                    assert all(np.array_equal(a, b) and a.dtype == b.dtype
+                               for a, b in zip(got, want, strict=True)), (view.shape, axis, key)
+
+
+@needs_numba
+def test_numba_epilogue_checked_sees_every_wrong_row_and_keeps_the_epilogues_bits():
+    g = np.random.default_rng(3)
+    fast = numba_kernels.NumbaKernels()
+    acc = g.integers(-(2**31), 2**31, (3, 37, 70), dtype=np.int64).astype(np.int32)
+    sa, sb = g.standard_normal((3, 37)).astype(np.float32), g.standard_normal((3, 70)).astype(
+        np.float32)
+    r = g.integers(0, 1 << 20, 70)
+    right = np.matmul(acc.astype(np.int64), r)
+    floats, held = fast.epilogue_checked(acc, sa, sb, r, right)
+    assert held and floats.tobytes() == REFERENCE.epilogue(acc, sa, sb).tobytes()
+    for b, i in ((0, 0), (1, 18), (2, 36)):
+        wrong = right.copy()
+        wrong[b, i] += 1 << 40
+        assert not fast.epilogue_checked(acc, sa, sb, r, wrong)[1], (b, i)
+    view = acc.transpose(0, 2, 1).copy().transpose(0, 2, 1)  # column-major memory
+    assert fast.epilogue_checked(view, sa, sb, r, right)[1]
+    with pytest.raises(NonFiniteError):
+        fast.epilogue_checked(acc, np.full_like(sa, np.nan), sb, r, right)
+
+
+@pytest.mark.parametrize("kernels", ["reference", "numba"])
+def test_check_sides_name_a_vector_of_the_wrong_shape_or_dtype(kernels):
+    """The fused check's vectors come from the check itself; one that does not fit its
+    operand is a named ShapeError (never a product taken for wrong), on either kernels."""
+    if kernels == "numba" and numba_kernels.numba is None:
+        pytest.skip("numba is not installed")
+    ops = REFERENCE if kernels == "reference" else numba_kernels.NumbaKernels()
+    g = np.random.default_rng(5)
+    x = g.standard_normal((2, 6, 5)).astype(np.float32)
+    for w in (np.zeros(4, np.int64), np.zeros((3, 5), np.int64), np.zeros(5, np.int32),
+              np.zeros((2, 6, 5), np.int64), [0] * 5):
+        with pytest.raises(ShapeError, match="quantize_dots: w must be int64"):
+            ops.quantize_dots(x, -1, None, w)
+        with pytest.raises(ShapeError, match="quantize_dots: w must be int64"):
+            ops.quantize_dots(x[0], -2, None, w)
+    acc = g.integers(-99, 99, (2, 6, 5)).astype(np.int32)
+    sa, sb = np.ones((2, 6), np.float32), np.ones((2, 5), np.float32)
+    r, lhs = np.zeros(5, np.int64), np.zeros((2, 6), np.int64)
+    for bad_r, bad_lhs in ((np.zeros(6, np.int64), lhs), (r.astype(np.int32), lhs),
+                           (r, np.zeros((2, 5), np.int64)), (r, np.zeros(6, np.int64))):
+        with pytest.raises(ShapeError, match="epilogue_checked: (r|lhs) must be int64"):
+            ops.epilogue_checked(acc, sa, sb, bad_r, bad_lhs)
+    with pytest.raises(ShapeError):
+        ops.epilogue_checked(acc, sa[:, :5], sb, r, lhs)
+    # the 2-d forms of both, as int8_matmul passes them
+    q, s, dots = ops.quantize_dots(x[0], -1, None, np.arange(5, dtype=np.int64))
+    assert dots.shape == (6,) and np.array_equal(dots, q.astype(np.int64) @ np.arange(5))
+    want = acc[1].astype(np.int64) @ np.arange(5)
+    out, held = ops.epilogue_checked(acc[1], sa[1], sb[1], np.arange(5, dtype=np.int64), want)
+    assert held and out.tobytes() == REFERENCE.epilogue(acc[1], sa[1], sb[1]).tobytes()
+    want[3] += 1
+    assert not ops.epilogue_checked(acc[1], sa[1], sb[1], np.arange(5, dtype=np.int64), want)[1]
 
 
 @needs_numba

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from gemm_mutants import CheckedOnly, classes, exact, score
 
+from pynode import native_kernels
 from pynode.config import RunConfig
 from pynode.core.errors import DaisyError
 from pynode.core.gemm import ExactGate, GemmAudit, select_gemm
@@ -78,6 +79,17 @@ def test_every_mutant_is_caught_before_its_product_is_used(units, gate, cls):
     assert result.check, result
 
 
+@pytest.mark.skipif(not native_kernels.available(), reason="numba not installed")
+@pytest.mark.parametrize("cls", classes(), ids=lambda c: c.name)
+def test_the_fused_check_alone_catches_what_the_check_alone_does(units, gate, cls):
+    """The check as it rides in numba's quantize and epilogue passes (Gemm.scaled), each
+    mutant forced in with no gate: every product the separate check alone catches, and
+    the caller gets the exact result."""
+    result = score(cls, units, gate, native_kernels.NumbaKernels())
+    assert result.fused_alone is not None
+    assert result.fused_alone or not result.check_alone, result
+
+
 def test_the_grid_and_the_check_each_catch_what_the_rest_miss(units, gate):
     results = {cls.name: score(cls, units, gate) for cls in classes()}
     grid_only = {n for n, r in results.items() if r.gate_case.startswith("grid_")}
@@ -105,11 +117,15 @@ def test_training_with_any_mutant_ends_on_the_clean_hashes(units, clean, caplog)
     at this model's shapes; or the run is refused), so the comparison can fail."""
     forced = select_gemm(units, order=["numpy_int"], kernels=REFERENCE, check=False)
     changed = set()
+    kernels = [REFERENCE]  # the check on its own (holds); with numba, fused as well
+    if native_kernels.available():
+        kernels.append(native_kernels.NumbaKernels())
     with caplog.at_level(logging.ERROR):
         for cls in classes():
-            gemm = select_gemm(units, order=[cls(), "numpy_int"], kernels=REFERENCE,
-                               audit_every=NEVER, check=True)
-            assert run(gemm, units) == clean, cls.name
+            for ops in kernels:
+                gemm = select_gemm(units, order=[cls(), "numpy_int"], kernels=ops,
+                                   audit_every=NEVER, check=True)
+                assert run(gemm, units) == clean, (cls.name, ops.name)
             forced.backend, forced.audit = cls(), GemmAudit(units.mul_lut, every=NEVER)
             forced.audit.calls = 1  # not even the audit's first call
             try:

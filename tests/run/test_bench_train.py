@@ -60,3 +60,23 @@ def test_the_report_says_the_steps_trained_and_timed(measured, capsys):
     assert lines[2].startswith("each task trains it in its own process: 1 warm-up step, "
                                "then 7 timed"), lines[2]
     assert lines[-1] == "int8 / float tokens per second: 0.500"
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_check_line_says_whether_the_check_has_a_clock_of_its_own(monkeypatch, capsys,
+                                                                       fused):
+    """Where the check's sums ride in the kernels' passes its own clock sees only the
+    products checked apart: the line says so instead of calling that its cost."""
+    pytest.importorskip("torch")
+
+    def run(cmd, **kwargs):
+        row = fake_row(cmd[cmd.index("--one") + 1])
+        row["check_fused"] = fused and row["task"] == "gpt"
+        return types.SimpleNamespace(stdout=json.dumps(row))
+
+    monkeypatch.setattr(subprocess, "run", run)
+    assert bench_train.main(["--steps", "7"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("product check"))
+    assert "+5.0 % step time" in line
+    assert ("ride in the quantize and epilogue passes" in line) == fused
+    assert ("the checks' own work: 4.0 %" in line) == (not fused)

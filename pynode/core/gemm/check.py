@@ -21,6 +21,12 @@ so it is 0 mod 2**64 only when it is 0 (no pass for the bound, no float conversi
 uint64 arithmetic: mod 2**64 the same identity holds, and a wrong cell (|d| < 2**32)
 passes with probability <= 2**-32.
 
+Natively the model's products take the same identity in the kernels' own passes
+(`fused_vectors`, Gemm.scaled): B @ r and A @ (B @ r) are summed as B and A are quantized
+(Kernels.quantize_dots), and each row of C times r as the epilogue converts C
+(Kernels.epilogue_checked), one vector of SECURITY_BITS-bit entries in wrapping int64 as
+in native_check; nothing is read again for the check. `holds` serves every other caller.
+
 Legend: B batch, M rows, K reduction length, N columns, V random vectors.
 """
 
@@ -67,6 +73,7 @@ class ProductCheck:
         self._pool = np.empty((DRAW_BLOCK, DRAW_LANES), np.uint32)
         self._shifted = np.empty((DRAW_BLOCK, DRAW_LANES), np.uint32)
         self._scaled: dict[int, np.ndarray] = {}  # bits -> the block's lanes, float64
+        self._ints: np.ndarray | None = None  # the block's SECURITY_BITS-bit lanes, int64
         # (K, N) -> every block's R for each call, (DRAW_BLOCK, V, N) views of self._scaled;
         # False: that shape draws its own (too wide) or is checked mod 2**64 (too large)
         self._views: dict[tuple[int, int], np.ndarray | bool] = {}
@@ -95,6 +102,34 @@ class ProductCheck:
         self._block = block
         for bits, scaled in self._scaled.items():
             self._fill(bits, scaled)
+        if self._ints is not None:
+            self._ints = self._top_bits()
+
+    def _top_bits(self) -> np.ndarray:
+        return (self._pool >> np.uint32(LANE_BITS - SECURITY_BITS)).astype(np.int64)
+
+    def fused_vectors(self, n: int) -> np.ndarray | None:
+        """r (N,) int64, SECURITY_BITS-bit entries, for the next product of N columns,
+        counted as a call: its check then rides in the kernels' passes (Kernels.
+        quantize_dots and epilogue_checked: A @ (B @ r) from the operands as they are
+        quantized, against out @ r in the epilogue; Gemm.scaled). Both sides are wrapping
+        int64, exact mod 2**64 as in native_check, for N <= DRAW_LANES (the entries sum
+        below 2**32). None where one block's lanes do not serve N: the caller then checks
+        that product with `holds`."""
+        if not 0 < n <= DRAW_LANES:
+            return None
+        call = self.calls
+        self.calls = call + 1
+        block, i = divmod(call, DRAW_BLOCK)
+        if block != self._block:
+            self._draw(block)
+        if self._ints is None:
+            self._ints = self._top_bits()
+        return self._ints[i, :n]
+
+    def failed(self) -> None:
+        """A fused check found its product wrong (Gemm.scaled)."""
+        self.failures += 1
 
     def _fill(self, bits: int, scaled: np.ndarray) -> None:
         """scaled (DRAW_BLOCK, DRAW_LANES) f64 = the top `bits` of the block's lanes."""

@@ -150,19 +150,56 @@ class Gemm:
             out = backend.bmm(a, b)
         return self._finish(a, b, out, bs * m * n * k, backend.name)
 
+    def check_vectors(self, n: int) -> np.ndarray | None:
+        """The per-call check's r (N,) int64 for the next product of N columns where the
+        check rides in the kernels' own passes (`scaled`), else None: the caller then
+        takes matmul or bmm and the epilogue, the product checked on its own."""
+        if self.check is None or not self.kernels.fuses_check:
+            return None
+        return self.check.fused_vectors(n)
+
+    def scaled(self, a: np.ndarray, b: np.ndarray, sa: np.ndarray, sb: np.ndarray,
+               r: np.ndarray, lhs: np.ndarray) -> np.ndarray:
+        """The epilogue of a @ b (2-d, or batched 3-d), f32, with its product checked in
+        the epilogue's pass: each row of a @ b times r against lhs = a @ (b @ r), which
+        Kernels.quantize_dots gave with a and b (r from check_vectors). A wrong product
+        drops its backend and is recomputed, as in matmul."""
+        batched = a.ndim == 3
+        if batched:
+            shape = ("bmm", *a.shape, b.shape[-1])
+            want, muls = (*a.shape[:2], b.shape[2]), a.shape[0] * a.shape[1] * a.shape[2]
+        else:
+            shape = ("mm", 1, *a.shape, b.shape[-1])
+            want, muls = (a.shape[0], b.shape[1]), a.shape[0] * a.shape[1]
+        while True:
+            backend = self._route(shape)
+            out = self._valid(backend.bmm(a, b) if batched else backend.matmul(a, b), want,
+                              backend)
+            floats, held = self.kernels.epilogue_checked(out, sa, sb, r, lhs)
+            if held:
+                break
+            self.check.failed()  # type: ignore[union-attr]
+            self._drop(backend, a, b)
+        self._finish(a, b, out, muls * b.shape[-1], backend.name)
+        return floats
+
     def _checked(self, a, b, out, backend: GemmBackend, shape) -> bool:
         """True if the product passed its check; else the backend that made it is dropped
         (its routes, and itself if it is the selected one) so the caller recomputes it."""
         if self.check is None or self.check.holds(a, b, out):
             return True
+        self._drop(backend, a, b)
+        return False
+
+    def _drop(self, backend: GemmBackend, a, b) -> None:
         log.warning("GEMM backend %s gave a wrong product (%s, call %d of the per-call "
                     "check); recomputing it on another backend", backend.name,
-                    "x".join(map(str, (*a.shape, b.shape[-1]))), self.check.calls - 1)
+                    "x".join(map(str, (*a.shape, b.shape[-1]))),
+                    self.check.calls - 1)  # type: ignore[union-attr]
         for key in [k for k, routed in self.routes.items() if routed is backend]:
             del self.routes[key]
         if backend is self.backend:
             self.demote()
-        return False
 
     def _route(self, shape) -> GemmBackend:
         if shape is None:
