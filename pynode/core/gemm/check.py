@@ -49,6 +49,7 @@ DRAW_BLOCK = 64  # calls whose vectors one rng call draws (an rng call costs ~10
 # default model); a wider product draws its own. Drawing 4096 lanes a call made the draws
 # a quarter of the check's time.
 DRAW_LANES = 256
+FUSED_LANES = 1 << 14  # lanes of one draw for fused_vectors (a default step takes ~16,000)
 
 
 def _log2_ceil(x: int) -> int:
@@ -66,17 +67,25 @@ class ProductCheck:
     def __init__(self, kernels: Kernels = REFERENCE, seed: int = 0) -> None:
         self.kernels = kernels  # its gated product_holds does the arithmetic
         self.seed = seed
-        self.calls = 0
+        self.calls = 0  # products checked, both ways
+        self._held = 0  # of them by `holds`: its position in the blocks below
         self.failures = 0
         self.seconds = 0.0  # spent checking
         self._block = -1  # which block of calls the views below serve
         self._pool = np.empty((DRAW_BLOCK, DRAW_LANES), np.uint32)
         self._shifted = np.empty((DRAW_BLOCK, DRAW_LANES), np.uint32)
+        # The block's lanes as `holds` takes them, each width refilled in place the first
+        # time a block uses it (natively only the probe's one product a step does):
         self._scaled: dict[int, np.ndarray] = {}  # bits -> the block's lanes, float64
-        self._ints: np.ndarray | None = None  # the block's SECURITY_BITS-bit lanes, int64
-        # (K, N) -> every block's R for each call, (DRAW_BLOCK, V, N) views of self._scaled;
-        # False: that shape draws its own (too wide) or is checked mod 2**64 (too large)
-        self._views: dict[tuple[int, int], np.ndarray | bool] = {}
+        self._fresh: set[int] = set()  # the widths of _scaled filled for this block
+        # fused_vectors' own stream, taken N lanes a call: SECURITY_BITS-bit int64 entries
+        self._fused = np.empty(FUSED_LANES, np.int64)
+        self._cursor = FUSED_LANES  # the next lane of _fused to hand out
+        self._fused_draws = 0  # draws of that stream so far
+        # (K, N) -> (every block's R for each call, (DRAW_BLOCK, V, N) views of
+        # self._scaled, their bits); False: that shape draws its own (too wide) or is
+        # checked mod 2**64 (too large)
+        self._views: dict[tuple[int, int], tuple[np.ndarray, int] | bool] = {}
 
     def vectors(self, call: int, n: int, bits: int) -> np.ndarray:
         """R (V, N) float64 for this call: V vectors of `bits`-bit random integers, 32-bit
@@ -94,19 +103,14 @@ class ProductCheck:
         return self._lanes(bits)[i, :size].reshape(count, n)
 
     def _draw(self, block: int) -> None:
-        """The block's lanes, and every width of entries in use refilled in place (so the
-        shapes' views stay valid from block to block)."""
+        """The block's lanes; the widths taken from them are refilled in place as the
+        block first uses each (so the shapes' views stay valid from block to block).
+        Refilling every width at each draw cost ~1 % of a default step natively."""
         key = (CHECK_PURPOSE, self.seed, 0, block)
         words = self.kernels.raw64(key, DRAW_BLOCK * DRAW_LANES // 2)
         self._pool = words.astype("<u8", copy=False).view("<u4").reshape(DRAW_BLOCK, -1)
         self._block = block
-        for bits, scaled in self._scaled.items():
-            self._fill(bits, scaled)
-        if self._ints is not None:
-            self._ints = self._top_bits()
-
-    def _top_bits(self) -> np.ndarray:
-        return (self._pool >> np.uint32(LANE_BITS - SECURITY_BITS)).astype(np.int64)
+        self._fresh.clear()
 
     def fused_vectors(self, n: int) -> np.ndarray | None:
         """r (N,) int64, SECURITY_BITS-bit entries, for the next product of N columns,
@@ -114,18 +118,24 @@ class ProductCheck:
         quantize_dots and epilogue_checked: A @ (B @ r) from the operands as they are
         quantized, against out @ r in the epilogue; Gemm.scaled). Both sides are wrapping
         int64, exact mod 2**64 as in native_check, for N <= DRAW_LANES (the entries sum
-        below 2**32). None where one block's lanes do not serve N: the caller then checks
-        that product with `holds`."""
+        below 2**32). None for a wider product: the caller then checks it with `holds`.
+
+        Each call takes the next N lanes of a stream of its own ((CHECK_PURPOSE, seed, 3,
+        draw), FUSED_LANES a draw): no two calls share a lane, and one draw serves about
+        a default step (a block of DRAW_LANES a call drew 2.5 a step, ~1 % of it)."""
         if not 0 < n <= DRAW_LANES:
             return None
-        call = self.calls
-        self.calls = call + 1
-        block, i = divmod(call, DRAW_BLOCK)
-        if block != self._block:
-            self._draw(block)
-        if self._ints is None:
-            self._ints = self._top_bits()
-        return self._ints[i, :n]
+        self.calls += 1
+        start = self._cursor
+        if start + n > FUSED_LANES:
+            key = (CHECK_PURPOSE, self.seed, 3, self._fused_draws)
+            words = self.kernels.raw64(key, FUSED_LANES // 2).astype("<u8", copy=False)
+            np.right_shift(words.view("<u4"), np.uint32(LANE_BITS - SECURITY_BITS),
+                           out=self._fused, casting="unsafe")
+            self._fused_draws += 1
+            start = 0
+        self._cursor = start + n
+        return self._fused[start:start + n]
 
     def failed(self) -> None:
         """A fused check found its product wrong (Gemm.scaled)."""
@@ -138,38 +148,45 @@ class ProductCheck:
 
     def _lanes(self, bits: int) -> np.ndarray:
         scaled = self._scaled.get(bits)
-        if scaled is None:  # a width of entries first used: from now on drawn every block
+        if scaled is None:  # a width of entries first used
             scaled = self._scaled[bits] = np.empty(self._pool.shape, np.float64)
+        if bits not in self._fresh:
             self._fill(bits, scaled)
+            self._fresh.add(bits)
         return scaled
 
-    def _view(self, k: int, n: int) -> np.ndarray | bool:
-        """(DRAW_BLOCK, V, N): row i is vectors(call, n, bits) for call i of a block; the
-        same view serves every block."""
+    def _view(self, k: int, n: int) -> tuple[np.ndarray, int] | bool:
+        """(DRAW_BLOCK, V, N), bits: row i is vectors(call, n, bits) for call i of a
+        block; the same view serves every block."""
         bits = min(entry_bits(k, n), SECURITY_BITS)  # one width for most shapes: one fill
         count = -(-SECURITY_BITS // bits) if bits else 0
         if not bits or n * count > DRAW_LANES:
-            view: np.ndarray | bool = False
+            view: tuple[np.ndarray, int] | bool = False
         else:
-            view = self._lanes(bits)[:, :n * count].reshape(DRAW_BLOCK, count, n)
+            view = self._lanes(bits)[:, :n * count].reshape(DRAW_BLOCK, count, n), bits
         self._views[k, n] = view
         return view
 
     def holds(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
         """Whether out == a @ b (int8 operands, 2-d or 3-d batched; out int32). Called for
-        every GEMM product, so the common path is one dictionary lookup and one kernel
-        (~1.3 us of Python a call: 157 calls a default step)."""
-        call = self.calls
-        self.calls = call + 1
+        every GEMM product in the page (natively the model's go through fused_vectors),
+        so the common path is one dictionary lookup and one kernel (~1.3 us of Python a
+        call). Its vectors are the blocks' lanes at its own count of calls."""
+        call = self._held
+        self._held = call + 1
+        self.calls += 1
         block, i = divmod(call, DRAW_BLOCK)
         if block != self._block:
             self._draw(block)
-        view = self._views.get((a.shape[-1], b.shape[-1]))
-        if view is None:
-            view = self._view(a.shape[-1], b.shape[-1])
+        entry = self._views.get((a.shape[-1], b.shape[-1]))
+        if entry is None:
+            entry = self._view(a.shape[-1], b.shape[-1])
         started = time.perf_counter()
-        if view is not False and out.size:
-            ok = self.kernels.product_holds(a, b, out, view[i])  # type: ignore[index]
+        if entry is not False and out.size:
+            view, bits = entry  # type: ignore[misc]
+            if bits not in self._fresh:
+                self._lanes(bits)
+            ok = self.kernels.product_holds(a, b, out, view[i])
         else:
             ok = self._holds_edge(call, a, b, out)
         self.seconds += time.perf_counter() - started
