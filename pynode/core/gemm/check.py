@@ -79,8 +79,8 @@ class ProductCheck:
         self._scaled: dict[int, np.ndarray] = {}  # bits -> the block's lanes, float64
         self._fresh: set[int] = set()  # the widths of _scaled filled for this block
         # fused_vectors' own stream, taken N lanes a call: SECURITY_BITS-bit int64 entries
-        self._fused = np.empty(FUSED_LANES, np.int64)
-        self._cursor = FUSED_LANES  # the next lane of _fused to hand out
+        self._fused = np.empty(0, np.int64)
+        self._cursor = FUSED_LANES  # the next lane of _fused to hand out (none drawn yet)
         self._fused_draws = 0  # draws of that stream so far
         # (K, N) -> (every block's R for each call, (DRAW_BLOCK, V, N) views of
         # self._scaled, their bits); False: that shape draws its own (too wide) or is
@@ -130,8 +130,11 @@ class ProductCheck:
         if start + n > FUSED_LANES:
             key = (CHECK_PURPOSE, self.seed, 3, self._fused_draws)
             words = self.kernels.raw64(key, FUSED_LANES // 2).astype("<u8", copy=False)
-            np.right_shift(words.view("<u4"), np.uint32(LANE_BITS - SECURITY_BITS),
-                           out=self._fused, casting="unsafe")
+            # a new array, never refilled in place: a product still checking on another
+            # thread (a peer's recheck beside a group's other peers in one process) keeps
+            # the lanes it was given
+            self._fused = (words.view("<u4") >> np.uint32(LANE_BITS - SECURITY_BITS)).astype(
+                np.int64)
             self._fused_draws += 1
             start = 0
         self._cursor = start + n
