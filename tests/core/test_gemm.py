@@ -714,6 +714,22 @@ def test_fused_vectors_count_calls_and_leave_wide_products_to_holds():
     assert all(np.array_equal(again.fused_vectors(5), v) for v in seen)  # from the seed
 
 
+def test_fused_vectors_stay_as_given_across_draws_and_threads():
+    """A vector handed out is never overwritten: a peer's recheck on a worker thread may
+    still be checking with it while another thread's calls draw the stream anew."""
+    from pynode.core.gemm.check import DRAW_LANES, FUSED_LANES, SECURITY_BITS, ProductCheck
+
+    check = ProductCheck(seed=3)
+    held = check.fused_vectors(DRAW_LANES)
+    kept = held.copy()
+    assert held.dtype == np.int64 and 0 <= held.min() and held.max() < 2**SECURITY_BITS
+    with ThreadPoolExecutor(2) as pool:  # several draws' worth of calls, on two threads
+        got = list(pool.map(lambda _: check.fused_vectors(DRAW_LANES).copy(),
+                            range(3 * FUSED_LANES // DRAW_LANES)))
+    assert np.array_equal(held, kept)
+    assert len({v.tobytes() for v in got}) > len(got) // 2  # fresh lanes, races aside
+
+
 @needs_fused
 def test_a_layer_gets_the_right_product_when_the_fused_check_finds_a_wrong_one(units, caplog):
     from pynode.core.kernels import REFERENCE

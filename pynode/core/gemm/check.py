@@ -3,7 +3,7 @@
 The start-up gate proves a backend on fixed shapes and the audit re-computes a few cells;
 this check covers every cell of every call. For C (M, N) from A (M, K) and B (K, N) it takes
 V random vectors r of integers in [0, 2**bits) from the project RNG (stream CHECK_PURPOSE,
-at a position fixed by the call number) and compares A @ (B @ r) with C @ r. If C is wrong
+at a position fixed by the calls before it) and compares A @ (B @ r) with C @ r. If C is wrong
 anywhere, some row d of A @ B - C is nonzero; with every entry of r but one (at a nonzero
 place of d) fixed, d . r == 0 for at most one value of that entry, so a wrong result passes
 with probability at most 2**-(bits * V). Entries take min(entry_bits, SECURITY_BITS) bits
