@@ -485,6 +485,18 @@ _FLOAT32, _INT64 = np.dtype(np.float32), np.dtype(np.int64)
 _NO_LANES = np.zeros((1, 1, 1), np.uint16)  # what the kernels get when rounding to nearest
 
 
+# What the kernels take; anything else goes to the reference. Dtypes are tested by
+# identity, shapes by the kernels themselves (these run for every product).
+def _quantizable(x, axis) -> bool:
+    return type(x) is np.ndarray and x.dtype is _FLOAT32 and 2 <= x.ndim <= 3 and axis in (-1, -2)
+
+
+def _scalable(acc, sa, sb) -> bool:
+    return (type(acc) is np.ndarray and acc.dtype is _INT32 and 2 <= acc.ndim <= 3
+            and type(sa) is np.ndarray and sa.dtype is _FLOAT32 and sa.ndim == acc.ndim - 1
+            and type(sb) is np.ndarray and sb.dtype is _FLOAT32 and sb.ndim == acc.ndim - 1)
+
+
 class NumbaKernels(Kernels):
     """The reference's kernels fused by numba; anything unusual goes to the reference."""
 
@@ -496,8 +508,7 @@ class NumbaKernels(Kernels):
     fuses_check = True  # the check's dots ride in the quantize and epilogue passes
 
     def quantize(self, x, axis, key):
-        if not (type(x) is np.ndarray and x.dtype == np.float32 and 2 <= x.ndim <= 3
-                and axis in (-1, -2)):
+        if not _quantizable(x, axis):
             return super().quantize(x, axis, key)
         done = self._quantize(x, axis, key, None)
         if done is None:
@@ -506,8 +517,7 @@ class NumbaKernels(Kernels):
 
     def quantize_dots(self, x, axis, key, w):
         # w's shape is the kernel's to test (one call per operand of every checked product)
-        if not (type(x) is np.ndarray and x.dtype is _FLOAT32 and 2 <= x.ndim <= 3
-                and axis in (-1, -2) and type(w) is np.ndarray and w.dtype is _INT64
+        if not (_quantizable(x, axis) and type(w) is np.ndarray and w.dtype is _INT64
                 and 1 <= w.ndim < x.ndim):
             return super().quantize_dots(x, axis, key, w)
         done = self._quantize(x, axis, key, w)
@@ -548,23 +558,15 @@ class NumbaKernels(Kernels):
                                                   else x.shape[:-2] + x.shape[-1:]), dots)
 
     def epilogue(self, acc, sa, sb):
-        # the shapes are the kernel's to test (one call for every product)
-        if (type(acc) is np.ndarray and acc.dtype is _INT32 and 2 <= acc.ndim <= 3
-                and type(sa) is np.ndarray and sa.dtype is _FLOAT32 and sa.ndim == acc.ndim - 1
-                and type(sb) is np.ndarray and sb.dtype is _FLOAT32
-                and sb.ndim == acc.ndim - 1):
+        if _scalable(acc, sa, sb):
             out = np.empty(acc.shape, np.float32)
             if _epilogue(acc, sa, sb, out) == 1:
                 return out
         return super().epilogue(acc, sa, sb)  # the reference's refusals
 
     def epilogue_checked(self, acc, sa, sb, r, lhs):
-        # the shapes are the kernel's to test (one call for every checked product)
-        if (type(acc) is np.ndarray and acc.dtype is _INT32 and 2 <= acc.ndim <= 3
-                and type(sa) is np.ndarray and sa.dtype is _FLOAT32 and sa.ndim == acc.ndim - 1
-                and type(sb) is np.ndarray and sb.dtype is _FLOAT32 and sb.ndim == acc.ndim - 1
-                and type(r) is np.ndarray and r.dtype is _INT64 and r.ndim == 1
-                and type(lhs) is np.ndarray and lhs.dtype is _INT64
+        if (_scalable(acc, sa, sb) and type(r) is np.ndarray and r.dtype is _INT64
+                and r.ndim == 1 and type(lhs) is np.ndarray and lhs.dtype is _INT64
                 and lhs.ndim == acc.ndim - 1):
             out = np.empty(acc.shape, np.float32)
             held = _epilogue_checked(acc, sa, sb, out, r, lhs)

@@ -115,8 +115,7 @@ class Kernels:
 
 
 def _row_dots(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """sum_c x[..., i, c] * w[..., c] in int64 (exact mod 2**64), (..., R)."""
-    w = np.asarray(w, np.int64)
+    """sum_c x[..., i, c] * w[..., c] in int64 (exact mod 2**64), (..., R); w int64."""
     return np.matmul(x.astype(np.int64), w[..., None])[..., 0]
 
 

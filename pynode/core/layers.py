@@ -64,15 +64,7 @@ def int8_matmul(
     round-to-nearest to stochastic rounding (used for incoming gradients only).
     """
     need_gemm(gemm)
-    ops = kernels_of(gemm)
-    r = _check_vectors(gemm, b.shape[-1])
-    if r is None:
-        qa, sa = ops.quantize(a, -1, a_key)  # (M, K) int8, (M,) f32
-        qb, sb = ops.quantize(b, -2, b_key)  # (K, N) int8, (N,) f32
-        return ops.epilogue(gemm.matmul(qa, qb), sa, sb)  # (M, N) f32
-    qb, sb, br = ops.quantize_dots(b, -2, b_key, r)  # ..., qb @ r (K,) int64
-    qa, sa, lhs = ops.quantize_dots(a, -1, a_key, br)  # ..., qa @ (qb @ r) (M,) int64
-    return gemm.scaled(qa, qb, sa, sb, r, lhs)  # (M, N) f32
+    return _int8_product(gemm, a, b, a_key, b_key, gemm.matmul)
 
 
 def int8_bmm(
@@ -85,15 +77,21 @@ def int8_bmm(
 ) -> np.ndarray:
     """Batched `int8_matmul`: a (G, M, K) f32, b (G, K, N) f32 -> (G, M, N) f32."""
     need_gemm(gemm)
+    return _int8_product(gemm, a, b, a_key, b_key, gemm.bmm)
+
+
+def _int8_product(gemm: Any, a: np.ndarray, b: np.ndarray, a_key, b_key, product) -> np.ndarray:
+    """int8_matmul / int8_bmm: a (..., M, K), b (..., K, N) f32 -> (..., M, N) f32, `product`
+    gemm's matmul or bmm; the check rides in the kernels' passes where the GEMM offers it."""
     ops = kernels_of(gemm)
     r = _check_vectors(gemm, b.shape[-1])
     if r is None:
-        qa, sa = ops.quantize(a, -1, a_key)  # (G, M, K) int8, (G, M) f32
-        qb, sb = ops.quantize(b, -2, b_key)  # (G, K, N) int8, (G, N) f32
-        return ops.epilogue(gemm.bmm(qa, qb), sa, sb)  # (G, M, N) f32
-    qb, sb, br = ops.quantize_dots(b, -2, b_key, r)  # ..., (G, K) int64
-    qa, sa, lhs = ops.quantize_dots(a, -1, a_key, br)  # ..., (G, M) int64
-    return gemm.scaled(qa, qb, sa, sb, r, lhs)  # (G, M, N) f32
+        qa, sa = ops.quantize(a, -1, a_key)  # (..., M, K) int8, (..., M) f32
+        qb, sb = ops.quantize(b, -2, b_key)  # (..., K, N) int8, (..., N) f32
+        return ops.epilogue(product(qa, qb), sa, sb)  # (..., M, N) f32
+    qb, sb, br = ops.quantize_dots(b, -2, b_key, r)  # ..., qb @ r (..., K) int64
+    qa, sa, lhs = ops.quantize_dots(a, -1, a_key, br)  # ..., qa @ (qb @ r) (..., M) int64
+    return gemm.scaled(qa, qb, sa, sb, r, lhs)  # (..., M, N) f32
 
 
 def _check_vectors(gemm: Any, n: int) -> np.ndarray | None:
